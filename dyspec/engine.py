@@ -1,0 +1,234 @@
+"""The decoding loop. Per step: a policy builds a token tree with the draft, one target forward
+scores every node with tree attention, a verifier accepts one root path, and both KV caches keep
+that path only. Autoregressive decoding is the empty tree through the same loop.
+"""
+
+from __future__ import annotations
+
+import time
+import warnings
+from collections.abc import Callable, Iterator, Sequence
+
+import torch
+
+from dyspec.draft import DraftSession, _sync
+from dyspec.errors import DyspecError
+from dyspec.events import Event, GenerationFinished, StepVerified, TreeExpanded
+from dyspec.kv import KVSession
+from dyspec.models import ModelPair
+from dyspec.policies import check_options, get_policy
+from dyspec.sampling import to_probs
+from dyspec.tree import Tree
+from dyspec.verify import verify_greedy, verify_sampled
+
+MAX_BUDGET = 256
+MAX_TEMPERATURE = 5.0
+
+Hook = Callable[[Event], None]
+
+
+def encode_prompt(pair: ModelPair, prompt: str | Sequence[int], chat: bool = True) -> list[int]:
+    """Token ids of a prompt: a string goes through the tokenizer's chat template when it has one."""
+    if not isinstance(prompt, str):
+        return [int(t) for t in prompt]
+    tok = pair.tokenizer
+    if chat and tok.chat_template:
+        text = tok.apply_chat_template(
+            [{"role": "user", "content": prompt}], add_generation_prompt=True, tokenize=False
+        )
+        return tok(text, add_special_tokens=False).input_ids
+    return tok(prompt).input_ids
+
+
+def check_settings(policy: str, budget: int, temperature: float, max_new_tokens: int, options: dict) -> None:
+    """Checks that need no model, so that a CLI can fail before loading anything."""
+    check_options(policy, options)
+    if not 1 <= budget <= MAX_BUDGET:
+        raise DyspecError(f"budget must be between 1 and {MAX_BUDGET}, got {budget}")
+    if not 0 <= temperature <= MAX_TEMPERATURE:
+        raise DyspecError(f"temperature must be between 0 and {MAX_TEMPERATURE}, got {temperature}")
+    if max_new_tokens < 1:
+        raise DyspecError(f"max new tokens must be at least 1, got {max_new_tokens}")
+
+
+def check_request(
+    pair: ModelPair, ids: list[int], policy: str, budget: int, temperature: float, max_new_tokens: int, options: dict
+) -> None:
+    check_settings(policy, budget, temperature, max_new_tokens, options)
+    if get_policy(policy).NEEDS_DRAFT and pair.draft is None:
+        raise DyspecError(f"policy '{policy}' needs a draft model; none is loaded")
+    if not ids:
+        raise DyspecError("the prompt is empty")
+    need = len(ids) + max_new_tokens + budget + 1
+    if need > pair.max_context:
+        raise DyspecError(
+            f"prompt of {len(ids)} tokens + {max_new_tokens} new tokens + a tree of {budget} does not fit "
+            f"the model's context of {pair.max_context} tokens"
+        )
+
+
+def _texts(pair: ModelPair, ids: list[int]) -> list[str]:
+    return pair.tokenizer.batch_decode([[i] for i in ids])
+
+
+def _target_probs(logits: torch.Tensor, tree: Tree, p: torch.Tensor | None) -> list[float]:
+    """Target probability of each node's token after its parent (at T = 1 when decoding greedily)."""
+    if tree.size == 0:
+        return [1.0]
+    parents = torch.tensor(tree.parents[1:], device=logits.device)
+    tokens = torch.tensor(tree.tokens[1:], device=logits.device)
+    if p is None:
+        rows, inverse = torch.unique(parents, return_inverse=True)
+        p = torch.softmax(logits[rows], dim=-1)
+        parents = inverse
+    return [1.0] + p[parents, tokens].tolist()
+
+
+def _emit(event: Event, hooks: Sequence[Hook]) -> Event:
+    for hook in hooks:
+        try:
+            hook(event)
+        except Exception as e:  # a broken view must never break a generation
+            warnings.warn(f"dyspec hook {hook!r} raised {e!r}; ignored", stacklevel=2)
+    return event
+
+
+def stream(
+    pair: ModelPair,
+    prompt: str | Sequence[int],
+    policy: str = "chain",
+    budget: int = 4,
+    temperature: float = 0.0,
+    seed: int = 0,
+    max_new_tokens: int = 64,
+    options: dict | None = None,
+    hooks: Sequence[Hook] = (),
+    chat: bool = True,
+    stop: Callable[[], bool] | None = None,
+) -> Iterator[Event]:
+    """Generate, yielding `TreeExpanded` and `StepVerified` events per step and a final
+    `GenerationFinished`. `stop()` is polled between steps: when it returns True the generation ends
+    cleanly with stop_reason "stopped"."""
+    options = dict(options or {})
+    ids = encode_prompt(pair, prompt, chat)
+    check_request(pair, ids, policy, budget, temperature, max_new_tokens, options)
+    build = get_policy(policy).build
+    device = pair.device
+    generator = torch.Generator(device=device).manual_seed(seed)
+    eos = pair.tokenizer.eos_token_id
+    target = KVSession(pair.target)
+    draft = DraftSession(pair.draft, ids)
+
+    t_start = time.perf_counter()
+    if len(ids) > 1:
+        target.forward(ids[:-1], last_only=True)
+        target.length = target.cached
+        target.forwards = 0  # count decoding steps only
+    _sync(device)
+    prefill_s = time.perf_counter() - t_start
+    root, out, step, stop_reason = ids[-1], [], 0, "max_new_tokens"
+    while len(out) < max_new_tokens:
+        if stop is not None and stop():
+            stop_reason = "stopped"
+            break
+        t0, draft_s0, draft_f0 = time.perf_counter(), draft.seconds, draft.forwards
+        tree = build(draft, root, budget, temperature, generator, **options)
+        t1 = time.perf_counter()
+        draft_s = draft.seconds - draft_s0
+
+        visible = None
+        if not tree.is_chain():
+            visible = torch.cat([torch.ones(len(tree), target.length, dtype=torch.bool), tree.ancestor_mask()], dim=1)
+        positions = [target.length + d for d in tree.depths]
+        t2 = time.perf_counter()
+        logits = target.forward(tree.tokens, positions, visible)
+        _sync(device)
+        t3 = time.perf_counter()
+
+        if temperature == 0:
+            p = None
+            accepted, next_token = verify_greedy(tree, logits.argmax(-1).tolist())
+        else:
+            p = to_probs(logits, temperature)
+            accepted, next_token = verify_sampled(tree, p, generator)
+        target.commit([target.length + i for i in [0, *accepted]])
+        draft.commit(tree, accepted, next_token)
+        emitted = [tree.tokens[i] for i in accepted] + [next_token]
+        if eos is not None and eos in emitted:
+            emitted = emitted[: emitted.index(eos) + 1]
+            stop_reason = "eos"
+        emitted = emitted[: max_new_tokens - len(out)]
+        out += emitted
+        root = next_token
+
+        texts = _texts(pair, tree.tokens)
+        starts = [1, *tree.growth[:-1]]
+        for a, b in zip(starts, tree.growth):
+            yield _emit(
+                TreeExpanded(
+                    step,
+                    list(range(a, b)),
+                    tree.parents[a:b],
+                    tree.tokens[a:b],
+                    texts[a:b],
+                    tree.draft_probs[a:b],
+                    tree.values[a:b],
+                ),
+                hooks,
+            )
+        target_s = t3 - t2
+        overhead_s = time.perf_counter() - t0 - draft_s - target_s
+        yield _emit(
+            StepVerified(
+                step=step,
+                tokens=tree.tokens,
+                texts=texts,
+                parents=tree.parents,
+                depths=tree.depths,
+                draft_probs=tree.draft_probs,
+                values=tree.values,
+                target_probs=_target_probs(logits, tree, p),
+                accepted=accepted,
+                emitted=emitted,
+                emitted_texts=_texts(pair, emitted),
+                next_token=next_token,
+                draft_s=draft_s,
+                target_s=target_s,
+                overhead_s=overhead_s,
+                tree_build_s=t1 - t0 - draft_s,
+                draft_forwards=draft.forwards - draft_f0,
+                extra=getattr(tree, "extra", {}),
+            ),
+            hooks,
+        )
+        step += 1
+        if stop_reason == "eos":
+            break
+
+    wall_s = time.perf_counter() - t_start
+    yield _emit(
+        GenerationFinished(
+            text=pair.tokenizer.decode(out, skip_special_tokens=True),
+            token_ids=out,
+            new_tokens=len(out),
+            target_forwards=step,
+            draft_forwards=draft.forwards,
+            tokens_per_forward=len(out) / max(step, 1),
+            wall_s=wall_s,
+            prefill_s=prefill_s,
+            tokens_per_s=len(out) / wall_s,
+            policy=policy,
+            budget=budget,
+            temperature=temperature,
+            seed=seed,
+            options=options,
+            stop_reason=stop_reason,
+        ),
+        hooks,
+    )
+
+
+def generate(pair: ModelPair, prompt: str | Sequence[int], **kwargs) -> GenerationFinished:
+    """Blocking form of `stream`: the final text and statistics."""
+    *_, finished = stream(pair, prompt, **kwargs)
+    return finished

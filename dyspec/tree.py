@@ -1,0 +1,75 @@
+"""Token trees: pure data, no model code.
+
+Node 0 is the root: the last committed token, whose KV is not cached yet. Nodes are kept in
+topological order (parent id < child id), and siblings in the order they were drawn, which is the
+order verification tries them in.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+# How the children of a node were drawn from its draft distribution q; decides the verifier.
+SAMPLINGS = ("iid", "without_replacement", "deterministic")
+
+
+@dataclass
+class Tree:
+    tokens: list[int]
+    parents: list[int] = field(default_factory=lambda: [-1])
+    depths: list[int] = field(default_factory=lambda: [0])
+    draft_probs: list[float] = field(default_factory=lambda: [1.0])  # q(token) when it was drawn
+    values: list[float] = field(default_factory=lambda: [1.0])  # product of draft_probs on the root path
+    q: dict[int, torch.Tensor] = field(default_factory=dict)  # node -> distribution its children come from
+    sampling: str = "iid"
+    growth: list[int] = field(default_factory=list)  # tree size after each expansion, for replay
+
+    @classmethod
+    def root(cls, token: int, sampling: str = "iid") -> Tree:
+        assert sampling in SAMPLINGS, sampling
+        return cls(tokens=[token], sampling=sampling)
+
+    def __len__(self) -> int:
+        return len(self.tokens)
+
+    @property
+    def size(self) -> int:
+        """Number of drafted nodes (the root is not drafted)."""
+        return len(self.tokens) - 1
+
+    def add(self, parent: int, token: int, draft_prob: float) -> int:
+        self.tokens.append(token)
+        self.parents.append(parent)
+        self.depths.append(self.depths[parent] + 1)
+        self.draft_probs.append(draft_prob)
+        self.values.append(self.values[parent] * draft_prob)
+        return len(self.tokens) - 1
+
+    def end_expansion(self) -> None:
+        """Mark the nodes added since the last call as one expansion (one `TreeExpanded` event)."""
+        if not self.growth or self.growth[-1] != len(self):
+            self.growth.append(len(self))
+
+    def children(self, node: int) -> list[int]:
+        return [i for i in range(node + 1, len(self)) if self.parents[i] == node]
+
+    def path(self, node: int) -> list[int]:
+        """Node ids from the root's first child down to `node` (the root itself excluded)."""
+        out = []
+        while node > 0:
+            out.append(node)
+            node = self.parents[node]
+        return out[::-1]
+
+    def is_chain(self) -> bool:
+        return all(p == i - 1 for i, p in enumerate(self.parents[1:], start=1))
+
+    def ancestor_mask(self) -> torch.Tensor:
+        """Bool [n, n]: entry (i, j) is True when j is i itself or one of its ancestors."""
+        n = len(self)
+        mask = torch.eye(n, dtype=torch.bool)
+        for i in range(1, n):
+            mask[i] |= mask[self.parents[i]]
+        return mask

@@ -1,0 +1,29 @@
+import dataclasses
+import os
+
+import pytest
+import torch
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")  # tests never reach a model hub
+torch.set_num_threads(min(2, os.cpu_count() or 1))
+
+PROMPTS = [
+    "Write a short poem about the sea.",
+    "Explain what a hash table is in two sentences.",
+    "List three tips for staying focused while studying.",
+    "What is the capital of France, and why is it famous?",
+    "Write a Python function that reverses a string.",
+]
+
+
+@pytest.fixture(scope="session")
+def pair():
+    from dyspec.models import load_pair
+
+    return load_pair()
+
+
+@pytest.fixture(scope="session")
+def self_pair(pair):
+    """The target as its own draft: every drafted token is accepted at T = 0."""
+    return dataclasses.replace(pair, draft=pair.target, draft_name="self")

@@ -1,0 +1,112 @@
+import warnings
+
+import pytest
+import torch
+
+from dyspec import generate, stream
+from dyspec.engine import encode_prompt
+from dyspec.events import GenerationFinished, StepVerified, TreeExpanded
+from dyspec.kv import KVSession
+from dyspec.tree import Tree
+
+from .conftest import PROMPTS
+
+
+@pytest.fixture(scope="module")
+def ar_outputs(pair):
+    return [generate(pair, p, policy="ar", max_new_tokens=48).token_ids for p in PROMPTS]
+
+
+def test_ar_matches_hf_generate(pair, ar_outputs):
+    for prompt, ours in zip(PROMPTS, ar_outputs):
+        ids = encode_prompt(pair, prompt)
+        hf = pair.target.generate(torch.tensor([ids]), do_sample=False, max_new_tokens=48)[0, len(ids) :].tolist()
+        assert ours == hf[: len(ours)] and (len(ours) == 48 or ours[-1] == pair.tokenizer.eos_token_id)
+
+
+@pytest.mark.parametrize("budget", [1, 4])
+def test_chain_greedy_is_token_identical_to_ar(pair, ar_outputs, budget):
+    for prompt, expected in zip(PROMPTS, ar_outputs):
+        assert generate(pair, prompt, policy="chain", budget=budget, max_new_tokens=48).token_ids == expected
+
+
+@pytest.mark.parametrize("temperature", [0.0, 0.7])
+def test_self_draft_accepts_everything(self_pair, temperature):
+    """With the target as its own draft, a chain of 4 commits 5 tokens per target forward."""
+    r = generate(self_pair, PROMPTS[0], policy="chain", budget=4, max_new_tokens=50, temperature=temperature)
+    assert r.stop_reason == "max_new_tokens"
+    assert r.tokens_per_forward == 5.0
+
+
+def test_tree_attention_matches_root_path_forwards(pair):
+    g = torch.Generator().manual_seed(0)
+    prefix = encode_prompt(pair, PROMPTS[1])
+    tree = Tree.root(prefix[-1])
+    for _ in range(24):
+        tree.add(int(torch.randint(len(tree), (), generator=g)), int(torch.randint(49152, (), generator=g)), 1.0)
+    kv = KVSession(pair.target)
+    kv.forward(prefix[:-1])
+    kv.length = kv.cached
+    visible = torch.cat([torch.ones(len(tree), kv.length, dtype=torch.bool), tree.ancestor_mask()], dim=1)
+    logits = kv.forward(tree.tokens, [kv.length + d for d in tree.depths], visible)
+    with torch.inference_mode():
+        for node in range(len(tree)):
+            ids = prefix + [tree.tokens[i] for i in tree.path(node)]
+            plain = pair.target(torch.tensor([ids])).logits[0, -1].float()
+            torch.testing.assert_close(logits[node], plain, atol=1e-4, rtol=0)
+
+
+def test_commit_keeps_accepted_path(pair):
+    """After committing a non-contiguous path, the cache continues exactly like a plain forward."""
+    prefix = encode_prompt(pair, PROMPTS[2])
+    tree = Tree.root(prefix[-1])
+    a = tree.add(0, 504, 1.0)
+    tree.add(0, 1000, 1.0)
+    c = tree.add(a, 6147, 1.0)
+    kv = KVSession(pair.target)
+    kv.forward(prefix[:-1])
+    kv.length = kv.cached
+    visible = torch.cat([torch.ones(len(tree), kv.length, dtype=torch.bool), tree.ancestor_mask()], dim=1)
+    kv.forward(tree.tokens, [kv.length + d for d in tree.depths], visible)
+    kv.commit([kv.length + i for i in (0, a, c)])
+    nxt = kv.forward([282])[-1]
+    with torch.inference_mode():
+        plain = pair.target(torch.tensor([prefix + [504, 6147, 282]])).logits[0, -1].float()
+    torch.testing.assert_close(nxt, plain, atol=1e-4, rtol=0)
+
+
+def test_events_and_hooks(pair):
+    seen = []
+
+    def broken_hook(event):
+        raise RuntimeError("a view crashed")
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        events = list(
+            stream(pair, PROMPTS[0], policy="chain", budget=3, max_new_tokens=12, hooks=[seen.append, broken_hook])
+        )
+    assert events == seen
+    assert any("a view crashed" in str(w.message) for w in caught)
+    steps = [e for e in events if isinstance(e, StepVerified)]
+    finished = events[-1]
+    assert isinstance(finished, GenerationFinished) and finished.target_forwards == len(steps)
+    assert sum(len(e.emitted) for e in steps) == finished.new_tokens == 12
+    assert [t for e in steps for t in e.emitted] == finished.token_ids
+    expansions = [e for e in events if isinstance(e, TreeExpanded) and e.step == 0]
+    assert [n for e in expansions for n in e.node_ids] == list(range(1, 4))
+    for e in steps:
+        assert min(e.draft_s, e.target_s, e.overhead_s, e.tree_build_s) >= 0
+        assert len(e.target_probs) == len(e.tokens) and all(0 <= x <= 1 for x in e.target_probs)
+
+
+def test_stop_ends_cleanly(pair):
+    calls = []
+    r = generate(pair, PROMPTS[0], policy="ar", max_new_tokens=40, stop=lambda: calls.append(1) or len(calls) > 3)
+    assert r.stop_reason == "stopped" and r.new_tokens == 3
+
+
+def test_seeded_sampling_is_reproducible(pair):
+    a = generate(pair, PROMPTS[3], policy="chain", temperature=0.9, seed=5, max_new_tokens=16)
+    b = generate(pair, PROMPTS[3], policy="chain", temperature=0.9, seed=5, max_new_tokens=16)
+    assert a.token_ids == b.token_ids

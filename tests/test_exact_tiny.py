@@ -1,0 +1,40 @@
+"""End to end at T > 0: every policy samples the first 3 tokens exactly as the target does."""
+
+import pytest
+import torch
+from scipy.stats import chisquare
+
+from dyspec import generate
+from dyspec.policies import POLICIES
+
+from .tiny import exact_distribution, tiny_pair
+
+PROMPT = [0, 3, 1]
+TEMPERATURE = 0.8
+RUNS = 3000
+
+
+@pytest.fixture(scope="module")
+def pair():
+    return tiny_pair()
+
+
+@pytest.fixture(scope="module")
+def exact(pair):
+    return exact_distribution(pair.target, PROMPT, 3, TEMPERATURE)
+
+
+@pytest.mark.parametrize("policy", sorted(POLICIES))
+def test_policy_samples_target_distribution(pair, exact, policy):
+    V = pair.target.config.vocab_size
+    counts = torch.zeros(V**3)
+    for seed in range(RUNS):
+        ids = generate(
+            pair, PROMPT, policy=policy, budget=4, temperature=TEMPERATURE, seed=seed, max_new_tokens=3
+        ).token_ids
+        counts[ids[0] * V * V + ids[1] * V + ids[2]] += 1
+    expected = exact * RUNS
+    keep = expected >= 5
+    obs = torch.cat([counts[keep], counts[~keep].sum(0, keepdim=True)])
+    exp = torch.cat([expected[keep], expected[~keep].sum(0, keepdim=True)])
+    assert chisquare(obs.numpy(), exp.numpy()).pvalue > 1e-4

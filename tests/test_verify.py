@@ -1,0 +1,108 @@
+"""Each verifier must reproduce the target distribution exactly (Monte Carlo, chi-square)."""
+
+import pytest
+import torch
+from scipy.stats import chisquare
+
+from dyspec.sampling import residual
+from dyspec.tree import Tree
+from dyspec.verify import verify_greedy, verify_sampled
+
+V = 50
+TRIALS = 100_000
+
+
+def random_dist(g: torch.Generator, n: int = V, sharpness: float = 2.0) -> torch.Tensor:
+    return torch.softmax(torch.randn(n, generator=g) * sharpness, dim=0)
+
+
+def draw_children(q: torch.Tensor, k: int, sampling: str, g: torch.Generator) -> list[int]:
+    if sampling == "iid":
+        return torch.multinomial(q, k, replacement=True, generator=g).tolist()
+    if sampling == "without_replacement":
+        return torch.multinomial(q, k, replacement=False, generator=g).tolist()
+    return torch.topk(q, k).indices.tolist()  # deterministic: chosen, not sampled
+
+
+def assert_same_distribution(counts: torch.Tensor, p: torch.Tensor) -> None:
+    expected = p * counts.sum()
+    keep = expected >= 5  # chi-square needs enough expected mass per cell; pool the rest
+    obs = torch.cat([counts[keep], counts[~keep].sum(0, keepdim=True)])
+    exp = torch.cat([expected[keep], expected[~keep].sum(0, keepdim=True)])
+    pvalue = chisquare(obs.numpy(), exp.numpy()).pvalue
+    assert pvalue > 1e-4, f"emitted tokens do not follow the target distribution (p-value {pvalue:.2g})"
+
+
+@pytest.mark.parametrize("sampling", ["iid", "without_replacement", "deterministic"])
+def test_one_level_tree_keeps_target_distribution(sampling):
+    """Root with 3 children: the first emitted token must be distributed as p(root)."""
+    g = torch.Generator().manual_seed(0)
+    p_root, q = random_dist(g), random_dist(g)
+    p_leaf = random_dist(g)
+    counts = torch.zeros(V)
+    for _ in range(TRIALS):
+        tree = Tree.root(0, sampling)
+        tree.q[0] = q
+        for x in draw_children(q, 3, sampling, g):
+            tree.add(0, x, float(q[x]))
+        p = torch.stack([p_root] + [p_leaf] * tree.size)
+        path, nxt = verify_sampled(tree, p, g)
+        counts[tree.tokens[path[0]] if path else nxt] += 1
+    assert_same_distribution(counts, p_root)
+
+
+def test_residual_is_needed():
+    """The test above can fail: a verifier that samples p after rejection (no residual) is biased."""
+    g = torch.Generator().manual_seed(0)
+    p, q = random_dist(g), random_dist(g)
+    counts = torch.zeros(V)
+    for _ in range(20_000):
+        x = int(torch.multinomial(q, 1, generator=g))
+        accept = float(torch.rand((), generator=g)) * q[x] <= p[x]
+        counts[x if accept else int(torch.multinomial(p, 1, generator=g))] += 1
+    with pytest.raises(AssertionError):
+        assert_same_distribution(counts, p)
+
+
+@pytest.mark.parametrize("sampling", ["iid", "without_replacement", "deterministic"])
+def test_two_level_tree_keeps_joint_distribution(sampling):
+    """A 2-level tree over 6 tokens: the first two emitted tokens follow p(x1) p(x2 | x1)."""
+    n, g = 6, torch.Generator().manual_seed(1)
+    p_root = random_dist(g, n)
+    p_next = torch.stack([random_dist(g, n) for _ in range(n)])  # p(. | x1)
+    p_after = random_dist(g, n)  # what follows two tokens: irrelevant to the first two
+    q_root = random_dist(g, n)
+    q_next = torch.stack([random_dist(g, n) for _ in range(n)])
+    counts = torch.zeros(n * n)
+    for _ in range(40_000):
+        tree = Tree.root(0, sampling)
+        tree.q[0] = q_root
+        for x in draw_children(q_root, 2, sampling, g):
+            child = tree.add(0, x, float(q_root[x]))
+            tree.q[child] = q_next[x]
+            for y in draw_children(q_next[x], 2, sampling, g):
+                tree.add(child, y, float(q_next[x][y]))
+        p = torch.stack([p_root] + [p_next[t] if d == 1 else p_after for t, d in zip(tree.tokens[1:], tree.depths[1:])])
+        path, nxt = verify_sampled(tree, p, g)
+        emitted = [tree.tokens[i] for i in path] + [nxt]
+        if len(emitted) == 1:  # rejected at the root: the second token comes from p(. | x1)
+            emitted.append(int(torch.multinomial(p_next[emitted[0]], 1, generator=g)))
+        counts[emitted[0] * n + emitted[1]] += 1
+    assert_same_distribution(counts, (p_root[:, None] * p_next).flatten())
+
+
+def test_greedy_follows_argmax_and_adds_bonus():
+    tree = Tree.root(7)
+    a = tree.add(0, 3, 0.5)
+    b = tree.add(0, 4, 0.3)
+    c = tree.add(b, 9, 0.9)
+    argmax = {0: 4, a: 1, b: 9, c: 2}
+    assert verify_greedy(tree, [argmax[i] for i in range(len(tree))]) == ([b, c], 2)
+    argmax[0] = 5
+    assert verify_greedy(tree, [argmax[i] for i in range(len(tree))]) == ([], 5)
+
+
+def test_residual_guard():
+    p = torch.tensor([0.5, 0.5])
+    assert torch.equal(residual(p, p), p)
+    assert torch.allclose(residual(p, torch.tensor([0.75, 0.25])), torch.tensor([0.0, 1.0]))

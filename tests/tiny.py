@@ -1,0 +1,59 @@
+"""A tiny real Llama pair with a 5-token vocabulary, whose exact sequence distribution can be enumerated."""
+
+import itertools
+
+import torch
+from tokenizers import Tokenizer, models
+from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+
+from dyspec.models import ModelPair
+
+VOCAB = ["a", "b", "c", "d", "e"]
+
+
+def tiny_model(seed: int, layers: int = 1) -> LlamaForCausalLM:
+    torch.manual_seed(seed)
+    config = LlamaConfig(
+        vocab_size=len(VOCAB),
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=layers,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=128,
+        bos_token_id=None,
+        eos_token_id=None,
+        pad_token_id=None,
+    )
+    model = LlamaForCausalLM(config).eval()
+    with torch.no_grad():  # sharper logits than the default init, so the distribution is not near uniform
+        model.lm_head.weight.mul_(40)
+    return model
+
+
+def tiny_tokenizer() -> PreTrainedTokenizerFast:
+    tok = Tokenizer(models.WordLevel({t: i for i, t in enumerate(VOCAB)}, unk_token="a"))
+    return PreTrainedTokenizerFast(tokenizer_object=tok)
+
+
+def tiny_pair() -> ModelPair:
+    return ModelPair(
+        tiny_model(1, 2),
+        tiny_model(2),
+        tiny_tokenizer(),
+        "tiny-target",
+        "tiny-draft",
+        torch.device("cpu"),
+        torch.float32,
+    )
+
+
+@torch.inference_mode()
+def exact_distribution(model: LlamaForCausalLM, prompt: list[int], n: int, temperature: float) -> torch.Tensor:
+    """P(first n generated tokens) at `temperature`, over all V**n sequences in lexicographic order."""
+    probs = []
+    for seq in itertools.product(range(len(VOCAB)), repeat=n):
+        logits = model(torch.tensor([prompt + list(seq[:-1])])).logits[0, len(prompt) - 1 :].float()
+        p = torch.softmax(logits / temperature, -1)
+        probs.append(float(torch.prod(p[torch.arange(n), torch.tensor(seq)])))
+    return torch.tensor(probs)
