@@ -27,6 +27,11 @@ app: setup
 	HF_HUB_OFFLINE=1 $(PY) -m dyspec generate --policy chain --budget 4 --max-new-tokens 64 \
 		--prompt "Explain speculative decoding in one paragraph."
 
+bench: setup
+	HF_HUB_OFFLINE=1 $(PY) -m dyspec bench --dataset mtbench --num-prompts 5 --max-new-tokens 48 \
+		--policies ar,hf,chain,specinfer,dyspec,dyspec-threshold,eagle2,hf-assisted --budgets 4,16 \
+		--temperatures 0 --out bench-out/results.jsonl --profile
+
 lint: setup
 	$(VENV)/bin/ruff check . && $(VENV)/bin/ruff format --check .
 

@@ -26,16 +26,37 @@ def _option(text: str) -> tuple[str, object]:
         return name.replace("-", "_"), value
 
 
+def _budget(text: str) -> int | str:
+    if text == "auto":
+        return text
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number or 'auto', got '{text}'") from None
+
+
 def add_model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--target", default=DEFAULT_TARGET, help="hub id, local folder or .gguf file (default: %(default)s)")
     p.add_argument("--draft", default=STANDIN_DRAFT, help="as --target, or truncated:N, or self (default: %(default)s)")
     p.add_argument("--device", default=None, help="cuda, mps or cpu (default: the best available)")
     p.add_argument("--allow-download", action="store_true", help="let hub ids download (default: local cache only)")
+    p.add_argument(
+        "--precision",
+        default="auto",
+        choices=("auto", "native", "int8"),
+        help="auto: int8 Linear layers on CPU (fast path), native dtype elsewhere (default: auto)",
+    )
 
 
 def add_decoding_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--policy", default="chain", help="decoding policy (default: %(default)s)")
-    p.add_argument("--budget", type=int, default=4, help="drafted tokens per step: K for chain, tree size for trees")
+    p.add_argument(
+        "--budget",
+        type=_budget,
+        default=4,
+        help="drafted tokens per step: K for chain, tree size for trees; 'auto' sizes each step's tree "
+        "by expected gain against the measured latency profile",
+    )
     p.add_argument("--temperature", type=float, default=0.0)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--max-new-tokens", type=int, default=64)
@@ -55,7 +76,7 @@ def cmd_generate(args: argparse.Namespace) -> None:
 
     options = dict(args.option)
     check_settings(args.policy, args.budget, args.temperature, args.max_new_tokens, options)
-    pair = load_pair(args.target, args.draft, args.device, allow_download=args.allow_download)
+    pair = load_pair(args.target, args.draft, args.device, allow_download=args.allow_download, precision=args.precision)
     result = generate(
         pair,
         args.prompt,
@@ -78,6 +99,62 @@ def cmd_generate(args: argparse.Namespace) -> None:
         )
 
 
+def _csv(kind):
+    def parse(text: str):
+        try:
+            return tuple(kind(x) for x in text.split(",") if x)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected a comma-separated list, got '{text}'") from None
+
+    return parse
+
+
+def cmd_bench(args: argparse.Namespace) -> None:
+    from pathlib import Path
+
+    from dyspec.bench import BenchConfig, markdown_table, run_bench, write_report
+    from dyspec.figures import summarize
+    from dyspec.models import load_pair
+    from dyspec.profile import measure_profile
+
+    options = dict(args.option)
+    config = BenchConfig(
+        dataset=args.dataset,
+        num_prompts=args.num_prompts,
+        policies=args.policies,
+        budgets=args.budgets,
+        temperatures=args.temperatures,
+        seeds=args.seeds,
+        max_new_tokens=args.max_new_tokens,
+        options={p: options for p in args.policies} if options else None,
+    )
+    pair = load_pair(args.target, args.draft, args.device, allow_download=args.allow_download, precision=args.precision)
+    out = Path(args.out)
+    records = run_bench(pair, config, out, resume=args.resume)
+    profile = measure_profile(pair) if args.profile else None
+    report = out.with_suffix(".html")
+    write_report(records, report, profile)
+    print(markdown_table(summarize(records)))
+    print(f"records: {out}  report: {report}", file=sys.stderr)
+
+
+def cmd_profile(args: argparse.Namespace) -> None:
+    from dyspec.models import load_pair
+    from dyspec.profile import measure_profile
+
+    pair = load_pair(args.target, args.draft, args.device, allow_download=args.allow_download, precision=args.precision)
+    profile = measure_profile(pair)
+    if args.json:
+        print(json.dumps(profile))
+        return
+    print(f"forward latency, ms (median) on {profile['device']}, {profile['precision']} ({profile['dtype']})")
+    print("n        " + "".join(f"{n:>8}" for n in profile["target"]))
+    for name in ("target", "draft", "baseline_hf_fp32_eager"):
+        if name in profile:
+            label = "fp32 HF" if name.startswith("baseline") else name
+            print(f"{label:9}" + "".join(f"{ms:8.1f}" for ms in profile[name].values()))
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="dyspec", description="Speculative decoding with token trees.")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
@@ -87,6 +164,38 @@ def build_parser() -> argparse.ArgumentParser:
     add_model_args(g)
     g.add_argument("--json", action="store_true", help="print one JSON object with the text and statistics")
     g.set_defaults(func=cmd_generate)
+
+    b = sub.add_parser("bench", help="policies x budgets x temperatures on a prompt set, with a report")
+    b.add_argument("--dataset", default="mtbench", help="mtbench, gsm8k, humaneval, or a .jsonl file of prompts")
+    b.add_argument("--num-prompts", type=int, default=10)
+    b.add_argument(
+        "--policies",
+        type=_csv(str),
+        default=("ar", "chain", "dyspec", "hf-assisted"),
+        help="comma-separated; besides the engine's policies: hf (model.generate), hf-assisted",
+    )
+    b.add_argument("--budgets", type=_csv(_budget), default=(4, 8, 16), help="comma-separated; 'auto' allowed")
+    b.add_argument("--temperatures", type=_csv(float), default=(0.0,))
+    b.add_argument("--seeds", type=_csv(int), default=(0,))
+    b.add_argument("--max-new-tokens", type=int, default=64)
+    b.add_argument(
+        "--option",
+        type=_option,
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        help="a policy option passed to every policy (repeatable)",
+    )
+    b.add_argument("--out", default="bench-out/results.jsonl", help="JSONL records; the report goes beside it")
+    b.add_argument("--resume", action="store_true", help="keep the records in --out and run only what is missing")
+    b.add_argument("--profile", action="store_true", help="also measure the latency profile t(n) for the report")
+    add_model_args(b)
+    b.set_defaults(func=cmd_bench)
+
+    pr = sub.add_parser("profile", help="measure forward latency t(n) of target and draft")
+    add_model_args(pr)
+    pr.add_argument("--json", action="store_true")
+    pr.set_defaults(func=cmd_profile)
     return parser
 
 

@@ -42,16 +42,15 @@ class DraftSession:
         self.seconds += time.perf_counter() - t
         return logits
 
-    def root_logits(self) -> torch.Tensor:
-        """Draft logits [V] after the root (the last committed token)."""
-        logits = self._timed_forward(self.pending, last_only=True)[-1]
-        self.kv.length = self.kv.cached
-        self.pending = []
-        return logits
-
-    def node_logits(self, tree: Tree, nodes: list[int]) -> torch.Tensor:
+    def logits(self, tree: Tree, nodes: list[int]) -> torch.Tensor:
         """Draft logits [len(nodes), V] after each of `nodes`, in one forward with tree attention.
-        Every ancestor of a node is the root, a node forwarded earlier this step, or earlier in `nodes`."""
+        Node 0 (the root) comes alone, first, once per step; every other node's ancestors are the
+        root, nodes forwarded earlier this step, or nodes earlier in `nodes`."""
+        if nodes == [0]:
+            logits = self._timed_forward(self.pending, last_only=True)
+            self.kv.length = self.kv.cached
+            self.pending = []
+            return logits
         start = self.kv.cached
         col = {node: start + i for i, node in enumerate(nodes)}
         col.update(self.slot_of)
@@ -63,6 +62,10 @@ class DraftSession:
         logits = self._timed_forward([tree.tokens[node] for node in nodes], positions, visible)
         self.slot_of.update((node, start + i) for i, node in enumerate(nodes))
         return logits
+
+    def relabel(self, old_ids: list[int]) -> None:
+        """The tree was renumbered (pruned): new node i was old node old_ids[i]."""
+        self.slot_of = {new: self.slot_of[old] for new, old in enumerate(old_ids) if old in self.slot_of}
 
     def commit(self, tree: Tree, accepted: list[int], next_token: int) -> None:
         seen = 0

@@ -11,12 +11,14 @@ from collections.abc import Callable, Iterator, Sequence
 
 import torch
 
+from dyspec.budget import AUTO_CAP, best_prefix_size
 from dyspec.draft import DraftSession, _sync
 from dyspec.errors import DyspecError
 from dyspec.events import Event, GenerationFinished, StepVerified, TreeExpanded
 from dyspec.kv import KVSession
 from dyspec.models import ModelPair
 from dyspec.policies import check_options, get_policy
+from dyspec.profile import target_profile
 from dyspec.sampling import to_probs
 from dyspec.tree import Tree
 from dyspec.verify import verify_greedy, verify_sampled
@@ -40,11 +42,13 @@ def encode_prompt(pair: ModelPair, prompt: str | Sequence[int], chat: bool = Tru
     return tok(prompt).input_ids
 
 
-def check_settings(policy: str, budget: int, temperature: float, max_new_tokens: int, options: dict) -> None:
+def check_settings(policy: str, budget: int | str, temperature: float, max_new_tokens: int, options: dict) -> None:
     """Checks that need no model, so that a CLI can fail before loading anything."""
     check_options(policy, options)
-    if not 1 <= budget <= MAX_BUDGET:
-        raise DyspecError(f"budget must be between 1 and {MAX_BUDGET}, got {budget}")
+    if budget == "auto":
+        return check_settings(policy, AUTO_CAP, temperature, max_new_tokens, options)
+    if not isinstance(budget, int) or not 1 <= budget <= MAX_BUDGET:
+        raise DyspecError(f"budget must be 'auto' or between 1 and {MAX_BUDGET}, got {budget}")
     if not 0 <= temperature <= MAX_TEMPERATURE:
         raise DyspecError(f"temperature must be between 0 and {MAX_TEMPERATURE}, got {temperature}")
     if max_new_tokens < 1:
@@ -54,6 +58,7 @@ def check_settings(policy: str, budget: int, temperature: float, max_new_tokens:
 def check_request(
     pair: ModelPair, ids: list[int], policy: str, budget: int, temperature: float, max_new_tokens: int, options: dict
 ) -> None:
+    """`budget` here is a number (AUTO_CAP for "auto")."""
     check_settings(policy, budget, temperature, max_new_tokens, options)
     if get_policy(policy).NEEDS_DRAFT and pair.draft is None:
         raise DyspecError(f"policy '{policy}' needs a draft model; none is loaded")
@@ -97,7 +102,7 @@ def stream(
     pair: ModelPair,
     prompt: str | Sequence[int],
     policy: str = "chain",
-    budget: int = 4,
+    budget: int | str = 4,
     temperature: float = 0.0,
     seed: int = 0,
     max_new_tokens: int = 64,
@@ -107,12 +112,18 @@ def stream(
     stop: Callable[[], bool] | None = None,
 ) -> Iterator[Event]:
     """Generate, yielding `TreeExpanded` and `StepVerified` events per step and a final
-    `GenerationFinished`. `stop()` is polled between steps: when it returns True the generation ends
-    cleanly with stop_reason "stopped"."""
+    `GenerationFinished`. `budget="auto"` sizes each step's tree by expected gain against the
+    target's measured latency profile (dyspec.budget). `stop()` is polled between steps: when it
+    returns True the generation ends cleanly with stop_reason "stopped"."""
     options = dict(options or {})
     ids = encode_prompt(pair, prompt, chat)
-    check_request(pair, ids, policy, budget, temperature, max_new_tokens, options)
-    build = get_policy(policy).build
+    auto = budget == "auto"
+    cap = AUTO_CAP if auto else budget
+    check_request(pair, ids, policy, cap, temperature, max_new_tokens, options)
+    target_ms = target_profile(pair) if auto else None
+    module = get_policy(policy)
+    if hasattr(module, "prepare"):
+        options = module.prepare(pair, temperature, cap, options)
     device = pair.device
     generator = torch.Generator(device=device).manual_seed(seed)
     eos = pair.tokenizer.eos_token_id
@@ -132,9 +143,11 @@ def stream(
             stop_reason = "stopped"
             break
         t0, draft_s0, draft_f0 = time.perf_counter(), draft.seconds, draft.forwards
-        tree = build(draft, root, budget, temperature, generator, **options)
-        t1 = time.perf_counter()
+        tree = module.build(draft, root, cap, temperature, generator, **options)
         draft_s = draft.seconds - draft_s0
+        if auto:
+            tree = tree.subtree(list(range(1, 1 + best_prefix_size(tree.values[1:], target_ms, draft_s * 1000))))[0]
+        t1 = time.perf_counter()
 
         visible = None
         if not tree.is_chain():

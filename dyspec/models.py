@@ -18,7 +18,9 @@ import torch
 import transformers
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
+from dyspec import attention
 from dyspec.errors import DyspecError
+from dyspec.quant import int8_available, quantize_int8
 
 transformers.utils.logging.disable_progress_bar()  # per-tensor load bars are noise for models this size
 
@@ -38,6 +40,7 @@ class ModelPair:
     draft_name: str | None
     device: torch.device
     dtype: torch.dtype
+    precision: str = "native"  # "native" (dtype as loaded) or "int8" (int8 Linear layers, CPU)
 
     @property
     def max_context(self) -> int:
@@ -66,6 +69,22 @@ def pick_device(device: str | None = None) -> torch.device:
 
 def pick_dtype(device: torch.device) -> torch.dtype:
     return torch.bfloat16 if device.type == "cuda" else torch.float32
+
+
+PRECISIONS = ("auto", "native", "int8")
+
+
+def pick_precision(precision: str, device: torch.device) -> str:
+    """ "auto": int8 Linear layers on a CPU (2-3x faster forwards, see dyspec.quant), else native."""
+    if precision not in PRECISIONS:
+        raise DyspecError(f"precision must be one of {', '.join(PRECISIONS)}, got '{precision}'")
+    if precision == "int8" and device.type != "cpu":
+        raise DyspecError("int8 precision is the CPU fast path; on a GPU use native (bf16)")
+    if precision == "int8" and not int8_available():
+        raise DyspecError("int8 precision needs PyTorch's fbgemm quantized ops, which this build lacks")
+    if precision == "auto":
+        return "int8" if device.type == "cpu" and int8_available() else "native"
+    return precision
 
 
 def _smollm2_dir() -> Path:
@@ -187,18 +206,31 @@ def load_pair(
     device: str | None = None,
     device_map: str | None = None,
     allow_download: bool = False,
+    precision: str = "auto",
 ) -> ModelPair:
     """Load a target and a draft. `draft` is a model name as for the target, `truncated:N` (the
-    target's first N layers, untrained), `self` (the target itself, for testing), or None.
-    Hub ids load from the local cache unless `allow_download`."""
+    target's first N layers, untrained), `int8` (the target with int8 Linear layers: a draft that
+    needs no training, for a target that runs at native precision), `self` (the target itself, for
+    testing), or None.
+    Hub ids load from the local cache unless `allow_download`. `precision` "auto" runs int8 Linear
+    layers on a CPU; outputs are then exact with respect to that int8 model (see README)."""
     dev = pick_device(device)
     dtype = pick_dtype(dev)
+    if draft == "int8":
+        if precision == "int8":
+            raise DyspecError("the int8 draft is the target quantized: use it with --precision native")
+        if dev.type != "cpu":
+            raise DyspecError("the int8 draft runs on a CPU only (fbgemm)")
+        precision = "native"
+    precision = pick_precision(precision, dev)
     tokenizer = load_tokenizer(target, allow_download)
     target_model = load_model(target, dev, dtype, device_map, allow_download)
     if draft is None:
         draft_model = None
     elif draft == "self":
         draft_model = target_model
+    elif draft == "int8":
+        draft_model = quantize_int8(truncated_copy(target_model, target_model.config.num_hidden_layers))
     elif draft.startswith("truncated:"):
         try:
             n = int(draft.split(":", 1)[1])
@@ -213,4 +245,8 @@ def load_pair(
             f"draft '{draft}' has {draft_model.config.vocab_size} output logits, the target "
             f"{target_model.config.vocab_size}: they must be equal"
         )
-    return ModelPair(target_model, draft_model, tokenizer, target, draft, dev, dtype)
+    if precision == "int8":
+        for model in {id(m): m for m in (target_model, draft_model) if m is not None}.values():
+            quantize_int8(model)
+            model.set_attn_implementation(attention.NAME)
+    return ModelPair(target_model, draft_model, tokenizer, target, draft, dev, dtype, precision)

@@ -23,3 +23,17 @@ def residual(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
     r = (p - q).clamp_min_(0)
     total = r.sum()
     return r / total if total > 0 else p
+
+
+def ranked_children(
+    q: torch.Tensor, k: int, sample: bool, generator: torch.Generator | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The first k children of each row of q [n, V], in drawing order: a sample without replacement
+    (exponential race: the top k of q / E with E ~ Exp(1), equivalent to Gumbel-top-k) or simply the
+    top k. Returns tokens [n, k] and their probabilities under q; children past q's support come
+    last with probability 0, and callers skip them."""
+    keys = q
+    if sample:
+        keys = q / torch.empty_like(q).exponential_(generator=generator)
+    idx = keys.topk(min(k, q.shape[-1]), dim=-1).indices
+    return idx, q.gather(-1, idx)

@@ -66,6 +66,18 @@ class Tree:
     def is_chain(self) -> bool:
         return all(p == i - 1 for i, p in enumerate(self.parents[1:], start=1))
 
+    def subtree(self, keep: list[int]) -> tuple[Tree, list[int]]:
+        """The tree of the root and the nodes `keep` (ascending, closed under ancestors), renumbered,
+        with its growth steps preserved; and the old id of each new node."""
+        old_ids = [0, *keep]
+        new_id = {old: new for new, old in enumerate(old_ids)}
+        out = Tree.root(self.tokens[0], self.sampling)
+        for old in keep:
+            out.add(new_id[self.parents[old]], self.tokens[old], self.draft_probs[old])
+        out.q = {new_id[u]: q for u, q in self.q.items() if u in new_id}
+        out.growth = sorted({sum(1 for n in old_ids if n < g) for g in self.growth})
+        return out, old_ids
+
     def ancestor_mask(self) -> torch.Tensor:
         """Bool [n, n]: entry (i, j) is True when j is i itself or one of its ancestors."""
         n = len(self)

@@ -7,6 +7,7 @@ from dyspec import generate, stream
 from dyspec.engine import encode_prompt
 from dyspec.events import GenerationFinished, StepVerified, TreeExpanded
 from dyspec.kv import KVSession
+from dyspec.policies import POLICIES
 from dyspec.tree import Tree
 
 from .conftest import PROMPTS
@@ -24,10 +25,27 @@ def test_ar_matches_hf_generate(pair, ar_outputs):
         assert ours == hf[: len(ours)] and (len(ours) == 48 or ours[-1] == pair.tokenizer.eos_token_id)
 
 
-@pytest.mark.parametrize("budget", [1, 4])
-def test_chain_greedy_is_token_identical_to_ar(pair, ar_outputs, budget):
+GREEDY_CASES = [
+    ("chain", 1, {}),
+    ("chain", 4, {}),
+    ("specinfer", 10, {"expansion": "2,2,1"}),
+    ("sequoia", 16, {"acceptance": [0.3, 0.1, 0.05, 0.03]}),
+    ("dyspec", 16, {}),
+    ("dyspec", 8, {"select": "sample"}),
+    ("dyspec-threshold", 16, {}),
+    ("eagle2", 16, {}),
+]
+
+
+@pytest.mark.parametrize("policy,budget,options", GREEDY_CASES, ids=lambda x: str(x))
+def test_greedy_is_token_identical_to_ar(pair, ar_outputs, policy, budget, options):
     for prompt, expected in zip(PROMPTS, ar_outputs):
-        assert generate(pair, prompt, policy="chain", budget=budget, max_new_tokens=48).token_ids == expected
+        r = generate(pair, prompt, policy=policy, budget=budget, max_new_tokens=48, options=options)
+        assert r.token_ids == expected
+
+
+def test_every_policy_has_a_greedy_case():
+    assert {case[0] for case in GREEDY_CASES} == set(POLICIES) - {"ar"}
 
 
 @pytest.mark.parametrize("temperature", [0.0, 0.7])

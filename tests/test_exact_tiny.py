@@ -11,7 +11,17 @@ from .tiny import exact_distribution, tiny_pair
 
 PROMPT = [0, 3, 1]
 TEMPERATURE = 0.8
-RUNS = 3000
+RUNS = 2000
+CASES = [
+    ("ar", {}),
+    ("chain", {}),
+    ("specinfer", {"expansion": "2,1"}),  # i.i.d. children, MSS
+    ("sequoia", {"acceptance": [0.5, 0.2, 0.1]}),  # without replacement
+    ("dyspec", {}),  # without replacement
+    ("dyspec", {"select": "top"}),  # deterministic children
+    ("dyspec-threshold", {}),
+    ("eagle2", {"topk": 2, "depth": 2}),
+]
 
 
 @pytest.fixture(scope="module")
@@ -24,13 +34,24 @@ def exact(pair):
     return exact_distribution(pair.target, PROMPT, 3, TEMPERATURE)
 
 
-@pytest.mark.parametrize("policy", sorted(POLICIES))
-def test_policy_samples_target_distribution(pair, exact, policy):
+def test_every_policy_is_covered():
+    assert {case[0] for case in CASES} == set(POLICIES)
+
+
+@pytest.mark.parametrize("policy,options", CASES, ids=lambda x: str(x))
+def test_policy_samples_target_distribution(pair, exact, policy, options):
     V = pair.target.config.vocab_size
     counts = torch.zeros(V**3)
     for seed in range(RUNS):
         ids = generate(
-            pair, PROMPT, policy=policy, budget=4, temperature=TEMPERATURE, seed=seed, max_new_tokens=3
+            pair,
+            PROMPT,
+            policy=policy,
+            budget=4,
+            temperature=TEMPERATURE,
+            seed=seed,
+            max_new_tokens=3,
+            options=options,
         ).token_ids
         counts[ids[0] * V * V + ids[1] * V + ids[2]] += 1
     expected = exact * RUNS

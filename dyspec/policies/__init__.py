@@ -2,6 +2,7 @@
 
     build(draft, root, budget, temperature, generator, **options) -> Tree
     NEEDS_DRAFT: bool
+    prepare(pair, temperature, budget, options) -> options   (optional: once per generation)
 
 To add a policy, write such a module and register it here.
 """
@@ -12,9 +13,17 @@ import inspect
 from types import ModuleType
 
 from dyspec.errors import DyspecError
-from dyspec.policies import ar, chain
+from dyspec.policies import ar, chain, dyspec, dyspec_threshold, eagle2, sequoia, specinfer
 
-POLICIES: dict[str, ModuleType] = {"ar": ar, "chain": chain}
+POLICIES: dict[str, ModuleType] = {
+    "ar": ar,
+    "chain": chain,
+    "specinfer": specinfer,
+    "sequoia": sequoia,
+    "dyspec": dyspec,
+    "dyspec-threshold": dyspec_threshold,
+    "eagle2": eagle2,
+}
 
 
 def get_policy(name: str) -> ModuleType:

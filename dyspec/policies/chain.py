@@ -11,11 +11,8 @@ NEEDS_DRAFT = True
 
 def build(draft: DraftSession, root: int, budget: int, temperature: float, generator: torch.Generator) -> Tree:
     tree = Tree.root(root, sampling="iid")
-    logits = draft.root_logits()
     for node in range(budget):
-        if node > 0:
-            logits = draft.node_logits(tree, [node])[0]
-        q = to_probs(logits, temperature)
+        q = to_probs(draft.logits(tree, [node])[0], temperature)
         x = sample(q, generator)
         tree.q[node] = q
         tree.add(node, x, float(q[x]))

@@ -1,0 +1,257 @@
+"""`dyspec bench`: policies x budgets x temperatures x seeds over real prompt sets, every policy
+measured side by side with autoregressive decoding (`ar`) and Hugging Face's own generation (`hf`,
+plain `model.generate`; `hf-assisted`, `generate(assistant_model=draft)`) on the same prompts.
+
+One JSON record per run, appended to a JSONL file as a single write (a crash leaves at most one
+partial last line, which `--resume` ignores); an HTML report with plotly charts at the end.
+"""
+
+from __future__ import annotations
+
+import html
+import itertools
+import json
+import os
+import time
+from collections import Counter
+from dataclasses import dataclass
+from importlib.metadata import version
+from pathlib import Path
+
+import plotly.io as pio
+import torch
+from tqdm.auto import tqdm
+
+from dyspec import figures
+from dyspec.draft import _sync
+from dyspec.engine import check_settings, encode_prompt, stream
+from dyspec.errors import DyspecError
+from dyspec.events import GenerationFinished, StepVerified
+from dyspec.models import ModelPair
+from dyspec.prompts import load_prompts
+
+HF_POLICIES = ("hf", "hf-assisted")
+SCHEMA = json.loads((Path(__file__).with_name("bench_schema.json")).read_text())
+
+
+@dataclass
+class BenchConfig:
+    dataset: str = "mtbench"
+    num_prompts: int = 10
+    policies: tuple[str, ...] = ("ar", "chain", "dyspec")
+    budgets: tuple[int, ...] = (8, 16)
+    temperatures: tuple[float, ...] = (0.0,)
+    seeds: tuple[int, ...] = (0,)
+    max_new_tokens: int = 64
+    options: dict | None = None  # policy -> options
+
+
+def _key(r: dict) -> tuple:
+    return (
+        r["dataset"],
+        r["prompt_id"],
+        r["policy"],
+        r["budget"],
+        r["temperature"],
+        r["seed"],
+        json.dumps(r["options"], sort_keys=True),
+    )
+
+
+def read_records(path: Path) -> list[dict]:
+    if not path.exists():
+        return []
+    records = []
+    for line in path.read_text().splitlines():
+        try:
+            records.append(json.loads(line))
+        except json.JSONDecodeError:  # the partial last line of an interrupted bench
+            continue
+    return records
+
+
+def _append(path: Path, record: dict) -> None:
+    with open(path, "a", encoding="utf-8") as f:
+        f.write(json.dumps(record) + "\n")
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def _engine_run(
+    pair: ModelPair,
+    prompt: str,
+    policy: str,
+    budget: int,
+    temperature: float,
+    seed: int,
+    max_new_tokens: int,
+    options: dict,
+) -> dict:
+    steps, finished = [], None
+    for e in stream(pair, prompt, policy, budget, temperature, seed, max_new_tokens, options):
+        if isinstance(e, StepVerified):
+            steps.append(e)
+        elif isinstance(e, GenerationFinished):
+            finished = e
+    reached, accepted = figures.calibration_counts(steps)
+    return {
+        "new_tokens": finished.new_tokens,
+        "target_forwards": finished.target_forwards,
+        "tokens_per_forward": finished.tokens_per_forward,
+        "mean_accepted": sum(s.accepted_len for s in steps) / max(len(steps), 1),
+        "wall_s": finished.wall_s,
+        "draft_s": sum(s.draft_s for s in steps),
+        "target_s": sum(s.target_s for s in steps),
+        "overhead_s": sum(s.overhead_s for s in steps),
+        "accept_lengths": {str(k): v for k, v in sorted(Counter(s.accepted_len for s in steps).items())},
+        "calibration": {"reached": reached, "accepted": accepted},
+    }
+
+
+def _hf_run(
+    pair: ModelPair, prompt: str, policy: str, budget: int, temperature: float, seed: int, max_new_tokens: int
+) -> dict:
+    """Hugging Face generation on the same prompt: plain, or assisted by the draft with a constant
+    schedule of `budget` drafted tokens per step (num_assistant_tokens_schedule="constant"), or HF's
+    adaptive "heuristic" schedule (starting at 4) for budget "auto"."""
+    ids = torch.tensor([encode_prompt(pair, prompt)], device=pair.device)
+    kwargs = {
+        "max_new_tokens": max_new_tokens,
+        "do_sample": temperature > 0,
+        "pad_token_id": pair.tokenizer.eos_token_id,
+    }
+    if temperature > 0:
+        kwargs.update(temperature=temperature, top_k=None, top_p=None)
+    if policy == "hf-assisted":  # budget "auto" maps to HF's own adaptive ("heuristic") schedule
+        schedule = "heuristic" if budget == "auto" else "constant"
+        kwargs.update(
+            assistant_model=pair.draft,
+            num_assistant_tokens=4 if budget == "auto" else budget,
+            num_assistant_tokens_schedule=schedule,
+            assistant_confidence_threshold=0.0,
+        )
+    torch.manual_seed(seed)
+    t = time.perf_counter()
+    out = pair.target.generate(ids, **kwargs)
+    _sync(pair.device)
+    wall = time.perf_counter() - t
+    return {
+        "new_tokens": out.shape[1] - ids.shape[1],
+        "target_forwards": None,
+        "tokens_per_forward": None,
+        "mean_accepted": None,
+        "wall_s": wall,
+        "draft_s": None,
+        "target_s": None,
+        "overhead_s": None,
+        "accept_lengths": {},
+        "calibration": {"reached": [], "accepted": []},
+    }
+
+
+def run_bench(
+    pair: ModelPair, config: BenchConfig, out: Path, resume: bool = False, progress: bool = True
+) -> list[dict]:
+    """Run every combination not yet in `out` (with `resume`), appending one record per run.
+    Within each (prompt, temperature, seed), `ar` runs first so every other run has its reference."""
+    options = config.options or {}
+    for policy in config.policies:
+        if policy not in HF_POLICIES:
+            for budget, temperature in itertools.product(config.budgets, config.temperatures):
+                check_settings(policy, budget, temperature, config.max_new_tokens, options.get(policy, {}))
+    if "hf-assisted" in config.policies and pair.draft is None:
+        raise DyspecError("hf-assisted needs a draft model")
+    prompts = load_prompts(config.dataset, config.num_prompts)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    records = read_records(out) if resume else []
+    tmp = out.with_name(out.name + ".tmp")  # rewrite without any partial line, atomically
+    tmp.write_text("".join(json.dumps(r) + "\n" for r in records))
+    tmp.replace(out)
+    done = {_key(r) for r in records}
+    ar_speed = {
+        (r["prompt_id"], r["temperature"], r["seed"]): r["tokens_per_s"] for r in records if r["policy"] == "ar"
+    }
+    policies = ["ar", *[p for p in config.policies if p != "ar"]]
+    jobs = [
+        (pid, prompt, temperature, seed, policy, budget)
+        for (pid, prompt), temperature, seed in itertools.product(prompts, config.temperatures, config.seeds)
+        for policy in policies
+        for budget in ([1] if policy in ("ar", "hf") else config.budgets)
+    ]
+    versions = {m: version(m) for m in ("dyspec", "torch", "transformers")}
+    for pid, prompt, temperature, seed, policy, budget in tqdm(jobs, desc="bench", disable=not progress):
+        opts = options.get(policy, {})
+        base = {
+            "dataset": config.dataset,
+            "prompt_id": pid,
+            "policy": policy,
+            "options": opts,
+            "budget": budget,
+            "temperature": temperature,
+            "seed": seed,
+            "max_new_tokens": config.max_new_tokens,
+        }
+        if _key(base) in done:
+            continue
+        if policy in HF_POLICIES:
+            stats = _hf_run(pair, prompt, policy, budget, temperature, seed, config.max_new_tokens)
+        else:
+            stats = _engine_run(pair, prompt, policy, budget, temperature, seed, config.max_new_tokens, opts)
+        tokens_per_s = stats["new_tokens"] / stats["wall_s"]
+        if policy == "ar":
+            ar_speed[pid, temperature, seed] = tokens_per_s
+        reference = ar_speed.get((pid, temperature, seed))
+        record = {
+            **base,
+            **stats,
+            "tokens_per_s": tokens_per_s,
+            "speedup_vs_ar": tokens_per_s / reference if reference else None,
+            "device": str(pair.device),
+            "dtype": str(pair.dtype).removeprefix("torch."),
+            "precision": pair.precision,
+            "target": pair.target_name,
+            "draft": pair.draft_name,
+            "versions": versions,
+        }
+        _append(out, record)
+        records.append(record)
+    return records
+
+
+def markdown_table(rows: list[dict]) -> str:
+    lines = [
+        "| dataset | policy | budget | T | runs | tokens/forward | tokens/s | speedup vs ar |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        tpf = f"{r['tokens_per_forward']:.2f}" if r["tokens_per_forward"] else "-"
+        sp = f"{r['speedup']:.2f}x" if r["speedup"] else "-"
+        lines.append(
+            f"| {r['dataset']} | {r['policy']} | {r['budget']} | {r['temperature']:g} | {r['runs']} | "
+            f"{tpf} | {r['tokens_per_s']:.1f} | {sp} |"
+        )
+    return "\n".join(lines)
+
+
+def write_report(records: list[dict], path: Path, profile: dict | None = None) -> None:
+    rows = figures.summarize(records)
+    engine = [r for r in records if r["policy"] not in HF_POLICIES]
+    reached = [sum(c) for c in zip(*[r["calibration"]["reached"] for r in engine if r["calibration"]["reached"]])]
+    accepted = [sum(c) for c in zip(*[r["calibration"]["accepted"] for r in engine if r["calibration"]["accepted"]])]
+    figs = [figures.speedup_figure(rows), figures.speedup_figure(rows, "tokens_per_forward")]
+    if profile:
+        figs.append(figures.latency_figure(profile))
+    if reached:
+        figs.append(figures.calibration_figure(reached, accepted))
+    figs.append(figures.accept_length_figure(engine))
+    parts = [pio.to_html(f, full_html=False, include_plotlyjs=(i == 0)) for i, f in enumerate(figs)]
+    meta = records[0] if records else {}
+    table = html.escape(markdown_table(rows))
+    page = (
+        "<!doctype html><html><head><meta charset='utf-8'><title>dyspec bench</title></head><body>"
+        f"<h1>dyspec bench</h1><p>target {meta.get('target')}, draft {meta.get('draft')}, "
+        f"device {meta.get('device')}, dtype {meta.get('dtype')}</p><pre>{table}</pre>"
+        + "".join(parts)
+        + "</body></html>"
+    )
+    path.write_text(page, encoding="utf-8")

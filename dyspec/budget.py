@@ -1,0 +1,36 @@
+"""`--budget auto`: size each step's tree by expected gain against measured verification cost.
+
+The papers fix the budget (or pick it offline, Sequoia); on a CPU, where one target forward of n
+tree tokens costs t(n) that grows with n, the right size depends on how confident the draft is this
+step. A policy builds up to AUTO_CAP nodes; the engine keeps the first n (by node id: ancestors and
+earlier siblings have smaller ids, so any prefix is a valid tree for every verifier) that maximise
+expected committed tokens per millisecond, (1 + sum of node values) / (draft ms + t(n + 1)).
+"""
+
+from __future__ import annotations
+
+import bisect
+
+AUTO_CAP = 64
+
+
+def interpolate_ms(profile: dict[int, float], n: int) -> float:
+    """t(n) from measured points: linear between them, and along the last segment beyond."""
+    xs = sorted(profile)
+    if n <= xs[0]:
+        return profile[xs[0]]
+    i = min(bisect.bisect_left(xs, n), len(xs) - 1)
+    x0, x1 = xs[i - 1], xs[i]
+    return profile[x0] + (profile[x1] - profile[x0]) * (n - x0) / (x1 - x0)
+
+
+def best_prefix_size(values: list[float], target_ms: dict[int, float], draft_ms: float) -> int:
+    """The n in 0..len(values) maximising (1 + sum(values[:n])) / (draft_ms + t(n + 1))."""
+    best_n, best_rate, gain = 0, 0.0, 1.0
+    for n in range(len(values) + 1):
+        if n:
+            gain += values[n - 1]
+        rate = gain / (draft_ms + interpolate_ms(target_ms, n + 1))
+        if rate > best_rate:
+            best_n, best_rate = n, rate
+    return best_n

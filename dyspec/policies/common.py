@@ -1,0 +1,21 @@
+"""Choices shared by the tree policies that draw several children per node."""
+
+from dyspec.errors import DyspecError
+
+SELECTS = ("auto", "sample", "top")
+
+
+def child_mode(select: str, temperature: float, draft_temperature: float) -> tuple[bool, float, str]:
+    """(sample children?, temperature of the draft distribution, how the tree's children were drawn).
+
+    Sampled children are drawn without replacement from the draft at the target's temperature, or at
+    `draft_temperature` when decoding greedily. "top" children are chosen, not drawn, so they are
+    verified as deterministic proposals; their draft probabilities still rank them and value them.
+    """
+    if select not in SELECTS:
+        raise DyspecError(f"select must be one of {', '.join(SELECTS)}, got '{select}'")
+    if draft_temperature <= 0:
+        raise DyspecError(f"draft_temperature must be > 0, got {draft_temperature}")
+    sample = select == "sample" or (select == "auto" and temperature > 0)
+    tau = temperature if temperature > 0 else draft_temperature
+    return sample, tau, "without_replacement" if sample else "deterministic"

@@ -1,0 +1,43 @@
+"""EAGLE-2-style dynamic tree (Li et al. 2024), as a baseline: expand the `topk` best frontier nodes
+by cumulative draft probability, give each its top-k children, keep the global top-k as the next
+frontier; after `depth` rounds keep the `budget` best nodes overall. Children are chosen, not
+sampled, so at T > 0 they are verified as one-hot proposals, which stays exact."""
+
+import torch
+
+from dyspec.draft import DraftSession
+from dyspec.sampling import ranked_children, to_probs
+from dyspec.tree import Tree
+
+NEEDS_DRAFT = True
+
+
+def build(
+    draft: DraftSession,
+    root: int,
+    budget: int,
+    temperature: float,
+    generator: torch.Generator,
+    *,
+    topk: int = 8,
+    depth: int = 6,
+) -> Tree:
+    tree = Tree.root(root, "deterministic")
+    frontier = [0]
+    for _ in range(depth):
+        q = to_probs(draft.logits(tree, frontier), 1.0)
+        tokens, probs = ranked_children(q, topk, sample=False)
+        candidates = [
+            (tree.values[u] * p, u, y, p)
+            for i, u in enumerate(frontier)
+            for y, p in zip(tokens[i].tolist(), probs[i].tolist())
+        ]
+        candidates.sort(key=lambda c: -c[0])
+        frontier = [tree.add(u, y, p) for _, u, y, p in candidates[:topk]]
+        tree.end_expansion()
+    # Rerank: values only shrink along a path, and ties go to the older node, so the best `budget`
+    # nodes always include their ancestors.
+    keep = sorted(sorted(range(1, len(tree)), key=lambda n: (-tree.values[n], n))[:budget])
+    pruned, old_ids = tree.subtree(keep)
+    draft.relabel(old_ids)
+    return pruned

@@ -1,0 +1,71 @@
+"""The measured latency profile t(n): milliseconds for one forward of n new tokens over a KV cache,
+for the target and the draft. On a GPU t(n) is flat up to n ~ 64; on a CPU it is not, and that
+decides the best tree budget."""
+
+from __future__ import annotations
+
+import json
+import statistics
+import time
+
+import torch
+from transformers import PreTrainedModel
+
+from dyspec.draft import _sync
+from dyspec.kv import KVSession
+
+DEFAULT_SIZES = (1, 2, 4, 8, 16, 32, 48, 64, 80)
+
+
+def forward_ms(model: PreTrainedModel, sizes=DEFAULT_SIZES, context: int = 100, repeats: int = 7) -> dict[int, float]:
+    """Median wall milliseconds of a tree-attention forward of n tokens after `context` cached tokens."""
+    g = torch.Generator().manual_seed(0)
+    vocab = model.config.vocab_size
+    kv = KVSession(model)
+    kv.forward(torch.randint(vocab, (context,), generator=g).tolist())
+    kv.length = kv.cached
+    out = {}
+    for n in sizes:
+        tokens = torch.randint(vocab, (n,), generator=g).tolist()
+        visible = torch.ones(n, context + n, dtype=torch.bool).tril(context)
+        times = []
+        for i in range(repeats + 2):  # two warm-up runs
+            t = time.perf_counter()
+            kv.forward(tokens, list(range(context, context + n)), visible)
+            _sync(kv.device)
+            if i >= 2:
+                times.append((time.perf_counter() - t) * 1000)
+            kv.commit([])
+        out[n] = statistics.median(times)
+    return out
+
+
+def measure_profile(pair, baseline: bool = True) -> dict:
+    """t(n) of the pair's target and draft as they run (precision included); with `baseline`, also
+    a plain fp32 Hugging Face forward of the same target at n = 1 and 8, measured in the same run."""
+    from dyspec.models import load_model
+
+    profile = {
+        "device": str(pair.device),
+        "dtype": str(pair.dtype).removeprefix("torch."),
+        "precision": pair.precision,
+        "target": {str(n): ms for n, ms in forward_ms(pair.target).items()},
+    }
+    if pair.draft is not None:
+        profile["draft"] = {str(n): ms for n, ms in forward_ms(pair.draft).items()}
+    if baseline:
+        fp32 = load_model(pair.target_name, pair.device, torch.float32)
+        profile["baseline_hf_fp32_eager"] = {str(n): ms for n, ms in forward_ms(fp32, (1, 8)).items()}
+    return profile
+
+
+def target_profile(pair) -> dict[int, float]:
+    """The target's t(n) in ms for this pair, device and precision: measured once, cached on disk."""
+    from dyspec.models import cache_dir
+
+    name = "__".join(str(x).replace("/", "_") for x in (pair.target_name, pair.device.type, pair.precision))
+    path = cache_dir() / "profiles" / f"{name}.json"
+    if not path.exists():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(measure_profile(pair, baseline=False)))
+    return {int(n): ms for n, ms in json.loads(path.read_text())["target"].items()}

@@ -1,0 +1,39 @@
+import json
+
+import jsonschema
+
+from dyspec.bench import SCHEMA, BenchConfig, _key, read_records, run_bench, write_report
+
+
+def test_bench_smoke_and_resume(pair, tmp_path):
+    out = tmp_path / "results.jsonl"
+    config = BenchConfig(
+        dataset="mtbench",
+        num_prompts=2,
+        policies=("ar", "chain", "dyspec", "hf", "hf-assisted"),
+        budgets=(4,),
+        max_new_tokens=16,
+    )
+    records = run_bench(pair, config, out, progress=False)
+    assert len(records) == 2 * 5
+    for r in read_records(out):
+        jsonschema.validate(r, SCHEMA)
+    ar = {r["prompt_id"]: r for r in records if r["policy"] == "ar"}
+    for r in records:
+        assert r["new_tokens"] == 16
+        assert r["speedup_vs_ar"] is not None
+        if r["policy"] in ("chain", "dyspec"):
+            assert r["target_forwards"] <= ar[r["prompt_id"]]["target_forwards"]
+            assert sum(r["calibration"]["reached"]) > 0
+
+    # An interrupted bench: a partial last line and a missing run; --resume runs only what is missing.
+    lines = out.read_text().splitlines()
+    out.write_text("\n".join(lines[:-1]) + "\n" + lines[-1][:20])
+    resumed = run_bench(pair, config, out, resume=True, progress=False)
+    assert len(resumed) == 2 * 5
+    assert [_key(json.loads(line)) for line in out.read_text().splitlines()] == [_key(r) for r in records]
+
+    report = tmp_path / "report.html"
+    write_report(resumed, report, {"device": "cpu", "target": {"1": 60.0, "8": 110.0}})
+    html = report.read_text()
+    assert "speedup vs ar" in html and "Draft probability vs acceptance" in html

@@ -1,0 +1,73 @@
+"""The CLI as a user runs it: clear one-line errors, JSON output."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from .tiny import tiny_model, tiny_tokenizer
+
+
+def dyspec(*args, timeout=300):
+    return subprocess.run([sys.executable, "-m", "dyspec", *args], capture_output=True, text=True, timeout=timeout)
+
+
+def assert_one_line_error(result, *fragments):
+    assert result.returncode != 0
+    assert "Traceback" not in result.stderr
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("dyspec: error:"), result.stderr
+    for f in fragments:
+        assert f in lines[0]
+
+
+@pytest.mark.parametrize(
+    "args,fragment",
+    [
+        (["--budget", "0"], "budget"),
+        (["--budget", "100000"], "budget"),
+        (["--temperature", "-1"], "temperature"),
+        (["--max-new-tokens", "0"], "max new tokens"),
+        (["--policy", "nope"], "unknown policy"),
+        (["--policy", "specinfer", "--option", "expansion=2,x"], "expansion"),
+        (["--target", "no-such-org/no-such-model"], "no-such-org/no-such-model"),
+        (["--target", "/no/such/folder"], "not found"),
+        (["--device", "cuda"], "cuda"),
+        (["--budget", "abc"], "budget"),
+    ],
+)
+def test_bad_input_is_one_clear_line(args, fragment):
+    assert_one_line_error(dyspec("generate", "--prompt", "hi", *args), fragment)
+
+
+def test_prompt_longer_than_context():
+    assert_one_line_error(dyspec("generate", "--prompt", "word " * 9000, "--max-new-tokens", "4"), "context")
+
+
+def test_mismatched_vocabularies(tmp_path):
+    tiny_model(0).save_pretrained(tmp_path / "tiny")
+    tiny_tokenizer().save_pretrained(tmp_path / "tiny")
+    assert_one_line_error(dyspec("generate", "--prompt", "hi", "--draft", str(tmp_path / "tiny")), "vocabulary")
+
+
+def test_generate_json():
+    r = dyspec(
+        "generate", "--prompt", "Say hello.", "--policy", "dyspec", "--budget", "8", "--max-new-tokens", "8", "--json"
+    )
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout)
+    for field in (
+        "text",
+        "new_tokens",
+        "target_forwards",
+        "tokens_per_forward",
+        "wall_s",
+        "tokens_per_s",
+        "policy",
+        "budget",
+        "temperature",
+        "token_ids",
+    ):
+        assert field in out
+    assert out["new_tokens"] == len(out["token_ids"]) == 8 and out["policy"] == "dyspec"

@@ -1,0 +1,94 @@
+"""The CPU fast path (int8 Linear layers) and --budget auto."""
+
+import pytest
+import torch
+from torch import nn
+
+from dyspec import generate
+from dyspec.budget import best_prefix_size, interpolate_ms
+from dyspec.engine import encode_prompt
+from dyspec.events import StepVerified
+from dyspec.kv import KVSession
+from dyspec.models import load_pair
+from dyspec.quant import Int8Linear, quantize_int8
+from dyspec.tree import Tree
+
+from .conftest import PROMPTS
+
+
+def test_int8_linear_is_batch_invariant_and_close_to_fp32():
+    torch.manual_seed(0)
+    linear = nn.Linear(64, 96, bias=True)
+    q = Int8Linear(linear)
+    x = torch.randn(9, 64) * torch.logspace(-2, 2, 9)[:, None]  # rows of very different scales
+    batch = q(x)
+    for i in range(len(x)):
+        torch.testing.assert_close(q(x[i : i + 1])[0], batch[i], atol=1e-5, rtol=1e-5)
+    ref = linear(x)
+    rel = (batch - ref).norm(dim=1) / ref.norm(dim=1)
+    assert rel.max() < 0.02
+
+
+def test_quantize_int8_replaces_every_linear():
+    model = nn.Sequential(nn.Linear(8, 8), nn.ReLU(), nn.Sequential(nn.Linear(8, 4)))
+    quantize_int8(model)
+    assert not any(isinstance(m, nn.Linear) for m in model.modules())
+    assert sum(isinstance(m, Int8Linear) for m in model.modules()) == 2
+
+
+def test_interpolate_and_best_prefix():
+    t = {1: 20.0, 8: 30.0, 64: 90.0}
+    assert interpolate_ms(t, 1) == 20.0 and interpolate_ms(t, 4) == pytest.approx(20 + 10 * 3 / 7)
+    assert interpolate_ms(t, 128) == pytest.approx(90 + 60 * 64 / 56)
+    assert best_prefix_size([], t, 5.0) == 0
+    assert best_prefix_size([0.9, 0.8, 0.7], t, 5.0) == 3  # cheap, likely nodes: keep all
+    assert best_prefix_size([0.01, 0.01], t, 5.0) == 0  # unlikely nodes are not worth verifying
+    steep = {1: 10.0, 2: 100.0}
+    assert best_prefix_size([0.9], steep, 0.0) == 0  # 1.9 tokens for 10x the cost: not worth it
+
+
+def test_auto_budget_is_exact_and_adapts(pair):
+    expected = generate(pair, PROMPTS[0], policy="ar", max_new_tokens=24).token_ids
+    steps = []
+    r = generate(pair, PROMPTS[0], policy="dyspec", budget="auto", max_new_tokens=24, hooks=[steps.append])
+    assert r.token_ids == expected
+    sizes = {len(s.tokens) - 1 for s in steps if isinstance(s, StepVerified)}
+    assert max(sizes) < 64
+
+
+@pytest.fixture(scope="module")
+def native_pair():
+    return load_pair(precision="native")
+
+
+def test_native_precision_greedy_identity(native_pair, pair):
+    assert native_pair.precision == "native" and pair.precision == "int8"
+    for prompt in PROMPTS[:2]:
+        expected = generate(native_pair, prompt, policy="ar", max_new_tokens=32).token_ids
+        assert generate(native_pair, prompt, policy="dyspec", budget=16, max_new_tokens=32).token_ids == expected
+
+
+def test_int8_tree_forward_is_bitwise_a_sequential_decode(pair):
+    """On the int8 path every tree node's logits equal, bit for bit, those of decoding its root
+    path one token at a time: the property that keeps greedy speculative decoding exact there."""
+    assert pair.precision == "int8"
+    g = torch.Generator().manual_seed(1)
+    prefix = encode_prompt(pair, PROMPTS[4])
+    tree = Tree.root(prefix[-1])
+    for _ in range(10):
+        tree.add(int(torch.randint(len(tree), (), generator=g)), int(torch.randint(49152, (), generator=g)), 1.0)
+
+    def prefilled():
+        kv = KVSession(pair.target)
+        kv.forward(prefix[:-1])
+        kv.length = kv.cached
+        return kv
+
+    kv = prefilled()
+    visible = torch.cat([torch.ones(len(tree), kv.length, dtype=torch.bool), tree.ancestor_mask()], dim=1)
+    logits = kv.forward(tree.tokens, [kv.length + d for d in tree.depths], visible)
+    for node in range(len(tree)):
+        seq = prefilled()
+        for token in [tree.tokens[0]] + [tree.tokens[i] for i in tree.path(node)]:
+            last = seq.forward([token])[-1]
+        assert torch.equal(last, logits[node])

@@ -1,0 +1,149 @@
+"""Tree builders against brute force, on a deterministic synthetic draft (no model needed)."""
+
+import itertools
+from functools import cache
+
+import pytest
+import torch
+
+from dyspec.errors import DyspecError
+from dyspec.policies import dyspec, dyspec_threshold, eagle2, specinfer
+from dyspec.sequoia import optimal_tree, tree_score
+from dyspec.tree import Tree
+
+V = 4
+
+
+class SyntheticDraft:
+    """Fixed next-token logits for every path: a deterministic function of the path's tokens."""
+
+    def __init__(self):
+        self.forwards = 0
+
+    def logits(self, tree: Tree, nodes: list[int]) -> torch.Tensor:
+        self.forwards += 1
+        return torch.stack([path_logits(tuple(tree.tokens[i] for i in [0, *tree.path(n)])) for n in nodes])
+
+    def relabel(self, old_ids):
+        pass
+
+
+@cache
+def path_logits(path: tuple[int, ...]) -> torch.Tensor:
+    g = torch.Generator().manual_seed(hash(path) % 2**31)
+    return torch.randn(V, generator=g) * 2
+
+
+def q_of(path: tuple[int, ...], tau: float) -> torch.Tensor:
+    return torch.softmax(path_logits(path) / tau, -1)
+
+
+def best_subtree_value(budget: int, tau: float) -> float:
+    """Brute force: the connected subtree (containing the root) of `budget` drafted nodes with the
+    largest total path value, over all trees of that size."""
+    best = 0.0
+
+    def grow(chosen: frozenset, frontier: list, total: float):
+        nonlocal best
+        if len(chosen) == budget:
+            best = max(best, total)
+            return
+        for i, (path, value) in enumerate(frontier):
+            q = q_of(path, tau)
+            kids = [(path + (y,), value * float(q[y])) for y in range(V)]
+            # include frontier[i]; frontier entries before i are excluded for good (no duplicate sets)
+            grow(chosen | {path}, frontier[i + 1 :] + kids, total + value)
+
+    q = q_of((0,), tau)
+    grow(frozenset(), [((0, y), float(q[y])) for y in range(V)], 0.0)
+    return best
+
+
+@pytest.mark.parametrize("budget", [1, 2, 3, 4, 5])
+def test_dyspec_greedy_finds_the_best_subtree(budget):
+    tree = dyspec.build(SyntheticDraft(), 0, budget, 0.0, torch.Generator(), batch=1, select="top")
+    assert tree.size == budget
+    assert sum(tree.values[1:]) == pytest.approx(best_subtree_value(budget, 0.6), rel=1e-6)
+
+
+def test_dyspec_batches_draft_forwards():
+    draft = SyntheticDraft()
+    tree = dyspec.build(draft, 0, 64, 0.0, torch.Generator(), batch=16, select="top")
+    assert tree.size == 64 and draft.forwards == 64 // 16 + 1
+    assert tree.growth[-1] == len(tree)
+
+
+def test_dyspec_sampling_draws_siblings_without_replacement():
+    g = torch.Generator().manual_seed(0)
+    tree = dyspec.build(SyntheticDraft(), 0, 32, 0.7, g)
+    assert tree.sampling == "without_replacement"
+    for u in range(len(tree)):
+        kids = [tree.tokens[c] for c in tree.children(u)]
+        assert len(kids) == len(set(kids))
+
+
+def test_threshold_respects_threshold_and_budget():
+    tree = dyspec_threshold.build(SyntheticDraft(), 0, 16, 0.0, torch.Generator(), threshold=0.05, select="top")
+    assert 1 <= tree.size <= 16
+    for u in range(len(tree)):
+        left = tree.values[u]
+        for c in tree.children(u):
+            assert left > 0.05  # a child is added only while its slot is worth more than t
+            left -= tree.values[c]
+    with pytest.raises(DyspecError):
+        dyspec_threshold.build(SyntheticDraft(), 0, 16, 0.0, torch.Generator(), threshold=2.0)
+
+
+def test_specinfer_expansion():
+    tree = specinfer.build(SyntheticDraft(), 0, 16, 0.0, torch.Generator(), expansion="2,2,1")
+    assert tree.size == 2 + 4 + 4
+    assert [len(tree.children(u)) for u in range(len(tree)) if tree.depths[u] < 3] == [2, 2, 2, 1, 1, 1, 1]
+    with pytest.raises(DyspecError, match="over the budget"):
+        specinfer.build(SyntheticDraft(), 0, 8, 0.0, torch.Generator(), expansion="2,2,1")
+    with pytest.raises(DyspecError, match="children per depth"):
+        specinfer.parse_expansion("2,x", 8)
+
+
+def test_eagle2_keeps_best_nodes_and_ancestors():
+    tree = eagle2.build(SyntheticDraft(), 0, 10, 0.0, torch.Generator(), topk=3, depth=4)
+    assert tree.size == 10
+    assert all(tree.parents[i] < i for i in range(1, len(tree)))
+    assert all(tree.values[i] <= tree.values[tree.parents[i]] + 1e-12 for i in range(1, len(tree)))
+
+
+def all_shapes(n: int, depth: int):
+    """Every ordered tree of n nodes (root included) and height <= depth, as nested tuples."""
+    if n == 1:
+        yield ()
+        return
+    if depth == 0:
+        return
+    for sizes in compositions(n - 1):
+        yield from itertools.product(*[list(all_shapes(m, depth - 1)) for m in sizes])
+
+
+def compositions(n: int):
+    if n == 0:
+        yield ()
+        return
+    for first in range(1, n + 1):
+        for rest in compositions(n - first):
+            yield (first, *rest)
+
+
+def shape_score(shape, a) -> float:
+    return 1.0 + sum(a[k] * shape_score(child, a) for k, child in enumerate(shape) if k < len(a))
+
+
+@pytest.mark.parametrize("budget,depth", [(1, 1), (3, 2), (5, 3), (6, 6), (7, 2)])
+def test_sequoia_dp_matches_brute_force(budget, depth):
+    a = [0.45, 0.2, 0.1, 0.05]
+    parents, score = optimal_tree(tuple(a), budget, depth)
+    brute = max(shape_score(s, a) for n in range(1, budget + 2) for s in all_shapes(n, depth))
+    assert score == pytest.approx(brute)
+    assert tree_score(parents, a) == pytest.approx(score)
+    assert len(parents) <= budget + 1
+    depths = [0]
+    for p in parents[1:]:
+        depths.append(depths[p] + 1)
+    assert max(depths) <= depth
