@@ -24,8 +24,7 @@ test: setup
 	HF_HUB_OFFLINE=1 $(PY) -m pytest -q
 
 app: setup
-	HF_HUB_OFFLINE=1 $(PY) -m dyspec generate --policy chain --budget 4 --max-new-tokens 64 \
-		--prompt "Explain speculative decoding in one paragraph."
+	HF_HUB_OFFLINE=1 $(PY) app.py --host 127.0.0.1 --port 7860
 
 bench: setup
 	HF_HUB_OFFLINE=1 $(PY) -m dyspec bench --dataset mtbench --num-prompts 5 --max-new-tokens 48 \

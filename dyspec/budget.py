@@ -2,16 +2,27 @@
 
 The papers fix the budget (or pick it offline, Sequoia); on a CPU, where one target forward of n
 tree tokens costs t(n) that grows with n, the right size depends on how confident the draft is this
-step. A policy builds up to AUTO_CAP nodes; the engine keeps the first n (by node id: ancestors and
+step. A policy builds up to a cap; the engine keeps the first n nodes (by node id: ancestors and
 earlier siblings have smaller ids, so any prefix is a valid tree for every verifier) that maximise
 expected committed tokens per millisecond, (1 + sum of node values) / (draft ms + t(n + 1)).
+The draft time of this step is spent by then, so it counts in full for every n; for the next step
+the cap is twice the n that was worth *building*, counting the draft forwards the first n nodes
+needed (between AUTO_MIN and AUTO_CAP): it grows while the draft is confident and cheap, and
+shrinks when it is not.
 """
 
 from __future__ import annotations
 
 import bisect
+from collections.abc import Callable
 
 AUTO_CAP = 64
+AUTO_MIN = 4
+AUTO_START = 16
+
+
+def next_auto_cap(kept: int) -> int:
+    return min(AUTO_CAP, max(AUTO_MIN, 2 * kept))
 
 
 def interpolate_ms(profile: dict[int, float], n: int) -> float:
@@ -24,13 +35,13 @@ def interpolate_ms(profile: dict[int, float], n: int) -> float:
     return profile[x0] + (profile[x1] - profile[x0]) * (n - x0) / (x1 - x0)
 
 
-def best_prefix_size(values: list[float], target_ms: dict[int, float], draft_ms: float) -> int:
-    """The n in 0..len(values) maximising (1 + sum(values[:n])) / (draft_ms + t(n + 1))."""
+def best_prefix_size(values: list[float], target_ms: dict[int, float], draft_ms: Callable[[int], float]) -> int:
+    """The n in 0..len(values) maximising (1 + sum(values[:n])) / (draft_ms(n) + t(n + 1))."""
     best_n, best_rate, gain = 0, 0.0, 1.0
     for n in range(len(values) + 1):
         if n:
             gain += values[n - 1]
-        rate = gain / (draft_ms + interpolate_ms(target_ms, n + 1))
+        rate = gain / (draft_ms(n) + interpolate_ms(target_ms, n + 1))
         if rate > best_rate:
             best_n, best_rate = n, rate
     return best_n

@@ -7,7 +7,7 @@ import json
 import sys
 
 from dyspec.errors import DyspecError
-from dyspec.models import DEFAULT_TARGET, STANDIN_DRAFT
+from dyspec.models import DEFAULT_DRAFT, DEFAULT_TARGET
 
 
 class _Parser(argparse.ArgumentParser):
@@ -37,7 +37,12 @@ def _budget(text: str) -> int | str:
 
 def add_model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--target", default=DEFAULT_TARGET, help="hub id, local folder or .gguf file (default: %(default)s)")
-    p.add_argument("--draft", default=STANDIN_DRAFT, help="as --target, or truncated:N, or self (default: %(default)s)")
+    p.add_argument(
+        "--draft",
+        default=DEFAULT_DRAFT,
+        help="as --target, or int8 (the target with int8 layers, CPU), truncated:N (its first N layers), "
+        "self, or auto: int8 on CPU, else truncated:2 (default: %(default)s)",
+    )
     p.add_argument("--device", default=None, help="cuda, mps or cpu (default: the best available)")
     p.add_argument("--allow-download", action="store_true", help="let hub ids download (default: local cache only)")
     p.add_argument(

@@ -28,26 +28,34 @@ class DraftSession:
         self.pending = list(prompt)  # committed tokens not in the draft cache yet; the root is last
         self.slot_of: dict[int, int] = {}  # tree node -> cache slot, for nodes forwarded this step
         self.seconds = 0.0
+        self.calls: list[tuple[int, float]] = []  # this step's forwards: (tree size when issued, seconds)
 
     @property
     def forwards(self) -> int:
         return self.kv.forwards if self.kv is not None else 0
 
-    def _timed_forward(self, *args, **kwargs) -> torch.Tensor:
+    def _timed_forward(self, tree: Tree, *args, **kwargs) -> torch.Tensor:
         if self.kv is None:
             raise RuntimeError("this policy needs a draft model, and none is loaded")
         t = time.perf_counter()
         logits = self.kv.forward(*args, **kwargs)
         _sync(self.kv.device)
-        self.seconds += time.perf_counter() - t
+        elapsed = time.perf_counter() - t
+        self.seconds += elapsed
+        self.calls.append((len(tree), elapsed))
         return logits
+
+    def seconds_to_build(self, n: int) -> float:
+        """Draft seconds this step spent before node n + 1 could exist: the forwards issued while the
+        tree had at most n drafted nodes."""
+        return sum(t for size, t in self.calls if size <= n + 1)
 
     def logits(self, tree: Tree, nodes: list[int]) -> torch.Tensor:
         """Draft logits [len(nodes), V] after each of `nodes`, in one forward with tree attention.
         Node 0 (the root) comes alone, first, once per step; every other node's ancestors are the
         root, nodes forwarded earlier this step, or nodes earlier in `nodes`."""
         if nodes == [0]:
-            logits = self._timed_forward(self.pending, last_only=True)
+            logits = self._timed_forward(tree, self.pending, last_only=True)
             self.kv.length = self.kv.cached
             self.pending = []
             return logits
@@ -59,7 +67,7 @@ class DraftSession:
         for i, node in enumerate(nodes):
             visible[i, [col[a] for a in tree.path(node)]] = True
         positions = [self.kv.length - 1 + tree.depths[node] for node in nodes]
-        logits = self._timed_forward([tree.tokens[node] for node in nodes], positions, visible)
+        logits = self._timed_forward(tree, [tree.tokens[node] for node in nodes], positions, visible)
         self.slot_of.update((node, start + i) for i, node in enumerate(nodes))
         return logits
 
@@ -75,3 +83,4 @@ class DraftSession:
             self.kv.commit([self.slot_of[node] for node in accepted[:seen]])
         self.pending += [tree.tokens[node] for node in accepted[seen:]] + [next_token]
         self.slot_of = {}
+        self.calls = []

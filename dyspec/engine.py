@@ -11,7 +11,7 @@ from collections.abc import Callable, Iterator, Sequence
 
 import torch
 
-from dyspec.budget import AUTO_CAP, best_prefix_size
+from dyspec.budget import AUTO_CAP, AUTO_START, best_prefix_size, next_auto_cap
 from dyspec.draft import DraftSession, _sync
 from dyspec.errors import DyspecError
 from dyspec.events import Event, GenerationFinished, StepVerified, TreeExpanded
@@ -118,8 +118,8 @@ def stream(
     options = dict(options or {})
     ids = encode_prompt(pair, prompt, chat)
     auto = budget == "auto"
-    cap = AUTO_CAP if auto else budget
-    check_request(pair, ids, policy, cap, temperature, max_new_tokens, options)
+    check_request(pair, ids, policy, AUTO_CAP if auto else budget, temperature, max_new_tokens, options)
+    cap = AUTO_START if auto else budget
     target_ms = target_profile(pair) if auto else None
     module = get_policy(policy)
     if hasattr(module, "prepare"):
@@ -146,7 +146,11 @@ def stream(
         tree = module.build(draft, root, cap, temperature, generator, **options)
         draft_s = draft.seconds - draft_s0
         if auto:
-            tree = tree.subtree(list(range(1, 1 + best_prefix_size(tree.values[1:], target_ms, draft_s * 1000))))[0]
+            worth_building = best_prefix_size(tree.values[1:], target_ms, lambda n: 1000 * draft.seconds_to_build(n))
+            spent_ms = 1000 * draft_s
+            keep = best_prefix_size(tree.values[1:], target_ms, lambda n, spent_ms=spent_ms: spent_ms)
+            tree = tree.subtree(list(range(1, 1 + keep)))[0]
+            cap = next_auto_cap(worth_building)
         t1 = time.perf_counter()
 
         visible = None

@@ -3,6 +3,7 @@ web app and the bench report, so that all show the same pictures. Imports no eng
 
 from __future__ import annotations
 
+import html
 from collections import defaultdict
 
 import plotly.graph_objects as go
@@ -126,3 +127,112 @@ def _by(rows, *keys) -> dict:
     for r in rows:
         out[tuple(r[k] for k in keys)].append(r)
     return out
+
+
+COLORS = {"root": "#4c78a8", "accepted": "#2ca02c", "rejected": "#d62728", "unreached": "#bbbbbb"}
+
+
+def node_outcomes(step) -> list[str]:
+    """Per node: root, accepted (on the accepted path), rejected (tried by the verifier: its parent
+    was on the path) or unreached."""
+    on_path = {0, *step.accepted}
+    return [
+        "root" if i == 0 else "accepted" if i in on_path else "rejected" if step.parents[i] in on_path else "unreached"
+        for i in range(len(step.tokens))
+    ]
+
+
+def tree_layout(parents: list[int]) -> list[float]:
+    """y position per node: leaves in depth-first order get 0, 1, 2, ...; a parent sits at the mean of
+    its children."""
+    children: dict[int, list[int]] = defaultdict(list)
+    for i, p in enumerate(parents[1:], start=1):
+        children[p].append(i)
+    y = [0.0] * len(parents)
+    next_leaf = 0
+
+    def place(node: int) -> None:
+        nonlocal next_leaf
+        for c in children[node]:
+            place(c)
+        if children[node]:
+            y[node] = sum(y[c] for c in children[node]) / len(children[node])
+        else:
+            y[node] = next_leaf
+            next_leaf += 1
+
+    place(0)
+    return y
+
+
+def tree_figure(step, upto: int | None = None, title: str | None = None) -> go.Figure:
+    """The step's token tree, root at the left: colour by outcome, size by draft probability, hover
+    with draft and target probability, path value, depth and sibling order. `upto` shows only the
+    first nodes in growth order, to replay how the tree grew."""
+    n = len(step.tokens) if upto is None else max(1, min(upto, len(step.tokens)))
+    y = tree_layout(step.parents[:n])
+    x = step.depths[:n]
+    outcome = node_outcomes(step)[:n]
+    rank = [0] * n
+    seen: dict[int, int] = defaultdict(int)
+    for i in range(1, n):
+        rank[i] = seen[step.parents[i]]
+        seen[step.parents[i]] += 1
+    fig = go.Figure()
+    ex, ey = [], []
+    for i in range(1, n):
+        p = step.parents[i]
+        ex += [x[p], x[i], None]
+        ey += [y[p], y[i], None]
+    fig.add_trace(go.Scatter(x=ex, y=ey, mode="lines", line={"color": "#999", "width": 1}, hoverinfo="skip",
+                             showlegend=False))
+    for kind, color in COLORS.items():
+        idx = [i for i in range(n) if outcome[i] == kind]
+        if not idx:
+            continue
+        fig.add_trace(go.Scatter(
+            x=[x[i] for i in idx], y=[y[i] for i in idx], mode="markers+text", name=kind,
+            text=[repr(step.texts[i])[1:-1] for i in idx], textposition="middle right",
+            marker={"color": color, "size": [8 + 22 * step.draft_probs[i] for i in idx], "line": {"width": 0}},
+            customdata=[[step.draft_probs[i], step.target_probs[i], step.values[i], step.depths[i], rank[i]]
+                        for i in idx],
+            hovertemplate="%{text}<br>draft p %{customdata[0]:.3f}<br>target p %{customdata[1]:.3f}"
+                          "<br>path value %{customdata[2]:.3f}<br>depth %{customdata[3]}, sibling %{customdata[4]}"
+                          "<extra></extra>",
+        ))
+    fig.update_layout(
+        title=title or f"step {step.step}: {len(step.tokens) - 1} drafted, {len(step.accepted)} accepted",
+        xaxis={"title": "depth", "dtick": 1}, yaxis={"visible": False}, height=420, margin={"l": 20, "r": 20},
+    )
+    return fig
+
+
+def text_html(steps) -> str:
+    """The generated text, each token marked by the step that produced it: drafted and accepted
+    tokens in green, the target's own token of each step (bonus or correction) in blue."""
+    parts = []
+    for s in steps:
+        for j, text in enumerate(s.emitted_texts):
+            kind = "drafted" if j < len(s.accepted) else "target"
+            color = "#d7f5d7" if kind == "drafted" else "#d8e6f8"
+            parts.append(f'<span title="step {s.step}, {kind}" style="background:{color};white-space:pre-wrap">'
+                         f"{html.escape(text)}</span>")
+    return "<div style='font-family:monospace;line-height:1.6'>" + "".join(parts) + "</div>"
+
+
+def steps_figure(steps, ar_tokens_per_s: float | None = None) -> go.Figure:
+    """Tokens committed per target forward at each step, and the running speedup over a measured
+    autoregressive run of the same prompt (tokens so far / time so far, over ar's tokens/s)."""
+    fig = go.Figure()
+    fig.add_trace(go.Bar(x=[s.step for s in steps], y=[len(s.emitted) for s in steps], name="tokens per forward"))
+    if ar_tokens_per_s:
+        tokens = seconds = 0.0
+        speedup = []
+        for s in steps:
+            tokens += len(s.emitted)
+            seconds += s.draft_s + s.target_s + s.overhead_s
+            speedup.append(tokens / seconds / ar_tokens_per_s)
+        fig.add_trace(go.Scatter(x=[s.step for s in steps], y=speedup, name="running speedup vs ar", yaxis="y2"))
+        fig.update_layout(yaxis2={"overlaying": "y", "side": "right", "title": "speedup", "rangemode": "tozero"})
+    fig.update_layout(title="Per step", xaxis_title="step", yaxis_title="tokens per forward", height=320)
+    return fig

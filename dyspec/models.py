@@ -26,8 +26,10 @@ transformers.utils.logging.disable_progress_bar()  # per-tensor load bars are no
 
 DEFAULT_TARGET = "smollm2-135m-instruct"
 DEFAULT_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
-# Stand-in draft until a distilled one ships: the default target's first layers, final norm and
-# tied output layer, untrained. It is exact (as every draft is) but accepts few tokens.
+# The default draft, until a distilled one ships: on a CPU the target itself with int8 Linear
+# layers (agrees with the fp32 target on ~90% of tokens at ~40% of its cost), elsewhere a stand-in,
+# the target's first 2 layers with its final norm and output layer, untrained (accepted rarely).
+DEFAULT_DRAFT = "auto"
 STANDIN_DRAFT = "truncated:2"
 
 
@@ -202,13 +204,14 @@ def check_same_vocab(target_tok: PreTrainedTokenizerBase, draft_tok: PreTrainedT
 
 def load_pair(
     target: str = DEFAULT_TARGET,
-    draft: str | None = STANDIN_DRAFT,
+    draft: str | None = DEFAULT_DRAFT,
     device: str | None = None,
     device_map: str | None = None,
     allow_download: bool = False,
     precision: str = "auto",
 ) -> ModelPair:
-    """Load a target and a draft. `draft` is a model name as for the target, `truncated:N` (the
+    """Load a target and a draft. `draft` is "auto" (int8 on a CPU that supports it, else
+    truncated:2), a model name as for the target, `truncated:N` (the
     target's first N layers, untrained), `int8` (the target with int8 Linear layers: a draft that
     needs no training, for a target that runs at native precision), `self` (the target itself, for
     testing), or None.
@@ -216,6 +219,8 @@ def load_pair(
     layers on a CPU; outputs are then exact with respect to that int8 model (see README)."""
     dev = pick_device(device)
     dtype = pick_dtype(dev)
+    if draft == "auto":
+        draft = "int8" if dev.type == "cpu" and precision != "int8" and int8_available() else STANDIN_DRAFT
     if draft == "int8":
         if precision == "int8":
             raise DyspecError("the int8 draft is the target quantized: use it with --precision native")

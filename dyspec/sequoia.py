@@ -32,7 +32,10 @@ def optimal_tree(acceptance: tuple[float, ...], budget: int, max_depth: int) -> 
         for k in range(K - 1, -1, -1):
             for n in range(1, n_max):
                 m = np.arange(1, n + 1)
-                scores = a[k] * F[d - 1, m] + H[k + 1, n - m]
+                sub = F[d - 1, m]
+                # a child of acceptance 0 adds nothing, even where its subtree is impossible (0 * -inf)
+                with np.errstate(invalid="ignore"):
+                    scores = np.where(np.isneginf(sub), neg, a[k] * sub) + H[k + 1, n - m]
                 best = int(np.argmax(scores))
                 if scores[best] > neg:
                     H[k, n], choice[d, k, n] = scores[best], int(m[best])

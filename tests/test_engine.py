@@ -18,6 +18,11 @@ def ar_outputs(pair):
     return [generate(pair, p, policy="ar", max_new_tokens=48).token_ids for p in PROMPTS]
 
 
+def test_default_pair_on_cpu(pair):
+    """fp32 target (the GGUF's weights as they are) and its int8 copy as the draft."""
+    assert pair.precision == "native" and pair.dtype == torch.float32 and pair.draft_name == "int8"
+
+
 def test_ar_matches_hf_generate(pair, ar_outputs):
     for prompt, ours in zip(PROMPTS, ar_outputs):
         ids = encode_prompt(pair, prompt)

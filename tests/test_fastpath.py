@@ -10,6 +10,7 @@ from dyspec.engine import encode_prompt
 from dyspec.events import StepVerified
 from dyspec.kv import KVSession
 from dyspec.models import load_pair
+from dyspec.policies import POLICIES
 from dyspec.quant import Int8Linear, quantize_int8
 from dyspec.tree import Tree
 
@@ -40,11 +41,16 @@ def test_interpolate_and_best_prefix():
     t = {1: 20.0, 8: 30.0, 64: 90.0}
     assert interpolate_ms(t, 1) == 20.0 and interpolate_ms(t, 4) == pytest.approx(20 + 10 * 3 / 7)
     assert interpolate_ms(t, 128) == pytest.approx(90 + 60 * 64 / 56)
-    assert best_prefix_size([], t, 5.0) == 0
-    assert best_prefix_size([0.9, 0.8, 0.7], t, 5.0) == 3  # cheap, likely nodes: keep all
-    assert best_prefix_size([0.01, 0.01], t, 5.0) == 0  # unlikely nodes are not worth verifying
+    sunk = lambda n: 5.0  # noqa: E731
+    assert best_prefix_size([], t, sunk) == 0
+    assert best_prefix_size([0.9, 0.8, 0.7], t, sunk) == 3  # cheap, likely nodes: keep all
+    assert best_prefix_size([0.01, 0.01], t, sunk) == 0  # unlikely nodes are not worth verifying
     steep = {1: 10.0, 2: 100.0}
-    assert best_prefix_size([0.9], steep, 0.0) == 0  # 1.9 tokens for 10x the cost: not worth it
+    assert best_prefix_size([0.9], steep, lambda n: 0.0) == 0  # 1.9 tokens for 10x the cost: not worth it
+    # draft cost that grows with n (a chain: one draft forward per node). At 30 ms a node even the
+    # first one does not pay (1.5 tokens / 51.4 ms < 1 / 20 ms); at 2 ms the first two do.
+    assert best_prefix_size([0.5, 0.25, 0.12], t, lambda n: 30.0 * n) == 0
+    assert best_prefix_size([0.5, 0.25, 0.12], t, lambda n: 2.0 * n) == 2
 
 
 def test_auto_budget_is_exact_and_adapts(pair):
@@ -57,21 +63,25 @@ def test_auto_budget_is_exact_and_adapts(pair):
 
 
 @pytest.fixture(scope="module")
-def native_pair():
-    return load_pair(precision="native")
+def int8_pair():
+    """The fast path: int8 target, with the untrained stand-in draft."""
+    return load_pair(precision="int8")
 
 
-def test_native_precision_greedy_identity(native_pair, pair):
-    assert native_pair.precision == "native" and pair.precision == "int8"
+@pytest.mark.parametrize("policy", sorted(set(POLICIES) - {"ar"}))
+def test_int8_path_greedy_identity(int8_pair, policy):
+    assert int8_pair.precision == "int8" and int8_pair.draft_name == "truncated:2"
+    options = {"acceptance": [0.3, 0.1, 0.05]} if policy == "sequoia" else {}
     for prompt in PROMPTS[:2]:
-        expected = generate(native_pair, prompt, policy="ar", max_new_tokens=32).token_ids
-        assert generate(native_pair, prompt, policy="dyspec", budget=16, max_new_tokens=32).token_ids == expected
+        expected = generate(int8_pair, prompt, policy="ar", max_new_tokens=32).token_ids
+        got = generate(int8_pair, prompt, policy=policy, budget=12, max_new_tokens=32, options=options).token_ids
+        assert got == expected
 
 
-def test_int8_tree_forward_is_bitwise_a_sequential_decode(pair):
+def test_int8_tree_forward_is_bitwise_a_sequential_decode(int8_pair):
     """On the int8 path every tree node's logits equal, bit for bit, those of decoding its root
     path one token at a time: the property that keeps greedy speculative decoding exact there."""
-    assert pair.precision == "int8"
+    pair = int8_pair
     g = torch.Generator().manual_seed(1)
     prefix = encode_prompt(pair, PROMPTS[4])
     tree = Tree.root(prefix[-1])

@@ -135,9 +135,18 @@ def shape_score(shape, a) -> float:
     return 1.0 + sum(a[k] * shape_score(child, a) for k, child in enumerate(shape) if k < len(a))
 
 
-@pytest.mark.parametrize("budget,depth", [(1, 1), (3, 2), (5, 3), (6, 6), (7, 2)])
-def test_sequoia_dp_matches_brute_force(budget, depth):
-    a = [0.45, 0.2, 0.1, 0.05]
+@pytest.mark.parametrize(
+    "budget,depth,a",
+    [
+        (1, 1, [0.45, 0.2, 0.1, 0.05]),
+        (3, 2, [0.45, 0.2, 0.1, 0.05]),
+        (5, 3, [0.45, 0.2, 0.1, 0.05]),
+        (6, 6, [0.45, 0.2, 0.1, 0.05]),
+        (7, 2, [0.45, 0.2, 0.1, 0.05]),
+        (6, 3, [0.9, 0.0, 0.05]),  # measured vectors have zeros: 0 * an impossible subtree must not be NaN
+    ],
+)
+def test_sequoia_dp_matches_brute_force(budget, depth, a):
     parents, score = optimal_tree(tuple(a), budget, depth)
     brute = max(shape_score(s, a) for n in range(1, budget + 2) for s in all_shapes(n, depth))
     assert score == pytest.approx(brute)

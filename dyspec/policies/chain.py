@@ -12,9 +12,11 @@ NEEDS_DRAFT = True
 def build(draft: DraftSession, root: int, budget: int, temperature: float, generator: torch.Generator) -> Tree:
     tree = Tree.root(root, sampling="iid")
     for node in range(budget):
-        q = to_probs(draft.logits(tree, [node])[0], temperature)
+        logits = draft.logits(tree, [node])[0]
+        q = to_probs(logits, temperature)
         x = sample(q, generator)
         tree.q[node] = q
-        tree.add(node, x, float(q[x]))
+        # at T = 0, q is one-hot; the draft's own probability (T = 1) is what estimates acceptance
+        tree.add(node, x, float(q[x] if temperature > 0 else to_probs(logits, 1.0)[x]))
         tree.end_expansion()
     return tree

@@ -10,7 +10,9 @@ def child_mode(select: str, temperature: float, draft_temperature: float) -> tup
 
     Sampled children are drawn without replacement from the draft at the target's temperature, or at
     `draft_temperature` when decoding greedily. "top" children are chosen, not drawn, so they are
-    verified as deterministic proposals; their draft probabilities still rank them and value them.
+    verified as deterministic proposals; their draft probabilities at the same temperature rank and
+    value them (at T = 0, the sharper draft_temperature values build deeper trees, which measured
+    better than T = 1 values with the int8 draft: 4.34 vs 3.94 tokens per forward at budget 8).
     """
     if select not in SELECTS:
         raise DyspecError(f"select must be one of {', '.join(SELECTS)}, got '{select}'")

@@ -1,0 +1,116 @@
+"""The web app as users meet it: a real server, real headless Chromium, real API clients."""
+
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import psutil
+import pytest
+import requests
+
+CHROMIUM = "/usr/bin/chromium"
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def server():
+    port = free_port()
+    proc = subprocess.Popen([sys.executable, str(ROOT / "app.py"), "--port", str(port)], cwd=ROOT,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    url = f"http://127.0.0.1:{port}/"
+    deadline = time.time() + 240
+    while time.time() < deadline:
+        if proc.poll() is not None:
+            pytest.fail(f"app exited: {proc.stdout.read()}")
+        try:
+            if requests.get(url, timeout=2).status_code == 200:
+                break
+        except requests.ConnectionError:
+            time.sleep(1)
+    else:
+        proc.kill()
+        pytest.fail("app did not start in time")
+    yield url, proc
+    proc.terminate()
+    proc.wait(30)
+
+
+def test_binds_to_localhost_only(server):
+    url, proc = server
+    ports = [c.laddr for c in psutil.Process(proc.pid).net_connections() if c.status == psutil.CONN_LISTEN]
+    assert ports and all(addr.ip == "127.0.0.1" for addr in ports)
+
+
+def test_api_with_gradio_client(server):
+    from gradio_client import Client
+
+    url, _ = server
+    client = Client(url, verbose=False)
+    text, tree, chart, stats, *_ = client.predict(
+        "Name three colors.", "chain", 4, 0, 0, 12, False, api_name="/run"
+    )
+    assert "12 tokens" in stats and "per forward" in stats
+    assert "<span" in text
+    table, a, b = client.predict("Name three colors.", "chain", "dyspec", 8, 0, 0, 12, api_name="/compare")
+    assert "| ar |" in table and "| dyspec |" in table and a == b  # greedy: every policy gives ar's text
+    with pytest.raises(Exception, match="Budget"):
+        client.predict("hi", "chain", 999, 0, 0, 12, False, api_name="/run")
+
+
+def test_concurrent_clients_match_single_run_and_memory_settles(server):
+    from gradio_client import Client
+
+    url, proc = server
+    args = ("Write a haiku about rain.", "dyspec", 8, 0.8, 7, 32, False)
+    single = Client(url, verbose=False).predict(*args, api_name="/run")[0]
+    rss_before = psutil.Process(proc.pid).memory_info().rss
+    with ThreadPoolExecutor(8) as pool:
+        results = list(pool.map(lambda _: Client(url, verbose=False).predict(*args, api_name="/run")[0], range(8)))
+    assert results == [single] * 8
+    time.sleep(2)
+    growth = psutil.Process(proc.pid).memory_info().rss - rss_before
+    assert growth < 300 * 2**20, f"app memory grew by {growth / 2**20:.0f} MiB after 8 clients"
+
+
+@pytest.mark.skipif(not os.path.exists(CHROMIUM), reason="needs Debian's chromium (.ci/run installs it)")
+def test_browser_run_and_stop(server, tmp_path):
+    from playwright.sync_api import expect, sync_playwright
+
+    url, _ = server
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, headless=True, args=[
+            "--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
+            "--disable-sync", "--no-first-run"])
+        page = browser.new_page(viewport={"width": 1400, "height": 1100})
+        page.goto(url)
+        page.locator("#prompt textarea").fill("Name two planets.")
+        page.get_by_label("Max new tokens").first.fill("16")
+        page.locator("#run").click()
+        expect(page.locator("#stats")).to_contain_text("16 tokens", timeout=120_000)
+        expect(page.locator("#text span").first).to_be_visible()
+        expect(page.locator("#tree .main-svg").first).to_be_visible()
+        page.screenshot(path=str(tmp_path / "app.png"), full_page=True)
+        if os.environ.get("DYSPEC_SCREENSHOT"):
+            shutil.copy(tmp_path / "app.png", os.environ["DYSPEC_SCREENSHOT"])
+
+        page.get_by_label("Max new tokens").first.fill("256")
+        page.locator("#run").click()
+        expect(page.locator("#stats")).to_contain_text("tokens in", timeout=120_000)
+        page.locator("#stop").click()
+        time.sleep(3)
+        stopped = page.locator("#stats").inner_text()
+        time.sleep(3)
+        assert page.locator("#stats").inner_text() == stopped  # nothing streams after Stop
+        assert "256 tokens" not in stopped
+        browser.close()
