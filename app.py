@@ -38,11 +38,15 @@ def check_limits(prompt: str, budget: int, temperature: float, max_new_tokens: i
 def stats_markdown(steps: list[StepVerified], finished: GenerationFinished | None, ar_tps: float | None) -> str:
     tokens = sum(len(s.emitted) for s in steps)
     seconds = sum(s.draft_s + s.target_s + s.overhead_s for s in steps) or 1e-9
-    lines = [f"**{tokens} tokens in {len(steps)} target forwards** "
-             f"({tokens / max(len(steps), 1):.2f} per forward), {tokens / seconds:.1f} tokens/s while decoding"]
+    lines = [
+        f"**{tokens} tokens in {len(steps)} target forwards** "
+        f"({tokens / max(len(steps), 1):.2f} per forward), {tokens / seconds:.1f} tokens/s while decoding"
+    ]
     if ar_tps:
-        lines.append(f"**speedup vs ar: {tokens / seconds / ar_tps:.2f}x** (ar measured on this prompt just before: "
-                     f"{ar_tps:.1f} tokens/s while decoding)")
+        lines.append(
+            f"**speedup vs ar: {tokens / seconds / ar_tps:.2f}x** (ar measured on this prompt just before: "
+            f"{ar_tps:.1f} tokens/s while decoding)"
+        )
     if finished is not None:
         lines.append(f"done ({finished.stop_reason}): {finished.wall_s:.2f} s wall, prefill included")
     return "\n\n".join(lines)
@@ -51,6 +55,11 @@ def stats_markdown(steps: list[StepVerified], finished: GenerationFinished | Non
 def decode_rate(result: GenerationFinished) -> float:
     """Tokens/s while decoding (prefill excluded), the rate `stats_markdown` compares."""
     return result.new_tokens / max(result.wall_s - result.prefill_s, 1e-9)
+
+
+def slider_update(last: int, first: int, value: int | None = None):
+    """Move a slider's range to [first, last] (a slider needs first < last) and its value to `value`."""
+    return gr.update(maximum=max(last, first + 1), value=last if value is None else value)
 
 
 def build_app(pair: dyspec.ModelPair, concurrency: int = 1) -> gr.Blocks:
@@ -64,20 +73,33 @@ def build_app(pair: dyspec.ModelPair, concurrency: int = 1) -> gr.Blocks:
         try:
             ar_tps = None
             if measure_ar and policy != "ar":
-                ar = dyspec.generate(pair, prompt, policy="ar", temperature=temperature, seed=seed,
-                                     max_new_tokens=max_new_tokens)
+                ar = dyspec.generate(
+                    pair, prompt, policy="ar", temperature=temperature, seed=seed, max_new_tokens=max_new_tokens
+                )
                 ar_tps = decode_rate(ar)
             steps: list[StepVerified] = []
-            for event in dyspec.stream(pair, prompt, policy=policy, budget=budget, temperature=temperature,
-                                       seed=seed, max_new_tokens=max_new_tokens):
+            for event in dyspec.stream(
+                pair,
+                prompt,
+                policy=policy,
+                budget=budget,
+                temperature=temperature,
+                seed=seed,
+                max_new_tokens=max_new_tokens,
+            ):
                 if isinstance(event, StepVerified):
                     steps.append(event)
-                    yield (figures.text_html(steps), figures.tree_figure(event), figures.steps_figure(steps, ar_tps),
-                           stats_markdown(steps, None, ar_tps), steps, gr.update(maximum=len(steps) - 1,
-                           value=len(steps) - 1), gr.update(maximum=len(event.tokens), value=len(event.tokens)))
-                elif isinstance(event, GenerationFinished):
-                    yield (gr.skip(), gr.skip(), gr.skip(), stats_markdown(steps, event, ar_tps), gr.skip(),
-                           gr.skip(), gr.skip())
+                finished = event if isinstance(event, GenerationFinished) else None
+                if steps and (finished or isinstance(event, StepVerified)):
+                    yield (
+                        figures.text_html(steps),
+                        figures.tree_figure(steps[-1]),
+                        figures.steps_figure(steps, ar_tps),
+                        stats_markdown(steps, finished, ar_tps),
+                        steps,
+                        slider_update(len(steps) - 1, 0),
+                        slider_update(len(steps[-1].tokens), 1),
+                    )
         except DyspecError as e:
             raise gr.Error(str(e)) from None
 
@@ -86,7 +108,7 @@ def build_app(pair: dyspec.ModelPair, concurrency: int = 1) -> gr.Blocks:
             return gr.skip(), gr.skip()
         step = steps[min(int(index), len(steps) - 1)]
         upto = min(int(growth), len(step.tokens))
-        return figures.tree_figure(step, upto), gr.update(maximum=len(step.tokens), value=upto)
+        return figures.tree_figure(step, upto), slider_update(len(step.tokens), 1, upto)
 
     def compare(prompt, policy_a, policy_b, budget, temperature, seed, max_new_tokens):
         budget, seed, max_new_tokens = int(budget), int(seed), int(max_new_tokens)
@@ -94,24 +116,37 @@ def build_app(pair: dyspec.ModelPair, concurrency: int = 1) -> gr.Blocks:
         rows, texts = [], {}
         try:
             for policy in ("ar", policy_a, policy_b):
-                r = dyspec.generate(pair, prompt, policy=policy, budget=budget, temperature=temperature, seed=seed,
-                                    max_new_tokens=max_new_tokens)
+                r = dyspec.generate(
+                    pair,
+                    prompt,
+                    policy=policy,
+                    budget=budget,
+                    temperature=temperature,
+                    seed=seed,
+                    max_new_tokens=max_new_tokens,
+                )
                 rows.append((policy, r))
                 texts[policy] = r.text
-                table = ["| policy | tokens | target forwards | tokens/forward | tokens/s | speedup vs ar |",
-                         "|---|---|---|---|---|---|"]
+                table = [
+                    "| policy | tokens | target forwards | tokens/forward | tokens/s | speedup vs ar |",
+                    "|---|---|---|---|---|---|",
+                ]
                 base = decode_rate(rows[0][1])
                 for name, res in rows:
-                    table.append(f"| {name} | {res.new_tokens} | {res.target_forwards} | {res.tokens_per_forward:.2f} "
-                                 f"| {decode_rate(res):.1f} | {decode_rate(res) / base:.2f}x |")
+                    table.append(
+                        f"| {name} | {res.new_tokens} | {res.target_forwards} | {res.tokens_per_forward:.2f} "
+                        f"| {decode_rate(res):.1f} | {decode_rate(res) / base:.2f}x |"
+                    )
                 yield "\n".join(table), texts.get(policy_a, ""), texts.get(policy_b, "")
         except DyspecError as e:
             raise gr.Error(str(e)) from None
 
     with gr.Blocks(title="dyspec") as demo:
-        gr.Markdown(f"# dyspec: speculative decoding with token trees\ntarget `{pair.target_name}`, draft "
-                    f"`{pair.draft_name}`, {pair.device} ({pair.precision}). Green tokens were drafted and "
-                    "accepted; blue ones are the target's own (bonus or correction).")
+        gr.Markdown(
+            f"# dyspec: speculative decoding with token trees\ntarget `{pair.target_name}`, draft "
+            f"`{pair.draft_name}`, {pair.device} ({pair.precision}). Green tokens were drafted and "
+            "accepted; blue ones are the target's own (bonus or correction)."
+        )
         with gr.Tab("Generate"):
             with gr.Row():
                 with gr.Column(scale=1):
@@ -129,20 +164,24 @@ def build_app(pair: dyspec.ModelPair, concurrency: int = 1) -> gr.Blocks:
                     stats = gr.Markdown(elem_id="stats")
                     text = gr.HTML(elem_id="text")
                     tree = gr.Plot(label="Token tree", elem_id="tree")
-                    step_slider = gr.Slider(0, 0, value=0, step=1, label="Step")
-                    growth_slider = gr.Slider(1, 1, value=1, step=1, label="Growth (nodes shown, in growth order)")
+                    step_slider = gr.Slider(0, 1, value=0, step=1, label="Step")
+                    growth_slider = gr.Slider(1, 2, value=1, step=1, label="Growth (nodes shown, in growth order)")
                     chart = gr.Plot(label="Per step")
             steps_state = gr.State([])
             run_evt = run_btn.click(
-                run, [prompt, policy, budget, temperature, seed, max_new, measure_ar],
-                [text, tree, chart, stats, steps_state, step_slider, growth_slider], api_name="run",
+                run,
+                [prompt, policy, budget, temperature, seed, max_new, measure_ar],
+                [text, tree, chart, stats, steps_state, step_slider, growth_slider],
+                api_name="run",
                 concurrency_limit=concurrency,
             )
             stop_btn.click(None, None, None, cancels=[run_evt])
-            step_slider.release(show_step, [steps_state, step_slider, growth_slider], [tree, growth_slider],
-                                api_name=False)
-            growth_slider.release(show_step, [steps_state, step_slider, growth_slider], [tree, growth_slider],
-                                  api_name=False)
+            step_slider.release(
+                show_step, [steps_state, step_slider, growth_slider], [tree, growth_slider], api_name=False
+            )
+            growth_slider.release(
+                show_step, [steps_state, step_slider, growth_slider], [tree, growth_slider], api_name=False
+            )
         with gr.Tab("Compare"):
             with gr.Row():
                 c_prompt = gr.Textbox(label="Prompt", value=EXAMPLE, lines=3)
@@ -158,8 +197,13 @@ def build_app(pair: dyspec.ModelPair, concurrency: int = 1) -> gr.Blocks:
             with gr.Row():
                 c_text_a = gr.Textbox(label="Policy A output", lines=6)
                 c_text_b = gr.Textbox(label="Policy B output", lines=6)
-            c_btn.click(compare, [c_prompt, c_a, c_b, c_budget, c_temp, c_seed, c_max], [c_table, c_text_a, c_text_b],
-                        api_name="compare", concurrency_limit=concurrency)
+            c_btn.click(
+                compare,
+                [c_prompt, c_a, c_b, c_budget, c_temp, c_seed, c_max],
+                [c_table, c_text_a, c_text_b],
+                api_name="compare",
+                concurrency_limit=concurrency,
+            )
     demo.queue(default_concurrency_limit=concurrency, max_size=64)
     return demo
 

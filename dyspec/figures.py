@@ -184,25 +184,36 @@ def tree_figure(step, upto: int | None = None, title: str | None = None) -> go.F
         p = step.parents[i]
         ex += [x[p], x[i], None]
         ey += [y[p], y[i], None]
-    fig.add_trace(go.Scatter(x=ex, y=ey, mode="lines", line={"color": "#999", "width": 1}, hoverinfo="skip",
-                             showlegend=False))
+    fig.add_trace(
+        go.Scatter(x=ex, y=ey, mode="lines", line={"color": "#999", "width": 1}, hoverinfo="skip", showlegend=False)
+    )
     for kind, color in COLORS.items():
         idx = [i for i in range(n) if outcome[i] == kind]
         if not idx:
             continue
-        fig.add_trace(go.Scatter(
-            x=[x[i] for i in idx], y=[y[i] for i in idx], mode="markers+text", name=kind,
-            text=[repr(step.texts[i])[1:-1] for i in idx], textposition="middle right",
-            marker={"color": color, "size": [8 + 22 * step.draft_probs[i] for i in idx], "line": {"width": 0}},
-            customdata=[[step.draft_probs[i], step.target_probs[i], step.values[i], step.depths[i], rank[i]]
-                        for i in idx],
-            hovertemplate="%{text}<br>draft p %{customdata[0]:.3f}<br>target p %{customdata[1]:.3f}"
-                          "<br>path value %{customdata[2]:.3f}<br>depth %{customdata[3]}, sibling %{customdata[4]}"
-                          "<extra></extra>",
-        ))
+        fig.add_trace(
+            go.Scatter(
+                x=[x[i] for i in idx],
+                y=[y[i] for i in idx],
+                mode="markers+text",
+                name=kind,
+                text=[repr(step.texts[i])[1:-1] for i in idx],
+                textposition="middle right",
+                marker={"color": color, "size": [8 + 22 * step.draft_probs[i] for i in idx], "line": {"width": 0}},
+                customdata=[
+                    [step.draft_probs[i], step.target_probs[i], step.values[i], step.depths[i], rank[i]] for i in idx
+                ],
+                hovertemplate="%{text}<br>draft p %{customdata[0]:.3f}<br>target p %{customdata[1]:.3f}"
+                "<br>path value %{customdata[2]:.3f}<br>depth %{customdata[3]}, sibling %{customdata[4]}"
+                "<extra></extra>",
+            )
+        )
     fig.update_layout(
         title=title or f"step {step.step}: {len(step.tokens) - 1} drafted, {len(step.accepted)} accepted",
-        xaxis={"title": "depth", "dtick": 1}, yaxis={"visible": False}, height=420, margin={"l": 20, "r": 20},
+        xaxis={"title": "depth", "dtick": 1},
+        yaxis={"visible": False},
+        height=420,
+        margin={"l": 20, "r": 20},
     )
     return fig
 
@@ -215,8 +226,10 @@ def text_html(steps) -> str:
         for j, text in enumerate(s.emitted_texts):
             kind = "drafted" if j < len(s.accepted) else "target"
             color = "#d7f5d7" if kind == "drafted" else "#d8e6f8"
-            parts.append(f'<span title="step {s.step}, {kind}" style="background:{color};white-space:pre-wrap">'
-                         f"{html.escape(text)}</span>")
+            parts.append(
+                f'<span title="step {s.step}, {kind}" style="background:{color};white-space:pre-wrap">'
+                f"{html.escape(text)}</span>"
+            )
     return "<div style='font-family:monospace;line-height:1.6'>" + "".join(parts) + "</div>"
 
 

@@ -26,8 +26,13 @@ def free_port() -> int:
 @pytest.fixture(scope="module")
 def server():
     port = free_port()
-    proc = subprocess.Popen([sys.executable, str(ROOT / "app.py"), "--port", str(port)], cwd=ROOT,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, str(ROOT / "app.py"), "--port", str(port)],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     url = f"http://127.0.0.1:{port}/"
     deadline = time.time() + 240
     while time.time() < deadline:
@@ -57,15 +62,15 @@ def test_api_with_gradio_client(server):
 
     url, _ = server
     client = Client(url, verbose=False)
-    text, tree, chart, stats, *_ = client.predict(
-        "Name three colors.", "chain", 4, 0, 0, 12, False, api_name="/run"
-    )
+    text, tree, chart, stats, *_ = client.predict("Name three colors.", "chain", 4, 0, 0, 12, False, api_name="/run")
     assert "12 tokens" in stats and "per forward" in stats
     assert "<span" in text
     table, a, b = client.predict("Name three colors.", "chain", "dyspec", 8, 0, 0, 12, api_name="/compare")
     assert "| ar |" in table and "| dyspec |" in table and a == b  # greedy: every policy gives ar's text
-    with pytest.raises(Exception, match="Budget"):
+    with pytest.raises(Exception, match="maximum value 64"):
         client.predict("hi", "chain", 999, 0, 0, 12, False, api_name="/run")
+    with pytest.raises(Exception, match="Type a prompt"):
+        client.predict("   ", "chain", 4, 0, 0, 12, False, api_name="/run")
 
 
 def test_concurrent_clients_match_single_run_and_memory_settles(server):
@@ -89,9 +94,18 @@ def test_browser_run_and_stop(server, tmp_path):
 
     url, _ = server
     with sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=CHROMIUM, headless=True, args=[
-            "--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
-            "--disable-sync", "--no-first-run"])
+        browser = p.chromium.launch(
+            executable_path=CHROMIUM,
+            headless=True,
+            args=[
+                "--no-sandbox",
+                "--disable-gpu",
+                "--disable-background-networking",
+                "--disable-component-update",
+                "--disable-sync",
+                "--no-first-run",
+            ],
+        )
         page = browser.new_page(viewport={"width": 1400, "height": 1100})
         page.goto(url)
         page.locator("#prompt textarea").fill("Name two planets.")
