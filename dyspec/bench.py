@@ -23,10 +23,10 @@ import torch
 from tqdm.auto import tqdm
 
 from dyspec import figures
-from dyspec.draft import _sync
 from dyspec.engine import check_settings, encode_prompt, stream
 from dyspec.errors import DyspecError
 from dyspec.events import GenerationFinished, StepVerified
+from dyspec.kv import sync
 from dyspec.models import ModelPair
 from dyspec.prompts import load_prompts
 
@@ -46,7 +46,7 @@ class BenchConfig:
     options: dict | None = None  # policy -> options
 
 
-def _key(r: dict) -> tuple:
+def record_key(r: dict) -> tuple:
     return (
         r["dataset"],
         r["prompt_id"],
@@ -133,7 +133,7 @@ def _hf_run(
     torch.manual_seed(seed)
     t = time.perf_counter()
     out = pair.target.generate(ids, **kwargs)
-    _sync(pair.device)
+    sync(pair.device)
     wall = time.perf_counter() - t
     return {
         "new_tokens": out.shape[1] - ids.shape[1],
@@ -167,7 +167,7 @@ def run_bench(
     tmp = out.with_name(out.name + ".tmp")  # rewrite without any partial line, atomically
     tmp.write_text("".join(json.dumps(r) + "\n" for r in records))
     tmp.replace(out)
-    done = {_key(r) for r in records}
+    done = {record_key(r) for r in records}
     ar_speed = {
         (r["prompt_id"], r["temperature"], r["seed"]): r["tokens_per_s"] for r in records if r["policy"] == "ar"
     }
@@ -191,7 +191,7 @@ def run_bench(
             "seed": seed,
             "max_new_tokens": config.max_new_tokens,
         }
-        if _key(base) in done:
+        if record_key(base) in done:
             continue
         if policy in HF_POLICIES:
             stats = _hf_run(pair, prompt, policy, budget, temperature, seed, config.max_new_tokens)

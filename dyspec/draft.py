@@ -13,13 +13,8 @@ import time
 import torch
 from transformers import PreTrainedModel
 
-from dyspec.kv import KVSession
+from dyspec.kv import KVSession, sync
 from dyspec.tree import Tree
-
-
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
 
 
 class DraftSession:
@@ -39,7 +34,7 @@ class DraftSession:
             raise RuntimeError("this policy needs a draft model, and none is loaded")
         t = time.perf_counter()
         logits = self.kv.forward(*args, **kwargs)
-        _sync(self.kv.device)
+        sync(self.kv.device)
         elapsed = time.perf_counter() - t
         self.seconds += elapsed
         self.calls.append((len(tree), elapsed))

@@ -12,10 +12,10 @@ from collections.abc import Callable, Iterator, Sequence
 import torch
 
 from dyspec.budget import AUTO_CAP, AUTO_START, best_prefix_size, next_auto_cap
-from dyspec.draft import DraftSession, _sync
+from dyspec.draft import DraftSession
 from dyspec.errors import DyspecError
 from dyspec.events import Event, GenerationFinished, StepVerified, TreeExpanded
-from dyspec.kv import KVSession
+from dyspec.kv import KVSession, sync
 from dyspec.models import ModelPair
 from dyspec.policies import check_options, get_policy
 from dyspec.profile import target_profile
@@ -135,7 +135,7 @@ def stream(
         target.forward(ids[:-1], last_only=True)
         target.length = target.cached
         target.forwards = 0  # count decoding steps only
-    _sync(device)
+    sync(device)
     prefill_s = time.perf_counter() - t_start
     root, out, step, stop_reason = ids[-1], [], 0, "max_new_tokens"
     while len(out) < max_new_tokens:
@@ -159,7 +159,7 @@ def stream(
         positions = [target.length + d for d in tree.depths]
         t2 = time.perf_counter()
         logits = target.forward(tree.tokens, positions, visible)
-        _sync(device)
+        sync(device)
         t3 = time.perf_counter()
 
         if temperature == 0:

@@ -6,6 +6,12 @@ import torch
 from transformers import DynamicCache, PreTrainedModel
 
 
+def sync(device: torch.device) -> None:
+    """Wait for the device's queued work, so that wall-clock timings measure it."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
 class KVSession:
     """`length` tokens are committed in the cache; slots past it hold this step's tree nodes."""
 

@@ -11,8 +11,7 @@ import time
 import torch
 from transformers import PreTrainedModel
 
-from dyspec.draft import _sync
-from dyspec.kv import KVSession
+from dyspec.kv import KVSession, sync
 
 DEFAULT_SIZES = (1, 2, 4, 8, 16, 32, 48, 64, 80)
 
@@ -32,7 +31,7 @@ def forward_ms(model: PreTrainedModel, sizes=DEFAULT_SIZES, context: int = 100, 
         for i in range(repeats + 2):  # two warm-up runs
             t = time.perf_counter()
             kv.forward(tokens, list(range(context, context + n)), visible)
-            _sync(kv.device)
+            sync(kv.device)
             if i >= 2:
                 times.append((time.perf_counter() - t) * 1000)
             kv.commit([])

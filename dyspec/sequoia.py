@@ -109,7 +109,7 @@ def measure_acceptance(
     return acceptance_from_ranks(ranks, width)
 
 
-def acceptance_for(pair, temperature: float, num_prompts: int = 20, width: int = 16) -> list[float]:
+def acceptance_for(pair, temperature: float, num_prompts: int = 10, width: int = 16) -> list[float]:
     """The measured acceptance vector of `pair` at `temperature`, cached on disk per model pair.
     Measured on IFEval prompts (never on the sets used to report speed)."""
     from dyspec.models import cache_dir

@@ -2,7 +2,7 @@ import json
 
 import jsonschema
 
-from dyspec.bench import SCHEMA, BenchConfig, _key, read_records, run_bench, write_report
+from dyspec.bench import SCHEMA, BenchConfig, read_records, record_key, run_bench, write_report
 
 
 def test_bench_smoke_and_resume(pair, tmp_path):
@@ -31,7 +31,7 @@ def test_bench_smoke_and_resume(pair, tmp_path):
     out.write_text("\n".join(lines[:-1]) + "\n" + lines[-1][:20])
     resumed = run_bench(pair, config, out, resume=True, progress=False)
     assert len(resumed) == 2 * 5
-    assert [_key(json.loads(line)) for line in out.read_text().splitlines()] == [_key(r) for r in records]
+    assert [record_key(json.loads(line)) for line in out.read_text().splitlines()] == [record_key(r) for r in records]
 
     report = tmp_path / "report.html"
     write_report(resumed, report, {"device": "cpu", "target": {"1": 60.0, "8": 110.0}})

@@ -1,0 +1,52 @@
+"""The notebook dashboard, driven from Python as a notebook user would drive it."""
+
+import time
+
+from widgets import Compare, Dashboard
+
+
+def test_dashboard_run_updates_figures(pair):
+    d = Dashboard(pair, prompt="Name three fruits.")
+    d.policy.value, d.budget.value, d.max_new_tokens.value = "dyspec", 6, 12
+    finished = d.run()
+    assert finished.new_tokens == 12 and len(d.steps) == finished.target_forwards
+    last = d.steps[-1]
+    names = {t.name for t in d.tree_fig.data if t.name}
+    assert "root" in names and "accepted" in names | {"root"}
+    drawn = sum(len(t.x) for t in d.tree_fig.data if t.mode == "markers+text")
+    assert drawn == len(last.tokens)  # every node of the last tree is drawn
+    assert [b.y for b in d.steps_fig.data if b.type == "bar"][0] == tuple(len(s.emitted) for s in d.steps)
+    assert d.ar_tokens_per_s and "ar's rate" in d.stats.value
+    assert d.text.value.count("<span") == 12
+    assert d.step_slider.max == len(d.steps) - 1
+
+
+def test_dashboard_step_and_growth_replay(pair):
+    d = Dashboard(pair, prompt="Count to five.")
+    d.max_new_tokens.value, d.measure_ar.value = 8, False
+    d.run()
+    d.step_slider.value = 0
+    first = d.steps[0]
+    d.growth_slider.value = 2
+    drawn = sum(len(t.x) for t in d.tree_fig.data if t.mode == "markers+text")
+    assert drawn == 2 and d.tree_fig.layout.title.text.startswith(f"step {first.step}")
+
+
+def test_dashboard_stop_interrupts(pair):
+    d = Dashboard(pair, prompt="Write a long story about a dragon.")
+    d.max_new_tokens.value, d.measure_ar.value, d.policy.value = 256, False, "ar"
+    d.start()
+    while not d.steps:
+        time.sleep(0.05)
+    d.stop()
+    d._thread.join(60)
+    assert d.finished.stop_reason == "stopped" and d.finished.new_tokens < 256
+
+
+def test_compare_runs_both_on_the_same_prompt(pair):
+    c = Compare(pair, "chain", "dyspec")
+    c.a.prompt.value = "Say hi."
+    for d in (c.a, c.b):
+        d.max_new_tokens.value, d.measure_ar.value = 8, False
+    a, b = c.run()
+    assert a.token_ids == b.token_ids and a.policy == "chain" and b.policy == "dyspec"
