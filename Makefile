@@ -30,9 +30,9 @@ lab: setup
 	HF_HUB_OFFLINE=1 $(VENV)/bin/jupyter lab notebooks/
 
 bench: setup
-	HF_HUB_OFFLINE=1 $(PY) -m dyspec bench --dataset mtbench --num-prompts 5 --max-new-tokens 48 \
-		--policies ar,hf,chain,specinfer,dyspec,dyspec-threshold,eagle2,hf-assisted --budgets 4,16 \
-		--temperatures 0 --out bench-out/results.jsonl --profile
+	HF_HUB_OFFLINE=1 $(PY) -m dyspec bench --dataset mtbench --num-prompts 5 --max-new-tokens 32 \
+		--policies ar,hf,chain,specinfer,sequoia,dyspec,dyspec-threshold,eagle2,hf-assisted --budgets 4,8,auto \
+		--temperatures 0,0.6 --out bench-out/results.jsonl --profile
 
 lint: setup
 	$(VENV)/bin/ruff check . && $(VENV)/bin/ruff format --check .
