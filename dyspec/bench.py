@@ -103,6 +103,7 @@ def _engine_run(
         "draft_s": sum(s.draft_s for s in steps),
         "target_s": sum(s.target_s for s in steps),
         "overhead_s": sum(s.overhead_s for s in steps),
+        "tree_build_s": sum(s.tree_build_s for s in steps),
         "accept_lengths": {str(k): v for k, v in sorted(Counter(s.accepted_len for s in steps).items())},
         "calibration": {"reached": reached, "accepted": accepted},
     }
@@ -144,6 +145,7 @@ def _hf_run(
         "draft_s": None,
         "target_s": None,
         "overhead_s": None,
+        "tree_build_s": None,
         "accept_lengths": {},
         "calibration": {"reached": [], "accepted": []},
     }
