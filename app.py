@@ -52,11 +52,6 @@ def stats_markdown(steps: list[StepVerified], finished: GenerationFinished | Non
     return "\n\n".join(lines)
 
 
-def decode_rate(result: GenerationFinished) -> float:
-    """Tokens/s while decoding (prefill excluded), the rate `stats_markdown` compares."""
-    return result.new_tokens / max(result.wall_s - result.prefill_s, 1e-9)
-
-
 def slider_update(last: int, first: int, value: int | None = None):
     """Move a slider's range to [first, last] (a slider needs first < last) and its value to `value`."""
     return gr.update(maximum=max(last, first + 1), value=last if value is None else value)
@@ -76,7 +71,7 @@ def build_app(pair: dyspec.ModelPair, concurrency: int = 1) -> gr.Blocks:
                 ar = dyspec.generate(
                     pair, prompt, policy="ar", temperature=temperature, seed=seed, max_new_tokens=max_new_tokens
                 )
-                ar_tps = decode_rate(ar)
+                ar_tps = ar.decode_tokens_per_s
             steps: list[StepVerified] = []
             for event in dyspec.stream(
                 pair,
@@ -131,11 +126,11 @@ def build_app(pair: dyspec.ModelPair, concurrency: int = 1) -> gr.Blocks:
                     "| policy | tokens | target forwards | tokens/forward | tokens/s | speedup vs ar |",
                     "|---|---|---|---|---|---|",
                 ]
-                base = decode_rate(rows[0][1])
+                base = rows[0][1].decode_tokens_per_s
                 for name, res in rows:
                     table.append(
                         f"| {name} | {res.new_tokens} | {res.target_forwards} | {res.tokens_per_forward:.2f} "
-                        f"| {decode_rate(res):.1f} | {decode_rate(res) / base:.2f}x |"
+                        f"| {res.decode_tokens_per_s:.1f} | {res.decode_tokens_per_s / base:.2f}x |"
                     )
                 yield "\n".join(table), texts.get(policy_a, ""), texts.get(policy_b, "")
         except DyspecError as e:

@@ -69,6 +69,11 @@ class GenerationFinished:
     options: dict
     stop_reason: str  # "eos", "max_new_tokens" or "stopped"
 
+    @property
+    def decode_tokens_per_s(self) -> float:
+        """Tokens/s while decoding, prefill excluded: the rate the views compare against ar."""
+        return self.new_tokens / max(self.wall_s - self.prefill_s, 1e-9)
+
     def to_dict(self) -> dict:
         return asdict(self)
 

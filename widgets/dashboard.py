@@ -73,7 +73,7 @@ class Dashboard:
         self.ar_tokens_per_s = None
         if self.measure_ar.value and self.policy.value != "ar":
             ar = dyspec.generate(self.pair, self.prompt.value, policy="ar", **kwargs)
-            self.ar_tokens_per_s = ar.new_tokens / max(ar.wall_s - ar.prefill_s, 1e-9)
+            self.ar_tokens_per_s = ar.decode_tokens_per_s
         for event in dyspec.stream(
             self.pair,
             self.prompt.value,
