@@ -18,7 +18,7 @@ from dyspec import figures
 from dyspec.errors import DyspecError
 from dyspec.events import GenerationFinished, StepVerified
 from dyspec.models import DEFAULT_DRAFT, DEFAULT_TARGET
-from dyspec.policies import POLICIES
+from dyspec.policies import available_policies
 
 LIMITS = {"max_new_tokens": 256, "budget": 64, "prompt_chars": 4000, "temperature": 2.0}
 EXAMPLE = "Explain speculative decoding to a new engineer in one paragraph."
@@ -58,7 +58,7 @@ def slider_update(last: int, first: int, value: int | None = None):
 
 
 def build_app(pair: dyspec.ModelPair, concurrency: int = 1) -> gr.Blocks:
-    policies = [p for p in POLICIES if pair.draft is not None or not POLICIES[p].NEEDS_DRAFT]
+    policies = available_policies(pair)
 
     def run(prompt, policy, budget, temperature, seed, max_new_tokens, measure_ar):
         budget, seed, max_new_tokens = int(budget), int(seed), int(max_new_tokens)
@@ -182,7 +182,9 @@ def build_app(pair: dyspec.ModelPair, concurrency: int = 1) -> gr.Blocks:
                 c_prompt = gr.Textbox(label="Prompt", value=EXAMPLE, lines=3)
                 with gr.Column():
                     c_a = gr.Dropdown(policies, value=policies[min(1, len(policies) - 1)], label="Policy A")
-                    c_b = gr.Dropdown(policies, value=policies[-1], label="Policy B")
+                    c_b = gr.Dropdown(
+                        policies, value="dyspec" if "dyspec" in policies else policies[-1], label="Policy B"
+                    )
                     c_budget = gr.Slider(1, LIMITS["budget"], value=8, step=1, label="Budget")
                     c_temp = gr.Slider(0, LIMITS["temperature"], value=0, step=0.05, label="Temperature")
                     c_seed = gr.Number(value=0, precision=0, label="Seed")

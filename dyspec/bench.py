@@ -28,6 +28,7 @@ from dyspec.errors import DyspecError
 from dyspec.events import GenerationFinished, StepVerified
 from dyspec.kv import sync
 from dyspec.models import ModelPair
+from dyspec.policies import parse_option
 from dyspec.prompts import load_prompts
 
 HF_POLICIES = ("hf", "hf-assisted")
@@ -151,18 +152,30 @@ def _hf_run(
     }
 
 
+def parse_policy_spec(spec: str) -> tuple[str, dict]:
+    """`NAME[:OPTION=VALUE...]`, e.g. `specdecpp:h=0.3`, so one run can compare option values."""
+    name, *options = spec.split(":")
+    try:
+        return name, dict(parse_option(text) for text in options)
+    except DyspecError as e:
+        raise DyspecError(f"bad policy spec '{spec}' ({e}): use NAME:OPTION=VALUE, e.g. specdecpp:h=0.3") from None
+
+
 def run_bench(
     pair: ModelPair, config: BenchConfig, out: Path, resume: bool = False, progress: bool = True
 ) -> list[dict]:
     """Run every combination not yet in `out` (with `resume`), appending one record per run.
-    Within each (prompt, temperature, seed), `ar` runs first so every other run has its reference."""
-    options = config.options or {}
-    for policy in config.policies:
-        if policy not in HF_POLICIES:
+    Within each (prompt, temperature, seed), `ar` runs first so every other run has its reference.
+    A policy may carry its own options (`parse_policy_spec`), on top of `config.options`."""
+    specs = {}
+    for spec in config.policies:
+        name, opts = parse_policy_spec(spec)
+        specs[spec] = (name, {**(config.options or {}).get(name, {}), **opts})
+        if name not in HF_POLICIES:
             for budget, temperature in itertools.product(config.budgets, config.temperatures):
-                check_settings(policy, budget, temperature, config.max_new_tokens, options.get(policy, {}))
-    if "hf-assisted" in config.policies and pair.draft is None:
-        raise DyspecError("hf-assisted needs a draft model")
+                check_settings(name, budget, temperature, config.max_new_tokens, specs[spec][1])
+    if "hf-assisted" in config.policies and (pair.draft is None or getattr(pair.draft, "needs_features", False)):
+        raise DyspecError("hf-assisted needs an independent draft model (not none, not a feature draft)")
     prompts = load_prompts(config.dataset, config.num_prompts)
     out.parent.mkdir(parents=True, exist_ok=True)
     records = read_records(out) if resume else []
@@ -173,16 +186,16 @@ def run_bench(
     ar_speed = {
         (r["prompt_id"], r["temperature"], r["seed"]): r["tokens_per_s"] for r in records if r["policy"] == "ar"
     }
-    policies = ["ar", *[p for p in config.policies if p != "ar"]]
+    specs.setdefault("ar", ("ar", {}))
+    order = ["ar", *[spec for spec in specs if spec != "ar"]]
     jobs = [
-        (pid, prompt, temperature, seed, policy, budget)
+        (pid, prompt, temperature, seed, *specs[spec], budget)
         for (pid, prompt), temperature, seed in itertools.product(prompts, config.temperatures, config.seeds)
-        for policy in policies
-        for budget in ([1] if policy in ("ar", "hf") else config.budgets)
+        for spec in order
+        for budget in ([1] if specs[spec][0] in ("ar", "hf") else config.budgets)
     ]
     versions = {m: version(m) for m in ("dyspec", "torch", "transformers")}
-    for pid, prompt, temperature, seed, policy, budget in tqdm(jobs, desc="bench", disable=not progress):
-        opts = options.get(policy, {})
+    for pid, prompt, temperature, seed, policy, opts, budget in tqdm(jobs, desc="bench", disable=not progress):
         base = {
             "dataset": config.dataset,
             "prompt_id": pid,

@@ -8,6 +8,7 @@ import sys
 
 from dyspec.errors import DyspecError
 from dyspec.models import DEFAULT_DRAFT, DEFAULT_TARGET
+from dyspec.policies import parse_option
 
 
 class _Parser(argparse.ArgumentParser):
@@ -16,14 +17,10 @@ class _Parser(argparse.ArgumentParser):
 
 
 def _option(text: str) -> tuple[str, object]:
-    """`name=value` policy option; the value is parsed as JSON when it can be (numbers, true/false)."""
-    if "=" not in text:
-        raise argparse.ArgumentTypeError(f"expected NAME=VALUE, got '{text}'")
-    name, value = text.split("=", 1)
     try:
-        return name.replace("-", "_"), json.loads(value)
-    except json.JSONDecodeError:
-        return name.replace("-", "_"), value
+        return parse_option(text)
+    except DyspecError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
 
 
 def _budget(text: str) -> int | str:
@@ -35,16 +32,19 @@ def _budget(text: str) -> int | str:
         raise argparse.ArgumentTypeError(f"expected a number or 'auto', got '{text}'") from None
 
 
-def add_model_args(p: argparse.ArgumentParser) -> None:
+def add_model_args(p: argparse.ArgumentParser, with_draft: bool = True) -> None:
     p.add_argument("--target", default=DEFAULT_TARGET, help="hub id, local folder or .gguf file (default: %(default)s)")
+    p.add_argument("--device", default=None, help="cuda, mps or cpu (default: the best available)")
+    p.add_argument("--allow-download", action="store_true", help="let hub ids download (default: local cache only)")
+    if not with_draft:
+        return
     p.add_argument(
         "--draft",
         default=DEFAULT_DRAFT,
-        help="as --target, or int8 (the target with int8 layers, CPU), truncated:N (its first N layers), "
+        help="as --target, or a folder made by `dyspec distill`, distilled (the one shipped for the target), "
+        "int8 (the target with int8 layers, CPU), truncated:N (its first N layers), "
         "self, or auto: int8 on CPU, else truncated:2 (default: %(default)s)",
     )
-    p.add_argument("--device", default=None, help="cuda, mps or cpu (default: the best available)")
-    p.add_argument("--allow-download", action="store_true", help="let hub ids download (default: local cache only)")
     p.add_argument(
         "--precision",
         default="auto",
@@ -160,6 +160,48 @@ def cmd_profile(args: argparse.Namespace) -> None:
             print(f"{label:9}" + "".join(f"{ms:8.1f}" for ms in profile[name].values()))
 
 
+def cmd_train_head(args: argparse.Namespace) -> None:
+    from pathlib import Path
+
+    from dyspec.models import load_pair
+    from dyspec.train_head import train_head
+
+    pair = load_pair(args.target, args.draft, args.device, allow_download=args.allow_download, precision=args.precision)
+    report = train_head(
+        pair,
+        Path(args.out),
+        num_prompts=args.num_prompts,
+        max_new_tokens=args.max_new_tokens,
+        temperature=args.temperature,
+        epochs=args.epochs,
+        seed=args.seed,
+    )
+    print(json.dumps(report, indent=2))
+    print(f"head: {Path(args.out) / 'head.safetensors'} (use it with --option head=PATH)", file=sys.stderr)
+
+
+def cmd_distill(args: argparse.Namespace) -> None:
+    from pathlib import Path
+
+    from dyspec.distill import distill
+    from dyspec.models import load_pair
+
+    pair = load_pair(args.target, None, args.device, allow_download=args.allow_download, precision="native")
+    report = distill(
+        pair,
+        Path(args.out),
+        num_prompts=args.num_prompts,
+        max_new_tokens=args.max_new_tokens,
+        vocab_size=args.draft_vocab,
+        steps=args.steps,
+        batch=args.batch,
+        lr=args.lr,
+        seed=args.seed,
+    )
+    print(json.dumps(report, indent=2))
+    print(f"draft: {Path(args.out) / 'draft'} (use it with --draft PATH)", file=sys.stderr)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="dyspec", description="Speculative decoding with token trees.")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
@@ -177,7 +219,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--policies",
         type=_csv(str),
         default=("ar", "chain", "dyspec", "hf-assisted"),
-        help="comma-separated; besides the engine's policies: hf (model.generate), hf-assisted",
+        help="comma-separated; besides the engine's policies: hf (model.generate), hf-assisted; "
+        "a policy may carry options, e.g. specdecpp:h=0.3",
     )
     b.add_argument("--budgets", type=_csv(_budget), default=(4, 8, 16), help="comma-separated; 'auto' allowed")
     b.add_argument("--temperatures", type=_csv(float), default=(0.0,))
@@ -201,6 +244,28 @@ def build_parser() -> argparse.ArgumentParser:
     add_model_args(pr)
     pr.add_argument("--json", action="store_true")
     pr.set_defaults(func=cmd_profile)
+
+    d = sub.add_parser("distill", help="train a feature-conditioned (EAGLE-style) draft for a target")
+    d.add_argument("--out", required=True, help="folder for data, checkpoints and the draft (resumes)")
+    d.add_argument("--num-prompts", type=int, default=400, help="Arena-Hard and IFEval prompts to continue")
+    d.add_argument("--max-new-tokens", type=int, default=128, help="length of each target continuation")
+    d.add_argument("--draft-vocab", type=int, default=8192, help="tokens the draft can propose (most frequent)")
+    d.add_argument("--steps", type=int, default=600)
+    d.add_argument("--batch", type=int, default=16, help="windows of 128 tokens per step")
+    d.add_argument("--lr", type=float, default=5e-4)
+    d.add_argument("--seed", type=int, default=0)
+    add_model_args(d, with_draft=False)
+    d.set_defaults(func=cmd_distill)
+
+    th = sub.add_parser("train-head", help="train a SpecDec++ acceptance head for a target and draft")
+    th.add_argument("--out", required=True, help="folder for data, checkpoints and head.safetensors (resumes)")
+    th.add_argument("--num-prompts", type=int, default=256, help="Arena-Hard and IFEval prompts to continue")
+    th.add_argument("--max-new-tokens", type=int, default=128, help="length of each target continuation")
+    th.add_argument("--temperature", type=float, default=0.6, help="temperature of the soft labels")
+    th.add_argument("--epochs", type=int, default=20, help="the epoch with the best validation loss is kept")
+    th.add_argument("--seed", type=int, default=0)
+    add_model_args(th)
+    th.set_defaults(func=cmd_train_head)
     return parser
 
 

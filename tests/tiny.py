@@ -57,3 +57,32 @@ def exact_distribution(model: LlamaForCausalLM, prompt: list[int], n: int, tempe
         p = torch.softmax(logits / temperature, -1)
         probs.append(float(torch.prod(p[torch.arange(n), torch.tensor(seq)])))
     return torch.tensor(probs)
+
+
+def tiny_head_file(path, bias: tuple[float, float] | None = None, seed: int = 0) -> str:
+    """An acceptance head for the tiny draft, saved like a trained one: random weights, or one whose
+    output is fixed by `bias` (logits of reject, accept) whatever the hidden state."""
+    from dyspec.head import AcceptanceHead, save_head
+
+    torch.manual_seed(seed)
+    head = AcceptanceHead(32, n_blocks=2)
+    with torch.no_grad():
+        head.out.weight.mul_(20)  # predictions that vary with the hidden state
+        if bias is not None:
+            head.out.weight.zero_()
+            head.out.bias.copy_(torch.tensor(bias))
+    save_head(head, path, {"target": "tiny-target", "draft": "tiny-draft"})
+    return str(path)
+
+
+def tiny_feature_pair(seed: int = 3) -> ModelPair:
+    """The tiny target with a feature-conditioned draft (random weights) that can propose only 4 of
+    the 5 tokens, so exactness is also checked where q is zero."""
+    from dyspec.feature_draft import FeatureDraft
+
+    target = tiny_model(1, 2)
+    torch.manual_seed(seed)
+    draft = FeatureDraft(target, torch.tensor([0, 1, 2, 4])).eval()
+    return ModelPair(
+        target, draft, tiny_tokenizer(), "tiny-target", "tiny-feature-draft", torch.device("cpu"), torch.float32
+    )

@@ -15,7 +15,7 @@ from IPython.display import display
 import dyspec
 from dyspec import figures
 from dyspec.events import GenerationFinished, StepVerified
-from dyspec.policies import POLICIES
+from dyspec.policies import available_policies
 
 
 class Dashboard:
@@ -26,7 +26,7 @@ class Dashboard:
         self.ar_tokens_per_s: float | None = None
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
-        policies = [p for p in POLICIES if pair.draft is not None or not POLICIES[p].NEEDS_DRAFT]
+        policies = available_policies(pair)
         self.prompt = W.Textarea(prompt, description="Prompt", layout=W.Layout(width="100%", height="70px"))
         self.policy = W.Dropdown(
             options=policies, value="dyspec" if "dyspec" in policies else "ar", description="Policy"
@@ -34,6 +34,7 @@ class Dashboard:
         self.budget = W.IntSlider(8, min=1, max=64, description="Budget")
         self.temperature = W.FloatSlider(0.0, min=0, max=2, step=0.05, description="Temperature")
         self.threshold = W.FloatText(0.0, description="Threshold", tooltip="dyspec-threshold's t (0: 1/budget)")
+        self.h = W.FloatSlider(0.5, min=0.05, max=0.95, step=0.05, description="h", tooltip="specdecpp's stop level")
         self.max_depth = W.IntSlider(16, min=1, max=32, description="Max depth")
         self.seed = W.IntText(0, description="Seed")
         self.max_new_tokens = W.IntSlider(64, min=1, max=256, description="Max tokens")
@@ -42,6 +43,10 @@ class Dashboard:
         self.stop_button = W.Button(description="Stop")
         self.step_slider = W.IntSlider(0, min=0, max=0, description="Step")
         self.growth_slider = W.IntSlider(1, min=1, max=1, description="Growth")
+        # Replays the tree's growth: Play ticks its value in the browser, the link moves the slider.
+        self.growth_play = W.Play(1, min=1, max=1, interval=400, description="Replay growth")
+        W.link((self.growth_play, "value"), (self.growth_slider, "value"))
+        W.link((self.growth_play, "max"), (self.growth_slider, "max"))
         self.stats = W.HTML()
         self.text = W.HTML()
         self.tree_fig = go.Figure()
@@ -56,7 +61,7 @@ class Dashboard:
     def options(self) -> dict:
         """Policy options set by the controls (only those the chosen policy takes)."""
         takes = dyspec.policies.policy_options(self.policy.value)
-        chosen = {"max_depth": self.max_depth.value}
+        chosen = {"max_depth": self.max_depth.value, "h": self.h.value}
         if self.threshold.value > 0:
             chosen["threshold"] = self.threshold.value
         return {k: v for k, v in chosen.items() if k in takes}
@@ -144,7 +149,8 @@ class Dashboard:
             [
                 self.prompt,
                 W.HBox([self.policy, self.budget, self.temperature]),
-                W.HBox([self.threshold, self.max_depth, self.seed]),
+                W.HBox([self.threshold, self.h, self.max_depth]),
+                W.HBox([self.seed]),
                 W.HBox([self.max_new_tokens, self.measure_ar]),
                 W.HBox([self.run_button, self.stop_button]),
             ]
@@ -154,7 +160,7 @@ class Dashboard:
                 controls,
                 self.stats,
                 self.text,
-                W.HBox([self.step_slider, self.growth_slider]),
+                W.HBox([self.step_slider, self.growth_play, self.growth_slider]),
                 self._tree_out,
                 W.HBox([self._steps_out, self._calibration_out]),
             ]

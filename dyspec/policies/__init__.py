@@ -3,6 +3,7 @@
     build(draft, root, budget, temperature, generator, **options) -> Tree
     NEEDS_DRAFT: bool
     prepare(pair, temperature, budget, options) -> options   (optional: once per generation)
+    available(pair) -> bool   (optional: whether the policy can run on this pair with its defaults)
 
 To add a policy, write such a module and register it here.
 """
@@ -10,10 +11,11 @@ To add a policy, write such a module and register it here.
 from __future__ import annotations
 
 import inspect
+import json
 from types import ModuleType
 
 from dyspec.errors import DyspecError
-from dyspec.policies import ar, chain, dyspec, dyspec_threshold, eagle2, sequoia, specinfer
+from dyspec.policies import ar, chain, dyspec, dyspec_threshold, eagle2, sequoia, specdecpp, specinfer
 
 POLICIES: dict[str, ModuleType] = {
     "ar": ar,
@@ -23,6 +25,7 @@ POLICIES: dict[str, ModuleType] = {
     "dyspec": dyspec,
     "dyspec-threshold": dyspec_threshold,
     "eagle2": eagle2,
+    "specdecpp": specdecpp,
 }
 
 
@@ -30,6 +33,16 @@ def get_policy(name: str) -> ModuleType:
     if name not in POLICIES:
         raise DyspecError(f"unknown policy '{name}'; choose one of: {', '.join(POLICIES)}")
     return POLICIES[name]
+
+
+def available_policies(pair) -> list[str]:
+    """The policies a view can offer for `pair`: those that need a draft only when it has one, and
+    those that need trained parts (SpecDec++'s head) only when the parts ship for the pair."""
+    return [
+        name
+        for name, module in POLICIES.items()
+        if (pair.draft is not None or not module.NEEDS_DRAFT) and getattr(module, "available", lambda _: True)(pair)
+    ]
 
 
 def policy_options(name: str) -> dict:
@@ -43,3 +56,14 @@ def check_options(name: str, options: dict) -> None:
     if unknown:
         known = ", ".join(policy_options(name)) or "none"
         raise DyspecError(f"policy '{name}' has no option {', '.join(sorted(unknown))} (its options: {known})")
+
+
+def parse_option(text: str) -> tuple[str, object]:
+    """`name=value`; the value is parsed as JSON where it can be (numbers, true/false), else kept as text."""
+    name, sep, value = text.partition("=")
+    if not sep or not name:
+        raise DyspecError(f"expected NAME=VALUE, got '{text}'")
+    try:
+        return name.replace("-", "_"), json.loads(value)
+    except json.JSONDecodeError:
+        return name.replace("-", "_"), value

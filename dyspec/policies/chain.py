@@ -9,14 +9,18 @@ from dyspec.tree import Tree
 NEEDS_DRAFT = True
 
 
+def extend(tree: Tree, node: int, logits: torch.Tensor, temperature: float, generator: torch.Generator) -> None:
+    """Draw the chain's next token from the draft's logits after `node` and append it as one expansion."""
+    q = to_probs(logits, temperature)
+    x = sample(q, generator)
+    tree.q[node] = q
+    # at T = 0, q is one-hot; the draft's own probability (T = 1) is what estimates acceptance
+    tree.add(node, x, float(q[x] if temperature > 0 else to_probs(logits, 1.0)[x]))
+    tree.end_expansion()
+
+
 def build(draft: DraftSession, root: int, budget: int, temperature: float, generator: torch.Generator) -> Tree:
     tree = Tree.root(root, sampling="iid")
     for node in range(budget):
-        logits = draft.logits(tree, [node])[0]
-        q = to_probs(logits, temperature)
-        x = sample(q, generator)
-        tree.q[node] = q
-        # at T = 0, q is one-hot; the draft's own probability (T = 1) is what estimates acceptance
-        tree.add(node, x, float(q[x] if temperature > 0 else to_probs(logits, 1.0)[x]))
-        tree.end_expansion()
+        extend(tree, node, draft.logits(tree, [node])[0], temperature, generator)
     return tree

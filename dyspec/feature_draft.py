@@ -1,0 +1,148 @@
+"""A feature-conditioned draft in the manner of EAGLE (Li et al. 2024): one decoder layer that
+reads the target's final hidden state (after its final norm) at position j - 1 together with the embedding of token j,
+predicts the target's hidden state at j, and reads it out through the target's own output layer,
+cut to the most frequent tokens (the output layer is most of a small draft's cost).
+
+It borrows the target's embedding and output rows instead of storing them, so a trained draft is
+small (a few MB in fp16). The engine feeds it the target's hidden states of the accepted path
+(`needs_features`); inside a tree, a node's input feature is the draft's own prediction at its
+parent. Exactness never depends on the draft: verification only uses the q it proposed from.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+from pathlib import Path
+from types import SimpleNamespace
+
+import torch
+from safetensors.torch import load_file, save_file
+from torch import nn
+from transformers import PreTrainedModel
+
+from dyspec.errors import DyspecError
+
+CONFIG_NAME = "feature_draft.json"
+WEIGHTS_NAME = "feature_draft.safetensors"
+
+
+class FeatureDraft(nn.Module):
+    needs_features = True
+
+    def __init__(self, target: PreTrainedModel, vocab: torch.Tensor):
+        super().__init__()
+        config = copy.deepcopy(target.config)
+        config.num_hidden_layers = 1
+        if getattr(config, "layer_types", None):
+            config.layer_types = config.layer_types[:1]
+        config._attn_implementation = "sdpa"
+        self.config = config
+        decoder = target.get_decoder()
+        H = config.hidden_size
+        self.fc = nn.Linear(2 * H, H, bias=False)
+        self.layer = type(decoder.layers[0])(config, 0)
+        self.rotary = type(decoder.rotary_emb)(config)
+        self.register_buffer("vocab", vocab.long(), persistent=False)
+        # Borrowed from the target, frozen and not saved: the embedding and the output rows.
+        self.borrowed = SimpleNamespace(
+            embed=target.get_input_embeddings(),
+            head=target.get_output_embeddings().weight.detach()[vocab.long()].clone(),
+        )
+
+    @property
+    def device(self) -> torch.device:
+        return self.fc.weight.device
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.fc.weight.dtype
+
+    def init_from_target(self, target: PreTrainedModel) -> None:
+        """Start as the target's last layer, fed the feature alone (the projection is the identity
+        on the feature half): the fastest start measured (DRAFT-NOTES.md)."""
+        self.layer.load_state_dict(target.get_decoder().layers[-1].state_dict())
+        H = self.config.hidden_size
+        with torch.no_grad():
+            self.fc.weight.zero_()
+            self.fc.weight[:, :H] = torch.eye(H)
+
+    def subset_logits(self, feature: torch.Tensor) -> torch.Tensor:
+        """Logits over `vocab` only, [..., len(vocab)], through the target's output rows. Features are
+        the target's final hidden states as Hugging Face returns them (after the final norm), so the
+        output layer applies directly."""
+        return feature @ self.borrowed.head.T.to(feature.dtype)
+
+    def predict(
+        self,
+        input_ids: torch.Tensor,
+        features: torch.Tensor,
+        position_ids: torch.Tensor,
+        attention_mask: torch.Tensor | None = None,
+        past_key_values=None,
+    ) -> torch.Tensor:
+        """Predicted target hidden states [B, n, H] for inputs (features [B, n, H], input_ids [B, n])."""
+        embedded = self.borrowed.embed(input_ids).detach()  # the target's, frozen
+        x = self.fc(torch.cat([features.to(self.dtype), embedded.to(self.dtype)], dim=-1))
+        n, past = input_ids.shape[1], past_key_values.get_seq_length() if past_key_values is not None else 0
+        if attention_mask is None:  # causal over the cache and the new tokens
+            keep = torch.ones(n, past + n, dtype=torch.bool, device=x.device).tril(past)
+            attention_mask = torch.zeros(keep.shape, dtype=x.dtype, device=x.device)
+            attention_mask.masked_fill_(~keep, torch.finfo(x.dtype).min)
+            attention_mask = attention_mask[None, None]
+        return self.layer(
+            x,
+            attention_mask=attention_mask,
+            position_ids=position_ids,
+            past_key_values=past_key_values,
+            use_cache=past_key_values is not None,
+            position_embeddings=self.rotary(x, position_ids),
+        )
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        position_ids: torch.Tensor,
+        attention_mask: torch.Tensor | None = None,
+        past_key_values=None,
+        input_features: torch.Tensor | None = None,
+        logits_to_keep: int = 0,
+        **_,
+    ) -> SimpleNamespace:
+        """The interface KVSession uses (as a Hugging Face causal LM): full-vocabulary logits, -inf
+        outside `vocab`, and the predicted feature as the last hidden state. Without
+        `input_features` (latency profiling) the features are zeros."""
+        if input_features is None:
+            input_features = torch.zeros(*input_ids.shape, self.config.hidden_size, device=self.device)
+        feature = self.predict(input_ids, input_features, position_ids, attention_mask, past_key_values)
+        kept = feature[:, -logits_to_keep:] if logits_to_keep else feature
+        logits = torch.full((*kept.shape[:2], self.config.vocab_size), float("-inf"), device=kept.device)
+        logits[..., self.vocab] = self.subset_logits(kept).float()
+        return SimpleNamespace(logits=logits, hidden_states=(feature,))
+
+
+def save_feature_draft(draft: FeatureDraft, folder: Path, info: dict, dtype: torch.dtype = torch.float16) -> None:
+    folder.mkdir(parents=True, exist_ok=True)
+    tensors = {k: v.to(dtype).contiguous() for k, v in draft.state_dict().items()}
+    tensors["vocab"] = draft.vocab.int().contiguous()
+    save_file(tensors, folder / WEIGHTS_NAME)
+    (folder / CONFIG_NAME).write_text(json.dumps({"kind": "feature_draft", **info}, indent=2))
+
+
+def is_feature_draft(folder: Path) -> bool:
+    return (folder / CONFIG_NAME).is_file()
+
+
+def load_feature_draft(folder: Path, target: PreTrainedModel) -> FeatureDraft:
+    """A draft saved by `dyspec distill`, attached to `target` (whose embedding and output it reads)."""
+    info = json.loads((folder / CONFIG_NAME).read_text())
+    tensors = load_file(folder / WEIGHTS_NAME)
+    if info.get("hidden_size") != target.config.hidden_size or info.get("vocab_size") != target.config.vocab_size:
+        raise DyspecError(
+            f"draft {folder} was distilled for a target with hidden size {info.get('hidden_size')} and "
+            f"{info.get('vocab_size')} tokens; this target has {target.config.hidden_size} and "
+            f"{target.config.vocab_size}"
+        )
+    draft = FeatureDraft(target, tensors.pop("vocab"))
+    draft.load_state_dict({k: v.to(target.dtype) for k, v in tensors.items()})
+    return draft.to(target.device).eval()

@@ -1,0 +1,61 @@
+"""SpecDec++ (Huang et al. 2024): a chain whose length K adapts. After each drafted token, the
+acceptance head reads the draft's hidden state at that token; drafting stops once the predicted
+chance that at least one drafted token is rejected, 1 - prod(predicted acceptance), passes h.
+Verification is plain chain speculative sampling, so the output is exact whatever the head says."""
+
+import torch
+
+from dyspec.draft import DraftSession
+from dyspec.errors import DyspecError
+from dyspec.head import head_for, load_head, shipped_head
+from dyspec.policies.chain import extend
+from dyspec.tree import Tree
+
+NEEDS_DRAFT = True
+
+
+def available(pair) -> bool:
+    return pair.draft is not None and shipped_head(pair).is_file()
+
+
+def prepare(pair, temperature: float, budget: int, options: dict) -> dict:
+    """Resolve the head: the `head` option's file, else the head shipped for this model pair."""
+    return {**options, "head": head_for(pair, options.get("head"))}
+
+
+def build(
+    draft: DraftSession,
+    root: int,
+    budget: int,
+    temperature: float,
+    generator: torch.Generator,
+    *,
+    h: float = 0.5,
+    min_k: int = 2,
+    max_k: int = 20,
+    head: str | None = None,
+) -> Tree:
+    """Draft K tokens, min_k <= K <= min(max_k, budget). `tree.extra["predicted_acceptance"][i]` is
+    the head's prediction for node i + 1 (the last node has none when K reached its bound)."""
+    if not 0 < h < 1:
+        raise DyspecError(f"h must be between 0 and 1, got {h}")
+    if not 1 <= min_k <= max_k:
+        raise DyspecError(f"need 1 <= min_k <= max_k, got min_k={min_k}, max_k={max_k}")
+    if head is None:
+        raise DyspecError("specdecpp needs an acceptance head (the `head` option, or one shipped for the pair)")
+    acceptance_head, _ = load_head(head)
+    tree = Tree.root(root, sampling="iid")
+    predicted: list[float] = []
+    survive = 1.0  # predicted chance that every token drafted so far is accepted
+    q_last = torch.ones(())  # the draft's probability (T = 1) of the last drafted token
+    for node in range(min(max_k, budget)):
+        logits = draft.logits(tree, [node])[0]
+        if node > 0:
+            predicted.append(float(acceptance_head.accept_prob(draft.hidden[-1], q_last)))
+            survive *= predicted[-1]
+            if node >= min_k and 1 - survive > h:
+                break
+        extend(tree, node, logits, temperature, generator)
+        q_last = torch.softmax(logits.float(), dim=-1)[tree.tokens[-1]]
+    tree.extra = {"predicted_acceptance": predicted}
+    return tree

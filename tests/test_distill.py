@@ -1,0 +1,85 @@
+"""The feature-conditioned draft: its bookkeeping in the engine, exactness, and `dyspec distill`."""
+
+import pytest
+import torch
+
+from dyspec import generate
+from dyspec.distill import distill
+from dyspec.draft import DraftSession
+from dyspec.feature_draft import load_feature_draft
+from dyspec.tree import Tree
+
+from .tiny import tiny_feature_pair
+
+PROMPT = [0, 3, 1, 2]
+
+
+@pytest.fixture(scope="module")
+def pair():
+    return tiny_feature_pair()
+
+
+@torch.no_grad()
+def reference_logits(pair, tokens: list[int], features: torch.Tensor) -> torch.Tensor:
+    """The draft's logits after the last of `tokens`, reading `features` (one per token), from scratch."""
+    positions = torch.arange(len(tokens))[None]
+    return pair.draft(torch.tensor([tokens]), positions, input_features=features[None]).logits[0, -1]
+
+
+@torch.no_grad()
+def test_draft_session_feeds_target_features_then_its_own(pair):
+    target_hidden = pair.target(torch.tensor([PROMPT]), output_hidden_states=True).hidden_states[-1][0]
+    zeros = torch.zeros(1, 32)
+    session = DraftSession(pair.draft, PROMPT)
+    session.set_prompt_features(target_hidden[:-1])
+    tree = Tree.root(PROMPT[-1])
+    root_logits = session.logits(tree, [0])[0]
+    real = torch.cat([zeros, target_hidden[:-1]])
+    assert torch.allclose(root_logits, reference_logits(pair, PROMPT, real), atol=1e-5)
+    # Inside the tree, a node reads the draft's own predicted feature at its parent.
+    child = tree.add(0, 2, 0.5)
+    own = session.hidden[-1]
+    child_logits = session.logits(tree, [child])[0]
+    assert torch.allclose(child_logits, reference_logits(pair, PROMPT + [2], torch.cat([real, own[None]])), atol=1e-5)
+    assert torch.isinf(child_logits[3]) and child_logits[3] < 0  # token 3 is outside the draft's vocabulary
+    # After verification, the accepted path is read again with the target's real features.
+    seq = PROMPT + [2]
+    tree_hidden = pair.target(torch.tensor([seq]), output_hidden_states=True).hidden_states[-1][0, -2:]
+    session.commit(tree, [child], 4, tree_hidden)
+    next_logits = session.logits(Tree.root(4), [0])[0]
+    full = pair.target(torch.tensor([seq]), output_hidden_states=True).hidden_states[-1][0]
+    expected = reference_logits(pair, seq + [4], torch.cat([zeros, full]))
+    assert torch.allclose(next_logits, expected, atol=1e-5)
+
+
+CASES = [
+    ("chain", 4, {}),
+    ("dyspec", 8, {}),
+    ("sequoia", 8, {"acceptance": [0.5, 0.2]}),
+    ("specinfer", 6, {"expansion": "2,2"}),
+    ("eagle2", 6, {"topk": 2, "depth": 3}),
+]
+
+
+@pytest.mark.parametrize("policy,budget,options", CASES, ids=lambda x: str(x))
+def test_feature_draft_greedy_matches_ar(pair, policy, budget, options):
+    ar = generate(pair, PROMPT, policy="ar", max_new_tokens=30).token_ids
+    r = generate(pair, PROMPT, policy=policy, budget=budget, max_new_tokens=30, options=options)
+    assert r.token_ids == ar and r.draft_forwards > 0
+
+
+def test_distill_heldout_loss_falls_and_the_draft_loads(pair, tmp_path):
+    g = torch.Generator().manual_seed(0)
+    prompts = torch.randint(0, 5, (30, 5), generator=g).tolist()
+    kwargs = {"prompts": prompts, "max_new_tokens": 10, "vocab_size": 4, "batch": 4, "window": 8, "heldout": 0.2}
+    report = distill(pair, tmp_path, steps=60, eval_every=30, **kwargs)
+    assert report["heldout"]["loss"] < report["heldout_untrained"]["loss"]
+    assert 0 <= report["heldout"]["alpha_d1"] <= 1 and report["draft_vocab"] == 4
+    draft = load_feature_draft(tmp_path / "draft", pair.target)
+    assert len(draft.vocab) == 4
+    trained = type(pair)(**{**pair.__dict__, "draft": draft})
+    ar = generate(trained, PROMPT, policy="ar", max_new_tokens=20).token_ids
+    assert generate(trained, PROMPT, policy="dyspec", budget=6, max_new_tokens=20).token_ids == ar
+    # Resume: the checkpoint is at the last step, so a second call trains nothing and reports the same.
+    again = distill(pair, tmp_path, steps=60, eval_every=30, **kwargs)
+    assert again["heldout"] == pytest.approx(report["heldout"])

@@ -1,0 +1,123 @@
+"""SpecDec++: the acceptance head, its training data and training, and the specdecpp policy."""
+
+import itertools
+import json
+
+import pytest
+import torch
+
+from dyspec import figures, generate, stream
+from dyspec.errors import DyspecError
+from dyspec.events import StepVerified
+from dyspec.head import auc, head_for, load_head
+from dyspec.kv import KVSession
+from dyspec.train_head import head_examples, train_head
+
+from .tiny import tiny_head_file, tiny_pair
+
+
+@pytest.fixture(scope="module")
+def pair():
+    return tiny_pair()
+
+
+def random_prompts(n: int, seed: int = 0) -> list[list[int]]:
+    g = torch.Generator().manual_seed(seed)
+    return torch.randint(0, 5, (n, 4), generator=g).tolist()
+
+
+def test_auc_matches_pairwise_count_with_soft_labels():
+    g = torch.Generator().manual_seed(0)
+    score = torch.randint(0, 5, (40,), generator=g).float()  # ties on purpose
+    label = torch.rand(40, generator=g)
+    num = den = 0.0
+    for i, j in itertools.product(range(40), repeat=2):
+        w = float(label[i] * (1 - label[j]))
+        num += w * (1.0 if score[i] > score[j] else 0.5 if score[i] == score[j] else 0.0)
+        den += w
+    assert auc(score, label) == pytest.approx(num / den, rel=1e-9)
+    assert auc(torch.tensor([0.1, 0.9]), torch.tensor([0.0, 1.0])) == 1.0
+
+
+@pytest.mark.parametrize("temperature", [0.0, 0.8])
+def test_head_examples_hidden_states_and_labels(pair, temperature):
+    """Each example's hidden state is the draft's at y on the real prefix, as a fresh forward of
+    prefix + [y] gives it, and its label is min(1, p(y) / q(y))."""
+    prompt, response = [0, 3, 1], [2, 2, 4, 1, 0, 3]
+    g = torch.Generator().manual_seed(1)
+    ex = head_examples(pair, prompt, response, temperature, g)
+    assert ex["hidden"].shape == (len(response), 32) and ((ex["label"] >= 0) & (ex["label"] <= 1)).all()
+    seq = prompt + response
+    replaced = 0
+    for i in range(len(response)):
+        prefix = seq[: len(prompt) + i]
+        q1 = torch.softmax(pair.draft(torch.tensor([prefix])).logits[0, -1], -1)
+        y = int((q1 == ex["q"][i]).nonzero()[0])  # the drawn token: the one with the recorded q(y)
+        replaced += y != response[i]
+        kv = KVSession(pair.draft, keep_hidden=True)
+        kv.forward(prefix + [y])
+        assert torch.allclose(ex["hidden"][i], kv.hidden[-1], atol=1e-5)
+        if temperature == 0:
+            p = pair.target(torch.tensor([prefix])).logits[0, -1]
+            assert ex["label"][i] == float(int(p.argmax()) == y)
+    assert replaced > 0  # the branch path (y not the real token) was exercised
+
+
+def test_train_head_saves_a_loadable_head_and_resumes(pair, tmp_path):
+    prompts = random_prompts(6)
+    report = train_head(pair, tmp_path, prompts, max_new_tokens=6, epochs=2, heldout=0.34)
+    assert report["examples"]["train"] > 0 and report["examples"]["heldout"] > 0
+    assert 0 <= report["auc_heldout"]["head"] <= 1
+    head, meta = load_head(str(tmp_path / "head.safetensors"))
+    assert meta["draft"] == "tiny-draft" and head.hidden_size == 32
+    assert len((tmp_path / "continuations.jsonl").read_text().splitlines()) == 6
+    again = train_head(pair, tmp_path, prompts, max_new_tokens=6, epochs=3, heldout=0.34)
+    assert json.loads((tmp_path / "report.json").read_text()) == again  # resumed: epoch 3 only, same data
+    assert again["examples"] == report["examples"]
+
+
+def test_head_training_learns(pair, tmp_path):
+    """On data where acceptance depends on the hidden state, the held-out loss falls with training."""
+    prompts = random_prompts(40, seed=1)
+    untrained = train_head(pair, tmp_path, prompts, max_new_tokens=12, epochs=0, temperature=0.8)
+    report = train_head(pair, tmp_path, prompts, max_new_tokens=12, epochs=30, temperature=0.8)
+    assert report["examples"] == untrained["examples"]
+    assert report["loss"]["heldout"] < untrained["loss"]["heldout"]
+
+
+@pytest.mark.parametrize("bias,expected_k", [((9.0, -9.0), 2), ((-9.0, 9.0), 6)])
+def test_specdecpp_stops_by_predicted_acceptance(pair, tmp_path, bias, expected_k):
+    """A head sure of rejection stops at min_k; one sure of acceptance drafts up to max_k."""
+    head = tiny_head_file(tmp_path / "head.safetensors", bias)
+    events = stream(pair, [0, 3, 1], "specdecpp", 16, 0.0, max_new_tokens=20, options={"head": head, "max_k": 6})
+    steps = [e for e in events if isinstance(e, StepVerified)]
+    assert {len(s.tokens) - 1 for s in steps} == {expected_k}
+    for s in steps:
+        predicted = s.extra["predicted_acceptance"]
+        assert len(predicted) == (expected_k if expected_k == 2 else expected_k - 1)
+        assert all(p == pytest.approx(1.0 if bias[1] > 0 else 0.0, abs=1e-6) for p in predicted)
+    fig = figures.tree_figure(steps[0])  # the views show the prediction next to the outcome
+    nodes = [t for t in fig.data if t.mode == "markers+text"]
+    assert all("predicted acceptance" in t.hovertemplate for t in nodes)
+    shown = {row[5] for t in nodes for row in t.customdata}
+    assert shown >= {f"{p:.3f}" for p in steps[0].extra["predicted_acceptance"]}
+
+
+def test_specdecpp_greedy_matches_ar_with_any_head(pair, tmp_path):
+    head = tiny_head_file(tmp_path / "head.safetensors")
+    ar = generate(pair, [0, 3, 1], policy="ar", max_new_tokens=30).token_ids
+    for h in (0.2, 0.5, 0.8):
+        r = generate(pair, [0, 3, 1], policy="specdecpp", budget=8, max_new_tokens=30, options={"head": head, "h": h})
+        assert r.token_ids == ar
+
+
+def test_specdecpp_bad_options(pair, tmp_path):
+    head = tiny_head_file(tmp_path / "head.safetensors")
+    with pytest.raises(DyspecError, match="h must be"):
+        generate(pair, [0, 1], policy="specdecpp", options={"head": head, "h": 1.5})
+    with pytest.raises(DyspecError, match="min_k"):
+        generate(pair, [0, 1], policy="specdecpp", options={"head": head, "min_k": 5, "max_k": 3})
+    with pytest.raises(DyspecError, match="not found"):
+        generate(pair, [0, 1], policy="specdecpp", options={"head": str(tmp_path / "nope.safetensors")})
+    with pytest.raises(DyspecError, match="no acceptance head ships"):
+        head_for(pair)
