@@ -1,5 +1,7 @@
 """The feature-conditioned draft: its bookkeeping in the engine, exactness, and `dyspec distill`."""
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -7,16 +9,25 @@ from dyspec import generate
 from dyspec.distill import distill
 from dyspec.draft import DraftSession
 from dyspec.feature_draft import load_feature_draft
+from dyspec.models import DEFAULT_TARGET, SHIPPED_DRAFTS
 from dyspec.tree import Tree
 
+from .conftest import PROMPTS
 from .tiny import tiny_feature_pair
 
 PROMPT = [0, 3, 1, 2]
 
 
 @pytest.fixture(scope="module")
-def pair():
+def feature_pair():
     return tiny_feature_pair()
+
+
+@pytest.fixture(scope="module")
+def pair_default(pair):
+    """The session's default target with the distilled draft that ships for it."""
+    draft = load_feature_draft(SHIPPED_DRAFTS / DEFAULT_TARGET, pair.target)
+    return dataclasses.replace(pair, draft=draft, draft_name="distilled")
 
 
 @torch.no_grad()
@@ -27,7 +38,8 @@ def reference_logits(pair, tokens: list[int], features: torch.Tensor) -> torch.T
 
 
 @torch.no_grad()
-def test_draft_session_feeds_target_features_then_its_own(pair):
+def test_draft_session_feeds_target_features_then_its_own(feature_pair):
+    pair = feature_pair
     target_hidden = pair.target(torch.tensor([PROMPT]), output_hidden_states=True).hidden_states[-1][0]
     zeros = torch.zeros(1, 32)
     session = DraftSession(pair.draft, PROMPT)
@@ -62,13 +74,15 @@ CASES = [
 
 
 @pytest.mark.parametrize("policy,budget,options", CASES, ids=lambda x: str(x))
-def test_feature_draft_greedy_matches_ar(pair, policy, budget, options):
+def test_feature_draft_greedy_matches_ar(feature_pair, policy, budget, options):
+    pair = feature_pair
     ar = generate(pair, PROMPT, policy="ar", max_new_tokens=30).token_ids
     r = generate(pair, PROMPT, policy=policy, budget=budget, max_new_tokens=30, options=options)
     assert r.token_ids == ar and r.draft_forwards > 0
 
 
-def test_distill_heldout_loss_falls_and_the_draft_loads(pair, tmp_path):
+def test_distill_heldout_loss_falls_and_the_draft_loads(feature_pair, tmp_path):
+    pair = feature_pair
     g = torch.Generator().manual_seed(0)
     prompts = torch.randint(0, 5, (30, 5), generator=g).tolist()
     kwargs = {"prompts": prompts, "max_new_tokens": 10, "vocab_size": 4, "batch": 4, "window": 8, "heldout": 0.2}
@@ -83,3 +97,11 @@ def test_distill_heldout_loss_falls_and_the_draft_loads(pair, tmp_path):
     # Resume: the checkpoint is at the last step, so a second call trains nothing and reports the same.
     again = distill(pair, tmp_path, steps=60, eval_every=30, **kwargs)
     assert again["heldout"] == pytest.approx(report["heldout"])
+
+
+def test_shipped_distilled_draft_is_exact_on_the_default_target(pair_default):
+    """`--draft distilled`: the feature draft shipped for the default target, through every kind of tree."""
+    for policy, budget in (("chain", 4), ("dyspec", 8), ("sequoia", 8)):
+        options = {"acceptance": [0.4, 0.1]} if policy == "sequoia" else {}
+        r = generate(pair_default, PROMPTS[1], policy=policy, budget=budget, max_new_tokens=32, options=options)
+        assert r.token_ids == generate(pair_default, PROMPTS[1], policy="ar", max_new_tokens=32).token_ids
