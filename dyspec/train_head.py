@@ -45,11 +45,11 @@ def head_examples(
     label = (p[rows, y] / q[rows, y]).clamp(max=1.0)
     q1 = torch.softmax(draft_logits, dim=-1)[rows, y]
     # The real next token's hidden state is the next row, except after the last row (forward it too).
-    real = torch.tensor(response, device=y.device)
+    is_branch = y != torch.tensor(response, device=y.device)
+    is_branch[-1] = True
+    same, branch = (~is_branch).nonzero()[:, 0], is_branch.nonzero()[:, 0].tolist()
     feature = torch.empty(len(y), hidden.shape[1])
-    branch = [i for i in range(len(y)) if i == len(y) - 1 or int(y[i]) != int(real[i])]
-    same = [i for i in range(len(y)) if i not in set(branch)]
-    feature[same] = hidden[[i + 1 for i in same]].float()
+    feature[same] = hidden[same + 1].float()
     if branch:
         cached = draft.cached
         visible = torch.zeros(len(branch), cached + len(branch), dtype=torch.bool)
