@@ -5,6 +5,10 @@ tree tokens costs t(n) that grows with n, the right size depends on how confiden
 step. A policy builds up to a cap; the engine keeps the first n nodes (by node id: ancestors and
 earlier siblings have smaller ids, so any prefix is a valid tree for every verifier) that maximise
 expected committed tokens per millisecond, (1 + sum of node values) / (draft ms + t(n + 1)).
+When the children were sampled (T > 0), keeping a node must not depend on the token drawn there:
+keeping only the nodes whose drawn token the draft liked biases what verification outputs. So at
+T > 0 the engine decides node by node, in id order, from the nodes before it and the node's
+*expected* value before its draw (`expected_values`), and stops at the first node not worth it.
 The draft time of this step is spent by then, so it counts in full for every n; for the next step
 the cap is twice the n that was worth *building*, counting the draft forwards the first n nodes
 needed (between AUTO_MIN and AUTO_CAP): it grows while the draft is confident and cheap, and
@@ -15,6 +19,8 @@ from __future__ import annotations
 
 import bisect
 from collections.abc import Callable
+
+from dyspec.tree import Tree
 
 AUTO_CAP = 64
 AUTO_MIN = 4
@@ -45,3 +51,50 @@ def best_prefix_size(values: list[float], target_ms: dict[int, float], draft_ms:
         if rate > best_rate:
             best_n, best_rate = n, rate
     return best_n
+
+
+def expected_values(tree: Tree) -> list[float]:
+    """Each drafted node's value as it could be predicted before its token was drawn: its parent's
+    value times E[q(x)] for x drawn from q_parent (i.i.d.: sum q^2), with the earlier siblings
+    removed when drawing without replacement."""
+    sum_sq: dict[int, float] = {}
+    drawn: dict[int, tuple[float, float]] = {}  # parent -> (mass, squared mass) of children so far
+    out = []
+    for s in range(1, len(tree)):
+        u = tree.parents[s]
+        if u not in sum_sq:
+            sum_sq[u] = float(tree.q[u].double().square().sum())
+        mass, mass_sq = drawn.get(u, (0.0, 0.0))
+        if tree.sampling == "without_replacement":
+            expected = (sum_sq[u] - mass_sq) / (1 - mass) if mass < 1 else 0.0
+        else:
+            expected = sum_sq[u]
+        out.append(tree.values[u] * expected)
+        q = tree.draft_probs[s]
+        drawn[u] = (mass + q, mass_sq + q * q)
+    return out
+
+
+def causal_prefix_size(
+    values: list[float], expected: list[float], target_ms: dict[int, float], draft_ms: Callable[[int], float]
+) -> int:
+    """The first n at which stopping beats every longer prefix, judged without looking at node n + 1's
+    token: the nodes kept so far count with their `values`, node n + 1 and any after it with node
+    n + 1's `expected` value."""
+    cost = [draft_ms(n) + interpolate_ms(target_ms, n + 1) for n in range(len(values) + 1)]
+    gain = 1.0
+    for n in range(len(values)):
+        rate_more = max((gain + (m - n) * expected[n]) / cost[m] for m in range(n + 1, len(values) + 1))
+        if rate_more <= gain / cost[n]:
+            return n
+        gain += values[n]
+    return len(values)
+
+
+def kept_size(tree: Tree, sampled: bool, target_ms: dict[int, float], draft_ms: Callable[[int], float]) -> int:
+    """How many of the tree's first nodes to verify: the best prefix when no node was sampled (any
+    choice keeps greedy or one-hot verification exact), else the causal rule above."""
+    values = tree.values[1:]
+    if not sampled:
+        return best_prefix_size(values, target_ms, draft_ms)
+    return causal_prefix_size(values, expected_values(tree), target_ms, draft_ms)

@@ -11,7 +11,7 @@ from collections.abc import Callable, Iterator, Sequence
 
 import torch
 
-from dyspec.budget import AUTO_CAP, AUTO_START, best_prefix_size, next_auto_cap
+from dyspec.budget import AUTO_CAP, AUTO_START, best_prefix_size, kept_size, next_auto_cap
 from dyspec.draft import DraftSession
 from dyspec.errors import DyspecError
 from dyspec.events import Event, GenerationFinished, StepVerified, TreeExpanded
@@ -149,7 +149,8 @@ def stream(
         if auto:
             worth_building = best_prefix_size(tree.values[1:], target_ms, lambda n: 1000 * draft.seconds_to_build(n))
             spent_ms = 1000 * draft_s
-            keep = best_prefix_size(tree.values[1:], target_ms, lambda n, spent_ms=spent_ms: spent_ms)
+            sampled = temperature > 0 and tree.sampling != "deterministic"
+            keep = kept_size(tree, sampled, target_ms, lambda n, spent_ms=spent_ms: spent_ms)
             tree = tree.subtree(list(range(1, 1 + keep)))[0]
             cap = next_auto_cap(worth_building)
         t1 = time.perf_counter()

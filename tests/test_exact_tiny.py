@@ -1,5 +1,7 @@
 """End to end at T > 0: every policy samples the first 3 tokens exactly as the target does."""
 
+import json
+
 import pytest
 import torch
 from scipy.stats import chisquare
@@ -60,7 +62,7 @@ def test_feature_draft_samples_target_distribution(feature_pair, exact, policy, 
     check_distribution(feature_pair, exact, policy, options)
 
 
-def check_distribution(pair, exact, policy, options):
+def check_distribution(pair, exact, policy, options, budget=4):
     V = pair.target.config.vocab_size
     counts = torch.zeros(V**3)
     for seed in range(RUNS):
@@ -68,7 +70,7 @@ def check_distribution(pair, exact, policy, options):
             pair,
             PROMPT,
             policy=policy,
-            budget=4,
+            budget=budget,
             temperature=TEMPERATURE,
             seed=seed,
             max_new_tokens=3,
@@ -80,3 +82,18 @@ def check_distribution(pair, exact, policy, options):
     obs = torch.cat([counts[keep], counts[~keep].sum(0, keepdim=True)])
     exp = torch.cat([expected[keep], expected[~keep].sum(0, keepdim=True)])
     assert chisquare(obs.numpy(), exp.numpy()).pvalue > 1e-4
+
+
+@pytest.fixture
+def steep_profile(pair, tmp_path, monkeypatch):
+    """A saved latency profile for the tiny target in which every tree node costs as much as the
+    first, so `--budget auto` keeps only some nodes, depending on their values."""
+    monkeypatch.setenv("DYSPEC_CACHE", str(tmp_path))
+    (tmp_path / "profiles").mkdir()
+    profile = {"target": {str(n): 1.0 + n for n in (1, 2, 4, 8, 16, 32, 64, 80)}}
+    (tmp_path / "profiles" / "tiny-target__cpu__native.json").write_text(json.dumps(profile))
+
+
+@pytest.mark.parametrize("policy", ["specinfer", "dyspec"])  # i.i.d. and without replacement
+def test_auto_budget_samples_target_distribution(pair, exact, steep_profile, policy):
+    check_distribution(pair, exact, policy, {}, budget="auto")

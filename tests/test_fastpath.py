@@ -5,7 +5,7 @@ import torch
 from torch import nn
 
 from dyspec import generate
-from dyspec.budget import best_prefix_size, interpolate_ms
+from dyspec.budget import best_prefix_size, expected_values, interpolate_ms, kept_size
 from dyspec.engine import encode_prompt
 from dyspec.events import StepVerified
 from dyspec.head import SHIPPED
@@ -14,6 +14,7 @@ from dyspec.models import load_pair
 from dyspec.policies import POLICIES
 from dyspec.quant import Int8Linear, quantize_int8
 from dyspec.tree import Tree
+from dyspec.verify import verify_sampled
 
 from .conftest import PROMPTS
 
@@ -107,3 +108,32 @@ def test_int8_tree_forward_is_bitwise_a_sequential_decode(int8_pair):
         for token in [tree.tokens[0]] + [tree.tokens[i] for i in tree.path(node)]:
             last = seq.forward([token])[-1]
         assert torch.equal(last, logits[node])
+
+
+def test_auto_budget_at_t_above_0_ignores_the_drawn_token():
+    """q = (0.9, 0.1), p = (0.5, 0.5) and a node that costs half a step: worth it for a token of
+    value 0.9, not 0.1. Keeping the drafted token only when the draft liked it would output token 0
+    with probability 0.55."""
+    q, p = torch.tensor([0.9, 0.1]), torch.tensor([0.5, 0.5])
+    steep = {1: 10.0, 2: 15.0}
+    g = torch.Generator().manual_seed(0)
+    runs, zeros = 20000, 0
+    for _ in range(runs):
+        tree = Tree.root(0, "iid")
+        tree.q[0] = q
+        x = int(torch.multinomial(q, 1, generator=g))
+        tree.add(0, x, float(q[x]))
+        keep = kept_size(tree, True, steep, lambda n: 0.0)
+        accepted, token = verify_sampled(tree.subtree(list(range(1, 1 + keep)))[0], p[None].expand(1 + keep, 2), g)
+        zeros += (tree.tokens[accepted[0]] if accepted else token) == 0
+    assert abs(zeros / runs - 0.5) < 4 * (0.25 / runs) ** 0.5
+
+
+def test_expected_values_do_not_read_the_node_itself():
+    tree = Tree.root(0, "without_replacement")
+    tree.q[0] = torch.tensor([0.6, 0.3, 0.1])
+    a = tree.add(0, 0, 0.6)
+    tree.add(0, 1, 0.3)
+    tree.q[a] = torch.tensor([0.5, 0.5, 0.0])
+    tree.add(a, 2, 0.0)
+    assert expected_values(tree) == pytest.approx([0.46, (0.46 - 0.36) / 0.4, 0.6 * 0.5])
