@@ -139,7 +139,7 @@ def build_app(pair: dyspec.ModelPair, concurrency: int = 1) -> gr.Blocks:
     with gr.Blocks(title="dyspec") as demo:
         gr.Markdown(
             f"# dyspec: speculative decoding with token trees\ntarget `{pair.target_name}`, draft "
-            f"`{pair.draft_name}`, {pair.device} ({pair.precision}). Green tokens were drafted and "
+            f"`{pair.drafts_label}`, {pair.device} ({pair.precision}). Green tokens were drafted and "
             "accepted; blue ones are the target's own (bonus or correction)."
         )
         with gr.Tab("Generate"):

@@ -225,7 +225,7 @@ def run_bench(
             "dtype": str(pair.dtype).removeprefix("torch."),
             "precision": pair.precision,
             "target": pair.target_name,
-            "draft": pair.draft_name,
+            "draft": pair.drafts_label,
             "versions": versions,
         }
         _append(out, record)

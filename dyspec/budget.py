@@ -55,20 +55,20 @@ def best_prefix_size(values: list[float], target_ms: dict[int, float], draft_ms:
 
 def expected_values(tree: Tree) -> list[float]:
     """Each drafted node's value as it could be predicted before its token was drawn: its parent's
-    value times E[q(x)] for x drawn from q_parent (i.i.d.: sum q^2), with the earlier siblings
+    value times E[q(x)] for x drawn from its proposal q (i.i.d.: sum q^2), with the earlier siblings
     removed when drawing without replacement."""
-    sum_sq: dict[int, float] = {}
+    sum_sq: dict[int, float] = {}  # id of a proposal distribution -> sum of its squares
     drawn: dict[int, tuple[float, float]] = {}  # parent -> (mass, squared mass) of children so far
     out = []
     for s in range(1, len(tree)):
-        u = tree.parents[s]
-        if u not in sum_sq:
-            sum_sq[u] = float(tree.q[u].double().square().sum())
+        u, q_s = tree.parents[s], tree.proposal(s)
+        if id(q_s) not in sum_sq:
+            sum_sq[id(q_s)] = float(q_s.double().square().sum())
         mass, mass_sq = drawn.get(u, (0.0, 0.0))
         if tree.sampling == "without_replacement":
-            expected = (sum_sq[u] - mass_sq) / (1 - mass) if mass < 1 else 0.0
+            expected = (sum_sq[id(q_s)] - mass_sq) / (1 - mass) if mass < 1 else 0.0
         else:
-            expected = sum_sq[u]
+            expected = sum_sq[id(q_s)]
         out.append(tree.values[u] * expected)
         q = tree.draft_probs[s]
         drawn[u] = (mass + q, mass_sq + q * q)

@@ -89,6 +89,14 @@ def _target_probs(logits: torch.Tensor, tree: Tree, p: torch.Tensor | None) -> l
     return [1.0] + p[parents, tokens].tolist()
 
 
+def _seconds(drafts: list[DraftSession]) -> float:
+    return sum(d.seconds for d in drafts)
+
+
+def _forwards(drafts: list[DraftSession]) -> int:
+    return sum(d.forwards for d in drafts)
+
+
 def _emit(event: Event, hooks: Sequence[Hook]) -> Event:
     for hook in hooks:
         try:
@@ -127,15 +135,17 @@ def stream(
     device = pair.device
     generator = torch.Generator(device=device).manual_seed(seed)
     eos = pair.tokenizer.eos_token_id
-    draft = DraftSession(pair.draft, ids)
-    target = KVSession(pair.target, keep_hidden=draft.needs_features)
+    multi_draft = getattr(module, "MULTI_DRAFT", False)
+    drafts = [DraftSession(m, ids) for m in [pair.draft, *(pair.extra_drafts if multi_draft else [])]]
+    target = KVSession(pair.target, keep_hidden=any(d.needs_features for d in drafts))
 
     t_start = time.perf_counter()
     if len(ids) > 1:
         target.forward(ids[:-1], last_only=True)
         target.length = target.cached
         target.forwards = 0  # count decoding steps only
-    draft.set_prompt_features(target.hidden)
+    for draft in drafts:
+        draft.set_prompt_features(target.hidden)
     sync(device)
     prefill_s = time.perf_counter() - t_start
     root, out, step, stop_reason = ids[-1], [], 0, "max_new_tokens"
@@ -143,11 +153,13 @@ def stream(
         if stop is not None and stop():
             stop_reason = "stopped"
             break
-        t0, draft_s0, draft_f0 = time.perf_counter(), draft.seconds, draft.forwards
-        tree = module.build(draft, root, cap, temperature, generator, **options)
-        draft_s = draft.seconds - draft_s0
+        t0, draft_s0, draft_f0 = time.perf_counter(), _seconds(drafts), _forwards(drafts)
+        tree = module.build(drafts if multi_draft else drafts[0], root, cap, temperature, generator, **options)
+        draft_s = _seconds(drafts) - draft_s0
         if auto:
-            worth_building = best_prefix_size(tree.values[1:], target_ms, lambda n: 1000 * draft.seconds_to_build(n))
+            worth_building = best_prefix_size(
+                tree.values[1:], target_ms, lambda n: 1000 * sum(d.seconds_to_build(n) for d in drafts)
+            )
             spent_ms = 1000 * draft_s
             sampled = temperature > 0 and tree.sampling != "deterministic"
             keep = kept_size(tree, sampled, target_ms, lambda n, spent_ms=spent_ms: spent_ms)
@@ -171,7 +183,8 @@ def stream(
             p = to_probs(logits, temperature)
             accepted, next_token = verify_sampled(tree, p, generator)
         target.commit([target.length + i for i in [0, *accepted]])
-        draft.commit(tree, accepted, next_token, target.hidden)
+        for draft in drafts:
+            draft.commit(tree, accepted, next_token, target.hidden)
         emitted = [tree.tokens[i] for i in accepted] + [next_token]
         if eos is not None and eos in emitted:
             emitted = emitted[: emitted.index(eos) + 1]
@@ -215,7 +228,7 @@ def stream(
                 target_s=target_s,
                 overhead_s=overhead_s,
                 tree_build_s=t1 - t0 - draft_s,
-                draft_forwards=draft.forwards - draft_f0,
+                draft_forwards=_forwards(drafts) - draft_f0,
                 extra=getattr(tree, "extra", {}),
             ),
             hooks,
@@ -231,7 +244,7 @@ def stream(
             token_ids=out,
             new_tokens=len(out),
             target_forwards=step,
-            draft_forwards=draft.forwards,
+            draft_forwards=_forwards(drafts),
             tokens_per_forward=len(out) / max(step, 1),
             wall_s=wall_s,
             prefill_s=prefill_s,

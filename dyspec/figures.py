@@ -186,7 +186,9 @@ def tree_figure(step, upto: int | None = None, title: str | None = None) -> go.F
         rank[i] = seen[step.parents[i]]
         seen[step.parents[i]] += 1
     predicted = step.extra.get("predicted_acceptance", [])
-    head = [f"{predicted[i - 1]:.3f}" if 0 < i <= len(predicted) else "-" for i in range(n)]
+    head = [
+        f"{predicted[i - 1]:.3f}" if 0 < i <= len(predicted) and predicted[i - 1] is not None else "-" for i in range(n)
+    ]
     fig = go.Figure()
     ex, ey = [], []
     for i in range(1, n):

@@ -55,11 +55,15 @@ def save_head(head: AcceptanceHead, path: Path, info: dict) -> None:
     save_file({k: v.contiguous() for k, v in head.state_dict().items()}, path, metadata={"dyspec": json.dumps(meta)})
 
 
-@lru_cache(maxsize=8)
 def load_head(path: str) -> tuple[AcceptanceHead, dict]:
     """The head saved at `path` and its metadata (pair, training settings, held-out metrics)."""
     if not Path(path).is_file():
         raise DyspecError(f"acceptance head not found: {path}")
+    return _load_head(path, Path(path).stat().st_mtime_ns)  # a retrained head at the same path is read again
+
+
+@lru_cache(maxsize=8)
+def _load_head(path: str, mtime_ns: int) -> tuple[AcceptanceHead, dict]:
     with safe_open(path, "pt") as f:
         meta = json.loads((f.metadata() or {}).get("dyspec", "{}"))
     if "hidden_size" not in meta:

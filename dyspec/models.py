@@ -11,7 +11,7 @@ import copy
 import importlib.util
 import os
 import shutil
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -45,6 +45,13 @@ class ModelPair:
     device: torch.device
     dtype: torch.dtype
     precision: str = "native"  # "native" (dtype as loaded) or "int8" (int8 Linear layers, CPU)
+    extra_drafts: list[PreTrainedModel] = field(default_factory=list)  # merged by specinfer only
+    extra_draft_names: list[str] = field(default_factory=list)
+
+    @property
+    def drafts_label(self) -> str | None:
+        """Every draft's name, as given to `load_pair`."""
+        return ",".join([self.draft_name, *self.extra_draft_names]) if self.draft_name else None
 
     @property
     def max_context(self) -> int:
@@ -204,6 +211,28 @@ def check_same_vocab(target_tok: PreTrainedTokenizerBase, draft_tok: PreTrainedT
         )
 
 
+def _load_draft(
+    name: str, target: str, target_model: PreTrainedModel, tokenizer, dev: torch.device, allow_download: bool
+) -> PreTrainedModel:
+    if name == "self":
+        return target_model
+    if name == "int8":
+        return quantize_int8(truncated_copy(target_model, target_model.config.num_hidden_layers))
+    if name == "distilled" or Path(name).is_dir() and is_feature_draft(Path(name)):
+        folder = SHIPPED_DRAFTS / target if name == "distilled" else Path(name)
+        if not is_feature_draft(folder):
+            raise DyspecError(f"no distilled draft ships for target '{target}': make one with `dyspec distill`")
+        return load_feature_draft(folder, target_model)
+    if name.startswith("truncated:"):
+        try:
+            n = int(name.split(":", 1)[1])
+        except ValueError:
+            raise DyspecError(f"bad draft '{name}': use truncated:N with N a number of layers") from None
+        return truncated_copy(target_model, n)
+    check_same_vocab(tokenizer, load_tokenizer(name, allow_download), name)
+    return load_model(name, dev, target_model.dtype, allow_download=allow_download)
+
+
 def load_pair(
     target: str = DEFAULT_TARGET,
     draft: str | None = DEFAULT_DRAFT,
@@ -217,14 +246,18 @@ def load_pair(
     draft), `distilled` (the feature draft shipped for the target), `truncated:N` (the
     target's first N layers, untrained), `int8` (the target with int8 Linear layers: a draft that
     needs no training, for a target that runs at native precision), `self` (the target itself, for
-    testing), or None.
+    testing), or None. Several drafts, comma-separated ("int8,distilled"), are merged into one tree
+    by `specinfer`; every other policy drafts with the first.
     Hub ids load from the local cache unless `allow_download`. `precision` "auto" runs int8 Linear
     layers on a CPU; outputs are then exact with respect to that int8 model (see README)."""
     dev = pick_device(device)
     dtype = pick_dtype(dev)
-    if draft == "auto":
-        draft = "int8" if dev.type == "cpu" and precision != "int8" and int8_available() else STANDIN_DRAFT
-    if draft == "int8":
+    names = [] if draft is None else [n.strip() for n in draft.split(",")]
+    if "" in names:
+        raise DyspecError(f"bad draft list '{draft}': names separated by single commas")
+    auto_draft = "int8" if dev.type == "cpu" and precision != "int8" and int8_available() else STANDIN_DRAFT
+    names = [auto_draft if n == "auto" else n for n in names]
+    if "int8" in names:
         if precision == "int8":
             raise DyspecError("the int8 draft is the target quantized: use it with --precision native")
         if dev.type != "cpu":
@@ -233,35 +266,28 @@ def load_pair(
     precision = pick_precision(precision, dev)
     tokenizer = load_tokenizer(target, allow_download)
     target_model = load_model(target, dev, dtype, device_map, allow_download)
-    if draft is None:
-        draft_model = None
-    elif draft == "self":
-        draft_model = target_model
-    elif draft == "int8":
-        draft_model = quantize_int8(truncated_copy(target_model, target_model.config.num_hidden_layers))
-    elif draft == "distilled" or Path(draft).is_dir() and is_feature_draft(Path(draft)):
-        folder = SHIPPED_DRAFTS / target if draft == "distilled" else Path(draft)
-        if not is_feature_draft(folder):
-            raise DyspecError(f"no distilled draft ships for target '{target}': make one with `dyspec distill`")
-        draft_model = load_feature_draft(folder, target_model)
-    elif draft.startswith("truncated:"):
-        try:
-            n = int(draft.split(":", 1)[1])
-        except ValueError:
-            raise DyspecError(f"bad draft '{draft}': use truncated:N with N a number of layers") from None
-        draft_model = truncated_copy(target_model, n)
-    else:
-        check_same_vocab(tokenizer, load_tokenizer(draft, allow_download), draft)
-        draft_model = load_model(draft, dev, dtype, allow_download=allow_download)
-    if draft_model is not None and draft_model.config.vocab_size != target_model.config.vocab_size:
-        raise DyspecError(
-            f"draft '{draft}' has {draft_model.config.vocab_size} output logits, the target "
-            f"{target_model.config.vocab_size}: they must be equal"
-        )
+    drafts = [_load_draft(n, target, target_model, tokenizer, dev, allow_download) for n in names]
+    for name, model in zip(names, drafts):
+        if model.config.vocab_size != target_model.config.vocab_size:
+            raise DyspecError(
+                f"draft '{name}' has {model.config.vocab_size} output logits, the target "
+                f"{target_model.config.vocab_size}: they must be equal"
+            )
     if precision == "int8":
         # A feature draft is a single small layer: it stays at native precision.
-        models = [m for m in (target_model, draft_model) if isinstance(m, PreTrainedModel)]
+        models = [m for m in (target_model, *drafts) if isinstance(m, PreTrainedModel)]
         for model in {id(m): m for m in models}.values():
             quantize_int8(model)
             model.set_attn_implementation(attention.NAME)
-    return ModelPair(target_model, draft_model, tokenizer, target, draft, dev, dtype, precision)
+    return ModelPair(
+        target_model,
+        drafts[0] if drafts else None,
+        tokenizer,
+        target,
+        names[0] if names else None,
+        dev,
+        dtype,
+        precision,
+        extra_drafts=drafts[1:],
+        extra_draft_names=names[1:],
+    )

@@ -23,6 +23,8 @@ class Tree:
     draft_probs: list[float] = field(default_factory=lambda: [1.0])  # q(token) when it was drawn
     values: list[float] = field(default_factory=lambda: [1.0])  # product of draft_probs on the root path
     q: dict[int, torch.Tensor] = field(default_factory=dict)  # node -> distribution its children come from
+    # node -> distribution it was drawn from, where that is not q[parent]: another draft's (specinfer)
+    child_q: dict[int, torch.Tensor] = field(default_factory=dict)
     sampling: str = "iid"
     growth: list[int] = field(default_factory=list)  # tree size after each expansion, for replay
 
@@ -52,6 +54,10 @@ class Tree:
         if not self.growth or self.growth[-1] != len(self):
             self.growth.append(len(self))
 
+    def proposal(self, node: int) -> torch.Tensor:
+        """The distribution `node`'s token was drawn from."""
+        return self.child_q[node] if node in self.child_q else self.q[self.parents[node]]
+
     def children(self, node: int) -> list[int]:
         return [i for i in range(node + 1, len(self)) if self.parents[i] == node]
 
@@ -75,6 +81,7 @@ class Tree:
         for old in keep:
             out.add(new_id[self.parents[old]], self.tokens[old], self.draft_probs[old])
         out.q = {new_id[u]: q for u, q in self.q.items() if u in new_id}
+        out.child_q = {new_id[u]: q for u, q in self.child_q.items() if u in new_id}
         out.growth = sorted({sum(1 for n in old_ids if n < g) for g in self.growth})
         return out, old_ids
 

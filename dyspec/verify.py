@@ -32,7 +32,8 @@ def verify_sampled(tree: Tree, p: torch.Tensor, generator: torch.Generator | Non
 
     `p` is [len(tree), V]: the target's distribution after each node. At each node the children are
     tried in drawing order, each against the proposal it was actually drawn from:
-    - "iid" (SpecInfer MSS): every child from q_u; duplicates stay separate trials;
+    - "iid" (SpecInfer MSS): every child from q_u, or from its own draft's q when several drafts
+      share the tree; duplicates stay separate trials;
     - "without_replacement" (Sequoia / DySpec): q_u with the earlier siblings removed;
     - "deterministic" (chosen, not sampled, e.g. top-k): a one-hot proposal on the child's token.
     After each rejection the target side becomes the residual norm(max(0, P - D)).
@@ -54,7 +55,7 @@ def verify_sampled(tree: Tree, p: torch.Tensor, generator: torch.Generator | Non
                 P[x] = 0
                 P = P / P.sum()
                 continue
-            Dk = D if D is not None else tree.q[node]
+            Dk = D if D is not None else tree.proposal(s)
             if r * Dk[x] <= P[x]:
                 accepted = s
                 break

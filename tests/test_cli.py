@@ -35,6 +35,7 @@ def assert_one_line_error(result, *fragments):
         (["--target", "/no/such/folder"], "not found"),
         (["--device", "cuda"], "cuda"),
         (["--budget", "abc"], "budget"),
+        (["--draft", "int8,,truncated:2"], "draft list"),
     ],
 )
 def test_bad_input_is_one_clear_line(args, fragment):

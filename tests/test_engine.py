@@ -7,6 +7,7 @@ from dyspec import generate, stream
 from dyspec.engine import encode_prompt
 from dyspec.events import GenerationFinished, StepVerified, TreeExpanded
 from dyspec.kv import KVSession
+from dyspec.models import load_pair
 from dyspec.policies import POLICIES
 from dyspec.tree import Tree
 
@@ -37,6 +38,7 @@ GREEDY_CASES = [
     ("sequoia", 16, {"acceptance": [0.3, 0.1, 0.05, 0.03]}),
     ("dyspec", 16, {}),
     ("dyspec", 8, {"select": "sample"}),
+    ("dyspec", 16, {"score": "head"}),  # SpecDec++'s head shipped for the default pair scores the tree
     ("dyspec-threshold", 16, {}),
     ("eagle2", 16, {}),
     ("specdecpp", 8, {}),  # the head shipped for the default pair
@@ -49,6 +51,17 @@ def test_greedy_is_token_identical_to_ar(pair, ar_outputs, policy, budget, optio
     for prompt, expected in zip(PROMPTS, ar_outputs):
         r = generate(pair, prompt, policy=policy, budget=budget, max_new_tokens=48, options=options)
         assert r.token_ids == expected
+
+
+def test_merged_drafts_greedy_is_token_identical_to_ar(ar_outputs):
+    """specinfer over the int8 draft and the shipped distilled (feature) draft in one tree."""
+    merged = load_pair(draft="int8,distilled")
+    assert merged.drafts_label == "int8,distilled" and len(merged.extra_drafts) == 1
+    for prompt, expected in zip(PROMPTS, ar_outputs):
+        steps = []
+        r = generate(merged, prompt, policy="specinfer", budget=12, max_new_tokens=48, hooks=[steps.append])
+        assert r.token_ids == expected
+        assert all(len(s.tokens) <= 13 for s in steps if isinstance(s, StepVerified))
 
 
 def test_every_policy_has_a_greedy_case():

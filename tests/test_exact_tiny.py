@@ -1,5 +1,6 @@
 """End to end at T > 0: every policy samples the first 3 tokens exactly as the target does."""
 
+import dataclasses
 import json
 
 import pytest
@@ -9,7 +10,7 @@ from scipy.stats import chisquare
 from dyspec import generate
 from dyspec.policies import POLICIES
 
-from .tiny import exact_distribution, tiny_feature_pair, tiny_head_file, tiny_pair
+from .tiny import exact_distribution, tiny_feature_pair, tiny_head_file, tiny_model, tiny_pair
 
 PROMPT = [0, 3, 1]
 TEMPERATURE = 0.8
@@ -24,6 +25,7 @@ CASES = [
     ("dyspec-threshold", {}),
     ("eagle2", {"topk": 2, "depth": 2}),
     ("specdecpp", {"h": 0.5, "min_k": 1}),  # a random head: K varies with the hidden state
+    ("dyspec", {"score": "head", "batch": 1}),  # the random head's predictions shape the tree
 ]
 FEATURE_CASES = [("chain", {}), ("dyspec", {})]  # a feature draft that cannot propose every token
 
@@ -54,12 +56,20 @@ def head(tmp_path_factory):
 
 @pytest.mark.parametrize("policy,options", CASES, ids=lambda x: str(x))
 def test_policy_samples_target_distribution(pair, exact, head, policy, options):
-    check_distribution(pair, exact, policy, {**options, "head": head} if policy == "specdecpp" else options)
+    uses_head = policy == "specdecpp" or options.get("score") == "head"
+    check_distribution(pair, exact, policy, {**options, "head": head} if uses_head else options)
 
 
 @pytest.mark.parametrize("policy,options", FEATURE_CASES, ids=lambda x: str(x))
 def test_feature_draft_samples_target_distribution(feature_pair, exact, policy, options):
     check_distribution(feature_pair, exact, policy, options)
+
+
+def test_merged_drafts_sample_target_distribution(feature_pair, exact):
+    """specinfer over a feature draft (which cannot propose token 3) and an independent draft: at
+    the root, two i.i.d. draws from each, every one verified against its own draft's q."""
+    pair = dataclasses.replace(feature_pair, extra_drafts=[tiny_model(2)], extra_draft_names=["tiny-draft"])
+    check_distribution(pair, exact, "specinfer", {})
 
 
 def check_distribution(pair, exact, policy, options, budget=4):

@@ -2,6 +2,8 @@
 
 import itertools
 import json
+import os
+import time
 
 import pytest
 import torch
@@ -121,3 +123,37 @@ def test_specdecpp_bad_options(pair, tmp_path):
         generate(pair, [0, 1], policy="specdecpp", options={"head": str(tmp_path / "nope.safetensors")})
     with pytest.raises(DyspecError, match="no acceptance head ships"):
         head_for(pair)
+
+
+def test_dyspec_head_score_shapes_the_tree(pair, tmp_path):
+    """score=head: a head sure of rejection makes every node's descendants nearly worthless, so the
+    budget goes to the root's children; one sure of acceptance lets the tree grow deep. Nodes that
+    were never forwarded have no prediction."""
+    depth = {}
+    for bias in [(9.0, -9.0), (-9.0, 9.0)]:
+        head = tiny_head_file(tmp_path / f"head{bias[1]}.safetensors", bias)
+        options = {"score": "head", "head": head, "batch": 1}
+        events = stream(pair, [0, 3, 1], "dyspec", 4, 0.0, max_new_tokens=20, options=options)
+        steps = [e for e in events if isinstance(e, StepVerified)]
+        depth[bias[1] > 0] = sum(max(s.depths) for s in steps) / len(steps)
+        for s in steps:
+            predicted = s.extra["predicted_acceptance"]
+            assert len(predicted) == len(s.tokens) - 1 and None in predicted  # the leaves have none
+            forwarded = [p for p in predicted if p is not None]
+            assert all(p == pytest.approx(1.0 if bias[1] > 0 else 0.0, abs=1e-6) for p in forwarded)
+        r = generate(pair, [0, 3, 1], policy="dyspec", budget=4, max_new_tokens=20, options=options)
+        assert r.token_ids == generate(pair, [0, 3, 1], policy="ar", max_new_tokens=20).token_ids
+    assert depth[False] < 1.5 and depth[True] > 3
+    with pytest.raises(DyspecError, match="score must be"):
+        generate(pair, [0, 1], policy="dyspec", options={"score": "nope"})
+    with pytest.raises(DyspecError, match="no acceptance head ships"):
+        generate(pair, [0, 1], policy="dyspec", options={"score": "head"})
+
+
+def test_a_rewritten_head_file_is_read_again(tmp_path):
+    path = tmp_path / "head.safetensors"
+    tiny_head_file(path, (9.0, -9.0))
+    assert load_head(str(path))[0].out.bias[0] == 9.0
+    tiny_head_file(path, (-9.0, 9.0))
+    os.utime(path, ns=(time.time_ns() + 10**9,) * 2)  # as written a second later (a coarse clock may not tell)
+    assert load_head(str(path))[0].out.bias[0] == -9.0

@@ -15,27 +15,29 @@ V = 4
 
 
 class SyntheticDraft:
-    """Fixed next-token logits for every path: a deterministic function of the path's tokens."""
+    """Fixed next-token logits for every path: a deterministic function of the path's tokens (and
+    of `salt`, which makes another draft)."""
 
-    def __init__(self):
-        self.forwards = 0
+    def __init__(self, salt: int = 0):
+        self.forwards, self.salt, self.seen = 0, salt, []
 
     def logits(self, tree: Tree, nodes: list[int]) -> torch.Tensor:
         self.forwards += 1
-        return torch.stack([path_logits(tuple(tree.tokens[i] for i in [0, *tree.path(n)])) for n in nodes])
+        self.seen += nodes
+        return torch.stack([path_logits(tuple(tree.tokens[i] for i in [0, *tree.path(n)]), self.salt) for n in nodes])
 
     def relabel(self, old_ids):
         pass
 
 
 @cache
-def path_logits(path: tuple[int, ...]) -> torch.Tensor:
-    g = torch.Generator().manual_seed(hash(path) % 2**31)
+def path_logits(path: tuple[int, ...], salt: int = 0) -> torch.Tensor:
+    g = torch.Generator().manual_seed(hash((path, salt) if salt else path) % 2**31)
     return torch.randn(V, generator=g) * 2
 
 
-def q_of(path: tuple[int, ...], tau: float) -> torch.Tensor:
-    return torch.softmax(path_logits(path) / tau, -1)
+def q_of(path: tuple[int, ...], tau: float, salt: int = 0) -> torch.Tensor:
+    return torch.softmax(path_logits(path, salt) / tau, -1)
 
 
 def best_subtree_value(budget: int, tau: float) -> float:
@@ -95,11 +97,45 @@ def test_threshold_respects_threshold_and_budget():
 
 
 def test_specinfer_expansion():
-    tree = specinfer.build(SyntheticDraft(), 0, 16, 0.0, torch.Generator(), expansion="2,2,1")
+    tree = specinfer.build([SyntheticDraft()], 0, 16, 0.0, torch.Generator(), expansion="2,2,1")
     assert tree.size == 2 + 4 + 4
     assert [len(tree.children(u)) for u in range(len(tree)) if tree.depths[u] < 3] == [2, 2, 2, 1, 1, 1, 1]
     with pytest.raises(DyspecError, match="over the budget"):
-        specinfer.build(SyntheticDraft(), 0, 8, 0.0, torch.Generator(), expansion="2,2,1")
+        specinfer.build([SyntheticDraft()], 0, 8, 0.0, torch.Generator(), expansion="2,2,1")
+
+
+def root_paths(tree: Tree) -> set[tuple[int, ...]]:
+    return {tuple(tree.tokens[i] for i in tree.path(n)) for n in range(1, len(tree))}
+
+
+def test_specinfer_merges_several_drafts_into_one_tree():
+    """At T = 0 the merged tree is the union of each draft's own tree, shared prefixes once."""
+    one = [specinfer.build([SyntheticDraft(salt)], 0, 6, 0.0, torch.Generator(), expansion="2,2") for salt in (0, 7)]
+    drafts = [SyntheticDraft(0), SyntheticDraft(7)]
+    merged = specinfer.build(drafts, 0, 12, 0.0, torch.Generator(), expansion="2,2")
+    assert root_paths(merged) == root_paths(one[0]) | root_paths(one[1])
+    assert merged.size == len(root_paths(merged)) < 12  # these two drafts share a root child
+    # each draft only grows the nodes it proposed itself
+    for draft, alone in zip(drafts, one):
+        assert {tuple(merged.tokens[i] for i in merged.path(n)) for n in draft.seen} == {()} | {
+            p for p in root_paths(alone) if len(p) == 1
+        }
+    only = specinfer.build(drafts, 0, 12, 0.0, torch.Generator(), expansion="2,2", n_drafts=1)
+    assert root_paths(only) == root_paths(one[0])
+    with pytest.raises(DyspecError, match="n_drafts"):
+        specinfer.build(drafts, 0, 12, 0.0, torch.Generator(), n_drafts=3)
+    with pytest.raises(DyspecError, match="over the budget 5"):  # the budget is shared between the drafts
+        specinfer.build(drafts, 0, 11, 0.0, torch.Generator(), expansion="2,2")
+
+
+def test_specinfer_draws_of_each_draft_keep_their_own_proposal():
+    drafts = [SyntheticDraft(0), SyntheticDraft(7)]
+    tree = specinfer.build(drafts, 0, 8, 1.0, torch.Generator().manual_seed(0), expansion="2,1")
+    assert tree.size == 8 and len(tree.children(0)) == 4  # at T > 0 equal draws stay separate nodes
+    for n in range(1, len(tree)):
+        salt = 7 if n in tree.child_q else 0
+        path = tuple(tree.tokens[i] for i in [0, *tree.path(tree.parents[n])])
+        torch.testing.assert_close(tree.proposal(n), q_of(path, 1.0, salt))
     with pytest.raises(DyspecError, match="children per depth"):
         specinfer.parse_expansion("2,x", 8)
 

@@ -2,6 +2,7 @@
 
     build(draft, root, budget, temperature, generator, **options) -> Tree
     NEEDS_DRAFT: bool
+    MULTI_DRAFT: bool   (optional: build() gets the list of every loaded draft instead of the first)
     prepare(pair, temperature, budget, options) -> options   (optional: once per generation)
     available(pair) -> bool   (optional: whether the policy can run on this pair with its defaults)
 

@@ -15,11 +15,32 @@ import torch
 
 from dyspec.draft import DraftSession
 from dyspec.errors import DyspecError
+from dyspec.head import AcceptanceHead, head_for, load_head
 from dyspec.policies.common import child_mode
 from dyspec.sampling import ranked_children, to_probs
 from dyspec.tree import Tree
 
 NEEDS_DRAFT = True
+SCORES = ("draft", "head")
+
+
+def prepare(pair, temperature: float, budget: int, options: dict) -> dict:
+    """With score="head", resolve the acceptance head (the `head` option's file, else the shipped one)."""
+    if options.get("score", "draft") not in SCORES:
+        raise DyspecError(f"score must be one of {', '.join(SCORES)}, got '{options['score']}'")
+    if options.get("score") == "head":
+        return {**options, "head": head_for(pair, options.get("head"))}
+    return options
+
+
+def _head(score: str, head: str | None) -> AcceptanceHead | None:
+    if score not in SCORES:
+        raise DyspecError(f"score must be one of {', '.join(SCORES)}, got '{score}'")
+    if score == "draft":
+        return None
+    if head is None:
+        raise DyspecError("score=head needs an acceptance head (the `head` option, or one shipped for the pair)")
+    return load_head(head)[0]
 
 
 def build(
@@ -33,34 +54,55 @@ def build(
     max_depth: int = 16,
     select: str = "auto",
     draft_temperature: float = 0.6,
+    score: str = "draft",
+    head: str | None = None,
 ) -> Tree:
     """`batch`: slots popped per draft forward (default budget / 4: 4 draft forwards a step, so the
     tree is at most 4 deep; batch=1 has no such cap but costs a draft forward per node).
     `select`: "sample" draws children without replacement from the draft (at `draft_temperature`
     when T = 0, at T otherwise), "top" takes them by draft probability, "auto" is "top" at T = 0
-    and "sample" at T > 0."""
+    and "sample" at T > 0.
+    `score`: what estimates the chance of reaching a node: "draft", the product of draft
+    probabilities on its path (the paper); "head", the product of SpecDec++ acceptance-head
+    predictions (`head`: its file, else the one shipped for the pair). A node's prediction needs the
+    draft's hidden state at it, so it exists once the node is forwarded and scores its descendants
+    only: it never decides whether the node itself is kept, which keeps sampling exact."""
     batch = math.ceil(budget / 4) if batch is None else batch
     if batch < 1:
         raise DyspecError(f"batch must be at least 1, got {batch}")
     sample, tau, sampling = child_mode(select, temperature, draft_temperature)
+    acceptance_head = _head(score, head)
     tree = Tree.root(root, sampling)
     ranked: dict[int, tuple[list[int], list[float]]] = {}  # node -> its children candidates in order
     drawn: dict[int, tuple[int, float]] = {}  # node -> (children added so far, their q mass)
+    reach: list[float] | dict[int, float] = tree.values  # node -> estimated chance of reaching it
+    if acceptance_head is not None:
+        reach, q1, predicted = {0: 1.0}, {}, {}  # q1: node -> the draft's T = 1 probability of its token
     heap: list[tuple[float, int]] = []  # (-slot value, node)
 
     def push_slot(u: int) -> None:
         k, mass = drawn[u]
-        tokens, probs = ranked[u]
+        tokens, probs = ranked[u][:2]
         if k < len(tokens) and probs[k] > 0:
-            heapq.heappush(heap, (-tree.values[u] * (1 - mass if sample else probs[k]), u))
+            heapq.heappush(heap, (-reach[u] * (1 - mass if sample else probs[k]), u))
 
     new = [0]
     while new and tree.size < budget:
-        q = to_probs(draft.logits(tree, new), tau)
+        logits = draft.logits(tree, new)
+        q = to_probs(logits, tau)
         tokens, probs = ranked_children(q, budget, sample, generator)
+        if acceptance_head is not None:
+            ranked_q1 = to_probs(logits, 1.0).gather(1, tokens).tolist()
+            if new != [0]:
+                accept = acceptance_head.accept_prob(draft.hidden, torch.tensor([q1[n] for n in new]))
+                for node, a in zip(new, accept.tolist()):
+                    predicted[node] = a
+                    reach[node] = reach[tree.parents[node]] * a
         for i, node in enumerate(new):
             tree.q[node] = q[i]
             ranked[node] = (tokens[i].tolist(), probs[i].tolist())
+            if acceptance_head is not None:
+                ranked[node] += (ranked_q1[i],)
             drawn[node] = (0, 0.0)
             push_slot(node)
         new = []
@@ -70,9 +112,13 @@ def build(
             _, u = heapq.heappop(heap)
             k, mass = drawn[u]
             child = tree.add(u, ranked[u][0][k], ranked[u][1][k])
+            if acceptance_head is not None:
+                q1[child] = ranked[u][2][k]
             drawn[u] = (k + 1, mass + ranked[u][1][k])
             push_slot(u)
             if tree.depths[child] < max_depth:
                 new.append(child)
         tree.end_expansion()
+    if acceptance_head is not None:
+        tree.extra = {"predicted_acceptance": [predicted.get(n) for n in range(1, len(tree))]}
     return tree

@@ -1,6 +1,7 @@
 """SpecInfer (Miao et al. 2023): a static k-ary tree, `expansion` children per node at each depth,
 drawn i.i.d. from the draft and verified by multi-step speculative sampling. At T = 0 the children
-are the top-k draft tokens instead (i.i.d. draws from a one-hot q would all be the same token)."""
+are the top-k draft tokens instead (i.i.d. draws from a one-hot q would all be the same token).
+With several drafts, each grows its own such tree and the trees share one target forward."""
 
 import torch
 
@@ -10,6 +11,7 @@ from dyspec.sampling import ranked_children, to_probs
 from dyspec.tree import Tree
 
 NEEDS_DRAFT = True
+MULTI_DRAFT = True  # build() gets every loaded draft
 
 
 def parse_expansion(expansion: str | list[int] | None, budget: int) -> list[int]:
@@ -35,27 +37,52 @@ def parse_expansion(expansion: str | list[int] | None, budget: int) -> list[int]
 
 
 def build(
-    draft: DraftSession,
+    drafts: list[DraftSession],
     root: int,
     budget: int,
     temperature: float,
     generator: torch.Generator,
     *,
     expansion: str | None = None,
+    n_drafts: int | None = None,
 ) -> Tree:
-    widths = parse_expansion(expansion, budget)
+    """`drafts`: every draft loaded (the engine passes them all, since MULTI_DRAFT); the first
+    `n_drafts` (default: all) each grow the expansion's tree, in one shared token tree."""
+    k = len(drafts) if n_drafts is None else n_drafts
+    if not 1 <= k <= len(drafts):
+        raise DyspecError(f"n_drafts must be between 1 and the {len(drafts)} drafts loaded, got {n_drafts}")
+    if budget < k:
+        raise DyspecError(f"a budget of {budget} cannot hold a tree from each of {k} drafts")
+    widths = parse_expansion(expansion, budget // k)
     tree = Tree.root(root, "iid" if temperature > 0 else "deterministic")
-    frontier = [0]
+    frontiers = [[0] for _ in range(k)]  # per draft: the nodes it grows next
     for width in widths:
-        q = to_probs(draft.logits(tree, frontier), temperature if temperature > 0 else 1.0)
-        if temperature > 0:
-            tokens = torch.multinomial(q, width, replacement=True, generator=generator)
-        else:
-            tokens = ranked_children(q, width, sample=False)[0]
-        next_frontier = []
-        for i, u in enumerate(frontier):
-            tree.q[u] = q[i]
-            next_frontier += [tree.add(u, y, float(q[i, y])) for y in tokens[i].tolist()]
+        for d, draft in enumerate(drafts[:k]):
+            frontiers[d] = _expand(tree, draft, d, frontiers[d], width, temperature, generator)
         tree.end_expansion()
-        frontier = next_frontier
     return tree
+
+
+def _expand(
+    tree: Tree, draft: DraftSession, d: int, frontier: list[int], width: int, temperature: float, generator
+) -> list[int]:
+    """Draft d gives each frontier node `width` children; returns them. At T = 0 (top-k children) a
+    token another draft already put there is shared, not repeated: the drafts' trees merge. At
+    T > 0 each draw stays its own node and is verified against the q of the draft that drew it."""
+    q = to_probs(draft.logits(tree, frontier), temperature if temperature > 0 else 1.0)
+    if temperature > 0:
+        tokens = torch.multinomial(q, width, replacement=True, generator=generator)
+    else:
+        tokens = ranked_children(q, width, sample=False)[0]
+    children = []
+    for i, u in enumerate(frontier):
+        if d == 0:
+            tree.q[u] = q[i]
+        for y in tokens[i].tolist():
+            shared = next((c for c in tree.children(u) if tree.tokens[c] == y), None) if temperature == 0 else None
+            if shared is None:
+                shared = tree.add(u, y, float(q[i, y]))
+                if d > 0:
+                    tree.child_q[shared] = q[i]
+            children.append(shared)
+    return children
