@@ -8,7 +8,7 @@ expected committed tokens per millisecond, (1 + sum of node values) / (draft ms 
 When the children were sampled (T > 0), keeping a node must not depend on the token drawn there:
 keeping only the nodes whose drawn token the draft liked biases what verification outputs. So at
 T > 0 the engine decides node by node, in id order, from the nodes before it and the node's
-*expected* value before its draw (`expected_values`), and stops at the first node not worth it.
+value as known before its draw (`slot_values`), and stops at the first node not worth it.
 The draft time of this step is spent by then, so it counts in full for every n; for the next step
 the cap is twice the n that was worth *building*, counting the draft forwards the first n nodes
 needed (between AUTO_MIN and AUTO_CAP): it grows while the draft is confident and cheap, and
@@ -53,38 +53,29 @@ def best_prefix_size(values: list[float], target_ms: dict[int, float], draft_ms:
     return best_n
 
 
-def expected_values(tree: Tree) -> list[float]:
-    """Each drafted node's value as it could be predicted before its token was drawn: its parent's
-    value times E[q(x)] for x drawn from its proposal q (i.i.d.: sum q^2), with the earlier siblings
-    removed when drawing without replacement."""
-    sum_sq: dict[int, float] = {}  # id of a proposal distribution -> sum of its squares
-    drawn: dict[int, tuple[float, float]] = {}  # parent -> (mass, squared mass) of children so far
+def slot_values(tree: Tree) -> list[float]:
+    """Each drafted node's value as known before its token was drawn: DySpec's slot value, the
+    parent's value times the draft mass its earlier siblings (distinct tokens) left, which is the
+    chance that verification gets to try this child if the target were the draft."""
+    earlier: dict[int, dict[int, float]] = {}  # parent -> token -> draft probability, of children so far
     out = []
     for s in range(1, len(tree)):
-        u, q_s = tree.parents[s], tree.proposal(s)
-        if id(q_s) not in sum_sq:
-            sum_sq[id(q_s)] = float(q_s.double().square().sum())
-        mass, mass_sq = drawn.get(u, (0.0, 0.0))
-        if tree.sampling == "without_replacement":
-            expected = (sum_sq[id(q_s)] - mass_sq) / (1 - mass) if mass < 1 else 0.0
-        else:
-            expected = sum_sq[id(q_s)]
-        out.append(tree.values[u] * expected)
-        q = tree.draft_probs[s]
-        drawn[u] = (mass + q, mass_sq + q * q)
+        siblings = earlier.setdefault(tree.parents[s], {})
+        out.append(tree.values[tree.parents[s]] * max(0.0, 1 - sum(siblings.values())))
+        siblings.setdefault(tree.tokens[s], tree.draft_probs[s])
     return out
 
 
 def causal_prefix_size(
-    values: list[float], expected: list[float], target_ms: dict[int, float], draft_ms: Callable[[int], float]
+    values: list[float], before_draw: list[float], target_ms: dict[int, float], draft_ms: Callable[[int], float]
 ) -> int:
     """The first n at which stopping beats every longer prefix, judged without looking at node n + 1's
     token: the nodes kept so far count with their `values`, node n + 1 and any after it with node
-    n + 1's `expected` value."""
+    n + 1's value as known `before_draw`."""
     cost = [draft_ms(n) + interpolate_ms(target_ms, n + 1) for n in range(len(values) + 1)]
     gain = 1.0
     for n in range(len(values)):
-        rate_more = max((gain + (m - n) * expected[n]) / cost[m] for m in range(n + 1, len(values) + 1))
+        rate_more = max((gain + (m - n) * before_draw[n]) / cost[m] for m in range(n + 1, len(values) + 1))
         if rate_more <= gain / cost[n]:
             return n
         gain += values[n]
@@ -97,4 +88,4 @@ def kept_size(tree: Tree, sampled: bool, target_ms: dict[int, float], draft_ms: 
     values = tree.values[1:]
     if not sampled:
         return best_prefix_size(values, target_ms, draft_ms)
-    return causal_prefix_size(values, expected_values(tree), target_ms, draft_ms)
+    return causal_prefix_size(values, slot_values(tree), target_ms, draft_ms)

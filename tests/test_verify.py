@@ -4,7 +4,7 @@ import pytest
 import torch
 from scipy.stats import chisquare
 
-from dyspec.sampling import residual
+from dyspec.sampling import ranked_children, residual
 from dyspec.tree import Tree
 from dyspec.verify import verify_greedy, verify_sampled
 
@@ -106,3 +106,16 @@ def test_residual_guard():
     p = torch.tensor([0.5, 0.5])
     assert torch.equal(residual(p, p), p)
     assert torch.allclose(residual(p, torch.tensor([0.75, 0.25])), torch.tensor([0.0, 1.0]))
+
+
+def test_ranked_children_samples_without_replacement():
+    """The first two children of each row are an ordered draw without replacement:
+    P(a, b) = q[a] q[b] / (1 - q[a])."""
+    q = torch.tensor([0.5, 0.3, 0.15, 0.05])
+    tokens, probs = ranked_children(q.expand(TRIALS, 4), 2, sample=True, generator=torch.Generator().manual_seed(0))
+    assert torch.equal(probs, q[tokens])
+    pairs = [(a, b) for a in range(4) for b in range(4) if a != b]
+    counts = torch.bincount(tokens[:, 0] * 4 + tokens[:, 1], minlength=16)[[a * 4 + b for a, b in pairs]]
+    expected = torch.tensor([float(q[a] * q[b] / (1 - q[a])) for a, b in pairs], dtype=torch.float64)
+    expected *= TRIALS / expected.sum()  # sums to 1 up to float rounding, which chisquare refuses
+    assert chisquare(counts.double().numpy(), expected.numpy()).pvalue > 1e-4
