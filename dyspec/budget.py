@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import bisect
 from collections.abc import Callable
+from dataclasses import dataclass
 
 from dyspec.tree import Tree
 
@@ -66,26 +67,83 @@ def slot_values(tree: Tree) -> list[float]:
     return out
 
 
-def causal_prefix_size(
-    values: list[float], before_draw: list[float], target_ms: dict[int, float], draft_ms: Callable[[int], float]
-) -> int:
-    """The first n at which stopping beats every longer prefix, judged without looking at node n + 1's
-    token: the nodes kept so far count with their `values`, node n + 1 and any after it with node
-    n + 1's value as known `before_draw`."""
-    cost = [draft_ms(n) + interpolate_ms(target_ms, n + 1) for n in range(len(values) + 1)]
-    gain = 1.0
-    for n in range(len(values)):
-        rate_more = max((gain + (m - n) * before_draw[n]) / cost[m] for m in range(n + 1, len(values) + 1))
-        if rate_more <= gain / cost[n]:
-            return n
-        gain += values[n]
-    return len(values)
+def hull_ms(target_ms: dict[int, float]) -> Callable[[int], float]:
+    """t(n) along the lower convex hull of the measured points: a CPU profile is lumpy (t(2) can
+    exceed t(4)), and the hull's slope is the fair marginal cost of one more tree token."""
+    hull: list[tuple[int, float]] = []
+    for point in sorted(target_ms.items()):
+        while len(hull) >= 2 and (hull[-1][1] - hull[-2][1]) * (point[0] - hull[-2][0]) >= (point[1] - hull[-2][1]) * (
+            hull[-1][0] - hull[-2][0]
+        ):
+            hull.pop()
+        hull.append(point)
+    return lambda n: interpolate_ms(dict(hull), n)
 
 
-def kept_size(tree: Tree, sampled: bool, target_ms: dict[int, float], draft_ms: Callable[[int], float]) -> int:
-    """How many of the tree's first nodes to verify: the best prefix when no node was sampled (any
-    choice keeps greedy or one-hot verification exact), else the causal rule above."""
-    values = tree.values[1:]
-    if not sampled:
-        return best_prefix_size(values, target_ms, draft_ms)
-    return causal_prefix_size(values, slot_values(tree), target_ms, draft_ms)
+def sampled_keep(tree: Tree, values: list[float], target_ms: dict[int, float], rate: float) -> list[int]:
+    """The nodes to verify when children were sampled. In id order a node is kept when its parent and
+    its earlier siblings are, and its value as known before its draw (`slot_values`, calibrated) is
+    worth its marginal verification cost at `rate` tokens per ms. Nothing here reads a node's own
+    token, and a dropped node takes its later siblings and its subtree with it, so every verifier
+    stays exact."""
+    t = hull_ms(target_ms)
+    closed: set[int] = set()  # parents whose next children are dropped (an earlier sibling was)
+    kept = [0]
+    keep_set = {0}
+    for s in range(1, len(tree)):
+        u = tree.parents[s]
+        n = len(kept)  # tree tokens in the forward so far (the root included)
+        if u in keep_set and u not in closed and values[s - 1] >= rate * (t(n + 1) - t(n)):
+            kept.append(s)
+            keep_set.add(s)
+        else:
+            closed.add(u)
+    return kept[1:]
+
+
+def estimates(tree: Tree, sampled: bool) -> list[float]:
+    """What the budget rules count as each drafted node's expected gain: its value (the product of
+    draft probabilities on its path) when children were chosen, its slot value when they were sampled."""
+    return slot_values(tree) if sampled else tree.values[1:]
+
+
+DECAY = 0.8  # weight of earlier steps' evidence: the estimates follow the text within a few steps
+
+
+@dataclass
+class AutoState:
+    """What `--budget auto` carries from step to step; all of it comes from past steps."""
+
+    cap: int = AUTO_START
+    predicted: float = 1.0  # decayed sums of the kept nodes' estimates ...
+    accepted: float = 1.0  # ... and of the tokens verification accepted: their ratio calibrates
+    rate: float | None = None  # decayed tokens per ms of the steps so far
+
+
+def auto_tree(
+    state: AutoState,
+    tree: Tree,
+    sampled: bool,
+    target_ms: dict[int, float],
+    build_ms: Callable[[int], float],
+    spent_ms: float,
+) -> tuple[Tree, list[int], float]:
+    """This step's tree cut to size, the old id of each kept node, and the kept nodes' estimated gain;
+    sets the cap of the next step. `build_ms(n)`: draft ms the first n nodes needed."""
+    raw = estimates(tree, sampled)
+    values = [v * state.accepted / state.predicted for v in raw]
+    if sampled:
+        rate = state.rate if state.rate is not None else 1 / interpolate_ms(target_ms, 1)
+        keep = sampled_keep(tree, values, target_ms, rate)
+    else:
+        keep = list(range(1, 1 + best_prefix_size(values, target_ms, lambda n: spent_ms)))
+    state.cap = next_auto_cap(best_prefix_size(values, target_ms, build_ms))
+    pruned, old_ids = tree.subtree(keep)
+    return pruned, old_ids, sum(raw[i - 1] for i in keep)
+
+
+def auto_update(state: AutoState, predicted: float, accepted: int, emitted: int, step_ms: float) -> None:
+    state.predicted = DECAY * state.predicted + predicted
+    state.accepted = DECAY * state.accepted + accepted
+    rate = emitted / step_ms
+    state.rate = rate if state.rate is None else DECAY * state.rate + (1 - DECAY) * rate

@@ -11,7 +11,7 @@ from collections.abc import Callable, Iterator, Sequence
 
 import torch
 
-from dyspec.budget import AUTO_CAP, AUTO_START, best_prefix_size, kept_size, next_auto_cap
+from dyspec.budget import AUTO_CAP, AutoState, auto_tree, auto_update
 from dyspec.draft import DraftSession
 from dyspec.errors import DyspecError
 from dyspec.events import Event, GenerationFinished, StepVerified, TreeExpanded
@@ -125,13 +125,12 @@ def stream(
     returns True the generation ends cleanly with stop_reason "stopped"."""
     options = dict(options or {})
     ids = encode_prompt(pair, prompt, chat)
-    auto = budget == "auto"
-    check_request(pair, ids, policy, AUTO_CAP if auto else budget, temperature, max_new_tokens, options)
-    cap = AUTO_START if auto else budget
+    check_request(pair, ids, policy, AUTO_CAP if budget == "auto" else budget, temperature, max_new_tokens, options)
+    auto = AutoState() if budget == "auto" else None
     target_ms = target_profile(pair) if auto else None
     module = get_policy(policy)
     if hasattr(module, "prepare"):
-        options = module.prepare(pair, temperature, cap, options)
+        options = module.prepare(pair, temperature, auto.cap if auto else budget, options)
     device = pair.device
     generator = torch.Generator(device=device).manual_seed(seed)
     eos = pair.tokenizer.eos_token_id
@@ -154,17 +153,21 @@ def stream(
             stop_reason = "stopped"
             break
         t0, draft_s0, draft_f0 = time.perf_counter(), _seconds(drafts), _forwards(drafts)
+        cap = auto.cap if auto else budget
         tree = module.build(drafts if multi_draft else drafts[0], root, cap, temperature, generator, **options)
         draft_s = _seconds(drafts) - draft_s0
         if auto:
-            worth_building = best_prefix_size(
-                tree.values[1:], target_ms, lambda n: 1000 * sum(d.seconds_to_build(n) for d in drafts)
-            )
-            spent_ms = 1000 * draft_s
             sampled = temperature > 0 and tree.sampling != "deterministic"
-            keep = kept_size(tree, sampled, target_ms, lambda n, spent_ms=spent_ms: spent_ms)
-            tree = tree.subtree(list(range(1, 1 + keep)))[0]
-            cap = next_auto_cap(worth_building)
+            tree, old_ids, predicted = auto_tree(
+                auto,
+                tree,
+                sampled,
+                target_ms,
+                lambda n: 1000 * sum(d.seconds_to_build(n) for d in drafts),
+                1000 * draft_s,
+            )
+            for draft in drafts:
+                draft.relabel(old_ids)
         t1 = time.perf_counter()
 
         visible = None
@@ -192,6 +195,8 @@ def stream(
         emitted = emitted[: max_new_tokens - len(out)]
         out += emitted
         root = next_token
+        if auto:
+            auto_update(auto, predicted, len(accepted), len(emitted), 1000 * (time.perf_counter() - t0))
 
         texts = _texts(pair, tree.tokens)
         starts = [1, *tree.growth[:-1]]

@@ -5,7 +5,7 @@ import torch
 from torch import nn
 
 from dyspec import generate
-from dyspec.budget import best_prefix_size, interpolate_ms, kept_size, slot_values
+from dyspec.budget import best_prefix_size, estimates, hull_ms, interpolate_ms, sampled_keep, slot_values
 from dyspec.engine import encode_prompt
 from dyspec.events import StepVerified
 from dyspec.head import SHIPPED
@@ -123,8 +123,8 @@ def test_auto_budget_at_t_above_0_ignores_the_drawn_token():
         tree.q[0] = q
         x = int(torch.multinomial(q, 1, generator=g))
         tree.add(0, x, float(q[x]))
-        keep = kept_size(tree, True, steep, lambda n: 0.0)
-        accepted, token = verify_sampled(tree.subtree(list(range(1, 1 + keep)))[0], p[None].expand(1 + keep, 2), g)
+        keep = sampled_keep(tree, estimates(tree, sampled=True), steep, rate=0.1)  # worth it at value 0.5
+        accepted, token = verify_sampled(tree.subtree(keep)[0], p[None].expand(1 + len(keep), 2), g)
         zeros += (tree.tokens[accepted[0]] if accepted else token) == 0
     assert abs(zeros / runs - 0.5) < 4 * (0.25 / runs) ** 0.5
 
@@ -139,3 +139,15 @@ def test_slot_values_do_not_read_the_node_itself():
     assert slot_values(tree) == pytest.approx([1.0, 0.4, 0.6])
     tree.tokens[2], tree.draft_probs[2] = 2, 0.1  # another draw there: its own slot stays
     assert slot_values(tree) == pytest.approx([1.0, 0.4, 0.6])
+
+
+def test_hull_and_sampled_keep():
+    lumpy = {1: 60.0, 2: 112.0, 4: 91.0, 8: 91.0, 16: 102.0}  # measured on this CPU: t(2) > t(4)
+    t = hull_ms(lumpy)
+    assert t(2) == pytest.approx(60 + 42 / 15) and all(t(n) <= ms + 1e-9 for n, ms in lumpy.items())
+    # root -> a (value 0.9), b (0.05), c (0.5); a -> d (0.8): b is not worth 2.8 ms at 0.1 tokens/ms,
+    # so c, its later sibling (drawn after b was), goes with it; d stays.
+    tree = Tree.root(0, "without_replacement")
+    for parent, token in [(0, 1), (0, 2), (0, 3), (1, 4)]:
+        tree.add(parent, token, 0.5)
+    assert sampled_keep(tree, [0.9, 0.05, 0.5, 0.8], lumpy, rate=0.1) == [1, 4]
