@@ -2,17 +2,18 @@
 
 The papers fix the budget (or pick it offline, Sequoia); on a CPU, where one target forward of n
 tree tokens costs t(n) that grows with n, the right size depends on how confident the draft is this
-step. A policy builds up to a cap; the engine keeps the first n nodes (by node id: ancestors and
-earlier siblings have smaller ids, so any prefix is a valid tree for every verifier) that maximise
-expected committed tokens per millisecond, (1 + sum of node values) / (draft ms + t(n + 1)).
-When the children were sampled (T > 0), keeping a node must not depend on the token drawn there:
-keeping only the nodes whose drawn token the draft liked biases what verification outputs. So at
-T > 0 the engine decides node by node, in id order, from the nodes before it and the node's
-value as known before its draw (`slot_values`), and stops at the first node not worth it.
-The draft time of this step is spent by then, so it counts in full for every n; for the next step
-the cap is twice the n that was worth *building*, counting the draft forwards the first n nodes
-needed (between AUTO_MIN and AUTO_CAP): it grows while the draft is confident and cheap, and
-shrinks when it is not.
+step. A policy builds up to a cap, then the engine cuts the tree:
+- children chosen, not sampled (T = 0, top-k, EAGLE-2): any cut keeps verification exact, so it
+  keeps the first n nodes (by id: ancestors and earlier siblings come first) that maximise expected
+  committed tokens per ms, (1 + sum of node values) / (draft ms + t(n + 1));
+- children sampled (T > 0): keeping a drafted token only when the draft liked it biases the output,
+  so no decision may read a node's own token. In id order, a node stays when its parent and earlier
+  siblings did and its slot value (known before its draw) pays for its marginal cost, the slope of
+  t(n)'s convex hull times the recent tokens per ms.
+Node values are calibrated by the decayed ratio of tokens accepted to value predicted over the
+past steps. The draft time of this step is spent by the cut, so it counts in full for every n; the
+next step's cap is twice the n worth *building*, counting the draft forwards the first n nodes
+needed (between AUTO_MIN and AUTO_CAP): it grows while the draft is confident and cheap.
 """
 
 from __future__ import annotations

@@ -13,13 +13,19 @@ def to_probs(logits: torch.Tensor, temperature: float) -> torch.Tensor:
     return torch.softmax(logits / temperature, dim=-1)
 
 
+def sample_rows(probs: torch.Tensor, n: int, generator: torch.Generator | None = None) -> torch.Tensor:
+    """n i.i.d. draws [rows, n] from each row of probs [rows, V], by inverse CDF (float64 cumsum):
+    ~20x faster than torch.multinomial over a 49k-token vocabulary on a CPU (0.05 vs 1 ms a row),
+    which matters when a tree draws children at every node. Zero-probability tokens are never drawn
+    (`right=True`)."""
+    cdf = probs.double().cumsum(-1)
+    u = torch.rand((len(probs), n), dtype=torch.float64, generator=generator, device=probs.device) * cdf[:, -1:]
+    return torch.searchsorted(cdf, u, right=True).clamp_max(probs.shape[-1] - 1)
+
+
 def sample(probs: torch.Tensor, generator: torch.Generator | None = None) -> int:
-    """One draw from a 1-D distribution by inverse CDF (float64 cumsum): ~20x faster than
-    torch.multinomial over a 49k-token vocabulary on a CPU (0.05 vs 1 ms), which matters when a
-    chain draws a token per node. Zero-probability tokens are never drawn (`right=True`)."""
-    cdf = probs.double().cumsum(0)
-    u = torch.rand((), dtype=torch.float64, generator=generator, device=probs.device) * cdf[-1]
-    return int(torch.searchsorted(cdf, u, right=True).clamp_max(len(cdf) - 1))
+    """One draw from a 1-D distribution (see `sample_rows`)."""
+    return int(sample_rows(probs[None], 1, generator)[0, 0])
 
 
 def residual(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:

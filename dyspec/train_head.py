@@ -23,7 +23,7 @@ from dyspec.errors import DyspecError
 from dyspec.head import AcceptanceHead, auc, save_head
 from dyspec.kv import KVSession
 from dyspec.models import ModelPair
-from dyspec.sampling import to_probs
+from dyspec.sampling import sample_rows, to_probs
 
 
 @torch.inference_mode()
@@ -40,7 +40,7 @@ def head_examples(
     draft_logits = draft.forward(seq[:-1])[n0:]
     hidden = draft.hidden[n0:]  # row i: the draft read seq[n0 + i]; we need it at the token after
     q, p = to_probs(draft_logits, temperature), to_probs(target_logits, temperature)
-    y = torch.multinomial(q, 1, generator=generator)[:, 0] if temperature > 0 else q.argmax(-1)
+    y = sample_rows(q, 1, generator)[:, 0] if temperature > 0 else q.argmax(-1)
     rows = torch.arange(len(y))
     label = (p[rows, y] / q[rows, y]).clamp(max=1.0)
     q1 = torch.softmax(draft_logits, dim=-1)[rows, y]

@@ -4,7 +4,7 @@ import pytest
 import torch
 from scipy.stats import chisquare
 
-from dyspec.sampling import ranked_children, residual
+from dyspec.sampling import ranked_children, residual, sample_rows
 from dyspec.tree import Tree
 from dyspec.verify import verify_greedy, verify_sampled
 
@@ -119,3 +119,13 @@ def test_ranked_children_samples_without_replacement():
     expected = torch.tensor([float(q[a] * q[b] / (1 - q[a])) for a, b in pairs], dtype=torch.float64)
     expected *= TRIALS / expected.sum()  # sums to 1 up to float rounding, which chisquare refuses
     assert chisquare(counts.double().numpy(), expected.numpy()).pvalue > 1e-4
+
+
+def test_sample_rows_draws_each_row_from_its_distribution():
+    q = torch.tensor([[0.5, 0.3, 0.2, 0.0], [0.0, 0.1, 0.0, 0.9], [0.25, 0.25, 0.25, 0.25]])
+    draws = sample_rows(q, TRIALS, torch.Generator().manual_seed(0))
+    for row, d in zip(q, draws):
+        counts = torch.bincount(d, minlength=4).double()
+        assert counts[row == 0].sum() == 0  # never a zero-probability token
+        expected = row.double() / row.double().sum() * TRIALS
+        assert chisquare(counts[row > 0].numpy(), expected[row > 0].numpy()).pvalue > 1e-4

@@ -7,7 +7,7 @@ import torch
 
 from dyspec.draft import DraftSession
 from dyspec.errors import DyspecError
-from dyspec.sampling import ranked_children, to_probs
+from dyspec.sampling import ranked_children, sample_rows, to_probs
 from dyspec.tree import Tree
 
 NEEDS_DRAFT = True
@@ -71,7 +71,7 @@ def _expand(
     T > 0 each draw stays its own node and is verified against the q of the draft that drew it."""
     q = to_probs(draft.logits(tree, frontier), temperature if temperature > 0 else 1.0)
     if temperature > 0:
-        tokens = torch.multinomial(q, width, replacement=True, generator=generator)
+        tokens = sample_rows(q, width, generator)
     else:
         tokens = ranked_children(q, width, sample=False)[0]
     children = []
