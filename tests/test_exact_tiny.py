@@ -104,6 +104,7 @@ def steep_profile(pair, tmp_path, monkeypatch):
     (tmp_path / "profiles" / "tiny-target__cpu__native.json").write_text(json.dumps(profile))
 
 
-@pytest.mark.parametrize("policy", ["specinfer", "dyspec"])  # i.i.d. and without replacement
-def test_auto_budget_samples_target_distribution(pair, exact, steep_profile, policy):
-    check_distribution(pair, exact, policy, {}, budget="auto")
+def test_auto_budget_samples_target_distribution(pair, exact, steep_profile):
+    """End to end through the engine's cut (children drawn without replacement, nodes dropped with
+    their later siblings); `test_auto_budget_at_t_above_0_ignores_the_drawn_token` is the sharp test."""
+    check_distribution(pair, exact, "dyspec", {}, budget="auto")
