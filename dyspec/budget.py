@@ -68,9 +68,10 @@ def slot_values(tree: Tree) -> list[float]:
     return out
 
 
-def hull_ms(target_ms: dict[int, float]) -> Callable[[int], float]:
-    """t(n) along the lower convex hull of the measured points: a CPU profile is lumpy (t(2) can
-    exceed t(4)), and the hull's slope is the fair marginal cost of one more tree token."""
+def hull_ms(target_ms: dict[int, float]) -> dict[int, float]:
+    """The measured points on t(n)'s lower convex hull, a profile for `interpolate_ms`: a CPU profile
+    is lumpy (t(2) can exceed t(4)), and the hull's slope is the fair marginal cost of one more tree
+    token."""
     hull: list[tuple[int, float]] = []
     for point in sorted(target_ms.items()):
         while len(hull) >= 2 and (hull[-1][1] - hull[-2][1]) * (point[0] - hull[-2][0]) >= (point[1] - hull[-2][1]) * (
@@ -78,7 +79,7 @@ def hull_ms(target_ms: dict[int, float]) -> Callable[[int], float]:
         ):
             hull.pop()
         hull.append(point)
-    return lambda n: interpolate_ms(dict(hull), n)
+    return dict(hull)
 
 
 def sampled_keep(tree: Tree, values: list[float], target_ms: dict[int, float], rate: float) -> list[int]:
@@ -87,19 +88,17 @@ def sampled_keep(tree: Tree, values: list[float], target_ms: dict[int, float], r
     worth its marginal verification cost at `rate` tokens per ms. Nothing here reads a node's own
     token, and a dropped node takes its later siblings and its subtree with it, so every verifier
     stays exact."""
-    t = hull_ms(target_ms)
+    hull = hull_ms(target_ms)
     closed: set[int] = set()  # parents whose next children are dropped (an earlier sibling was)
-    kept = [0]
-    keep_set = {0}
+    kept = {0}
     for s in range(1, len(tree)):
-        u = tree.parents[s]
-        n = len(kept)  # tree tokens in the forward so far (the root included)
-        if u in keep_set and u not in closed and values[s - 1] >= rate * (t(n + 1) - t(n)):
-            kept.append(s)
-            keep_set.add(s)
+        u, n = tree.parents[s], len(kept)  # n: tree tokens in the forward so far, the root included
+        marginal_ms = interpolate_ms(hull, n + 1) - interpolate_ms(hull, n)
+        if u in kept and u not in closed and values[s - 1] >= rate * marginal_ms:
+            kept.add(s)
         else:
             closed.add(u)
-    return kept[1:]
+    return sorted(kept - {0})
 
 
 def estimates(tree: Tree, sampled: bool) -> list[float]:

@@ -143,8 +143,9 @@ def test_slot_values_do_not_read_the_node_itself():
 
 def test_hull_and_sampled_keep():
     lumpy = {1: 60.0, 2: 112.0, 4: 91.0, 8: 91.0, 16: 102.0}  # measured on this CPU: t(2) > t(4)
-    t = hull_ms(lumpy)
-    assert t(2) == pytest.approx(60 + 42 / 15) and all(t(n) <= ms + 1e-9 for n, ms in lumpy.items())
+    hull = hull_ms(lumpy)
+    assert interpolate_ms(hull, 2) == pytest.approx(60 + 42 / 15)
+    assert all(interpolate_ms(hull, n) <= ms + 1e-9 for n, ms in lumpy.items())
     # root -> a (value 0.9), b (0.05), c (0.5); a -> d (0.8): b is not worth 2.8 ms at 0.1 tokens/ms,
     # so c, its later sibling (drawn after b was), goes with it; d stays.
     tree = Tree.root(0, "without_replacement")

@@ -75,12 +75,14 @@ def build(
     drawn: dict[int, tuple[int, float]] = {}  # node -> (children added so far, their q mass)
     reach: list[float] | dict[int, float] = tree.values  # node -> estimated chance of reaching it
     if acceptance_head is not None:
-        reach, q1, predicted = {0: 1.0}, {}, {}  # q1: node -> the draft's T = 1 probability of its token
+        reach, predicted = {0: 1.0}, {}
+        q1: dict[int, float] = {}  # node -> the draft's T = 1 probability of its token (the head's input)
+        ranked_q1: dict[int, list[float]] = {}  # node -> T = 1 probabilities of its ranked candidates
     heap: list[tuple[float, int]] = []  # (-slot value, node)
 
     def push_slot(u: int) -> None:
         k, mass = drawn[u]
-        tokens, probs = ranked[u][:2]
+        tokens, probs = ranked[u]
         if k < len(tokens) and probs[k] > 0:
             heapq.heappush(heap, (-reach[u] * (1 - mass if sample else probs[k]), u))
 
@@ -90,7 +92,7 @@ def build(
         q = to_probs(logits, tau)
         tokens, probs = ranked_children(q, budget, sample, generator)
         if acceptance_head is not None:
-            ranked_q1 = to_probs(logits, 1.0).gather(1, tokens).tolist()
+            ranked_q1.update(zip(new, to_probs(logits, 1.0).gather(1, tokens).tolist()))
             if new != [0]:
                 accept = acceptance_head.accept_prob(draft.hidden, torch.tensor([q1[n] for n in new]))
                 for node, a in zip(new, accept.tolist()):
@@ -99,8 +101,6 @@ def build(
         for i, node in enumerate(new):
             tree.q[node] = q[i]
             ranked[node] = (tokens[i].tolist(), probs[i].tolist())
-            if acceptance_head is not None:
-                ranked[node] += (ranked_q1[i],)
             drawn[node] = (0, 0.0)
             push_slot(node)
         new = []
@@ -111,7 +111,7 @@ def build(
             k, mass = drawn[u]
             child = tree.add(u, ranked[u][0][k], ranked[u][1][k])
             if acceptance_head is not None:
-                q1[child] = ranked[u][2][k]
+                q1[child] = ranked_q1[u][k]
             drawn[u] = (k + 1, mass + ranked[u][1][k])
             push_slot(u)
             if tree.depths[child] < max_depth:
