@@ -3,10 +3,14 @@
 With int8 activations, a difference in the last bit of an activation can cross a rounding
 boundary and grow into a visible change of the logits, so "a tree forward scores each node as a
 single-token forward would" must hold bitwise, not just to 1e-6. Linear layers and norms already
-compute each row on its own; attention does not (the kernels block differently for different query
-counts and key lengths). Here each query attends through its own call over exactly the keys it sees
-(the committed prefix and its ancestors, in position order), gathered into a contiguous tensor: the
-same call, on the same shapes and values, that a one-token autoregressive step makes.
+compute each row on its own; SDPA does not: its CPU kernel picks a different loop for different
+query counts, key lengths, batch sizes and thread counts (tested: a row computed in a batch of 2
+differs from the same row alone). So each query row attends over exactly the keys it sees (the
+committed prefix and its ancestors, in position order), gathered and zero-padded to a multiple of
+BLOCK keys, through batched matmuls and a softmax in which every row is its own batch entry or
+reduction: a row's result depends on its own keys and padded length only, never on which rows
+share the call. Rows are grouped by padded length, so a tree forward makes one or two calls per
+layer (the first version made one SDPA call per row and cost 1.6x t(1) at 8 tokens).
 """
 
 from __future__ import annotations
@@ -16,43 +20,65 @@ from transformers import AttentionInterface
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
 NAME = "dyspec_rowwise"
-MAX_ROWS = 512  # longer inputs are prefills: plain SDPA (every policy shares the same prefill)
+BLOCK = 64
+
+# (mask, (q_len, kv_len), groups): one mask object (or None) serves every layer of a forward.
+# Holding the mask keeps its id from being reused by a later tensor, so an identity check is safe.
+_groups_cache: tuple = (None, None, None)
 
 
-# (mask, per-row key indices): one mask object serves every layer of a forward. Holding the mask
-# keeps its id from being reused by a later tensor, so an identity check is safe.
-_seen_cache: tuple = (None, None)
-
-
-def _seen(attention_mask: torch.Tensor | None, q_len: int, kv_len: int) -> list[torch.Tensor | None]:
-    """Per query row, the indices of the keys it sees; None for all of them."""
-    global _seen_cache
+def _groups(attention_mask: torch.Tensor | None, q_len: int, kv_len: int, kv_heads: int, device) -> list[tuple]:
+    """Rows grouped by padded key count C: (rows [m] or None for all rows, key indices [m * C],
+    bias [kv_heads * m, 1, C] with -inf on padding), on `device`."""
+    global _groups_cache
+    mask, shape, groups = _groups_cache
+    if mask is attention_mask and shape == (q_len, kv_len, kv_heads, device):
+        return groups
     if attention_mask is None:
-        return [None if i == q_len - 1 else torch.arange(kv_len - q_len + i + 1) for i in range(q_len)]
-    if _seen_cache[0] is not attention_mask:
-        visible = attention_mask[0, 0] if attention_mask.dtype == torch.bool else attention_mask[0, 0] == 0
-        rows = [visible[i].nonzero().squeeze(1) for i in range(q_len)]
-        _seen_cache = (attention_mask, [None if len(r) == kv_len else r for r in rows])
-    return _seen_cache[1]
+        visible = torch.ones(q_len, kv_len, dtype=torch.bool).tril(kv_len - q_len)
+    else:
+        mask = attention_mask[0, 0].cpu()
+        visible = mask if mask.dtype == torch.bool else mask == 0
+    counts = visible.sum(1)
+    # visible keys first, in position order (a stable sort on "hidden"), then the rest
+    order = torch.sort((~visible).to(torch.uint8), dim=1, stable=True).indices
+    padded = (counts + BLOCK - 1) // BLOCK * BLOCK
+    groups = []
+    for c in padded.unique().tolist():
+        rows = (padded == c).nonzero().squeeze(1)
+        cols = torch.arange(c)
+        pad = cols[None] >= counts[rows, None]
+        idx = order[rows][:, cols.clamp(max=kv_len - 1)].masked_fill(pad, 0)
+        bias = torch.zeros(pad.shape).masked_fill_(pad, float("-inf"))[:, None].repeat(kv_heads, 1, 1)
+        rows = None if len(rows) == q_len else rows.to(device)
+        groups.append((rows, idx.flatten().to(device), bias.to(device)))
+    _groups_cache = (attention_mask, (q_len, kv_len, kv_heads, device), groups)
+    return groups
 
 
 def rowwise_attention(module, query, key, value, attention_mask, dropout=0.0, scaling=None, **kwargs):
     """query [1, H, q, d]; key, value [1, Hkv, kv, d]; attention_mask None (causal), additive
     [1, 1, q, kv] with 0 where visible, or boolean with True where visible. Returns [1, q, H, d]
-    like HF's attention functions."""
-    q_len, kv_len = query.shape[2], key.shape[2]
-    if q_len > MAX_ROWS or query.shape[0] != 1:
+    like HF's attention functions. A causal forward of several tokens is a prefill, which every
+    policy makes the same way: plain SDPA."""
+    n, kv_len = query.shape[2], key.shape[2]
+    if query.shape[0] != 1 or (attention_mask is None and n > 1):
         return sdpa_attention_forward(module, query, key, value, attention_mask, dropout, scaling, **kwargs)
-    gqa = query.shape[1] != key.shape[1]
-    rows = []
-    for i, seen in enumerate(_seen(attention_mask, q_len, kv_len)):
-        k, v = (key, value) if seen is None else (key.index_select(2, seen), value.index_select(2, seen))
-        rows.append(
-            torch.nn.functional.scaled_dot_product_attention(
-                query[:, :, i : i + 1], k, v, scale=scaling, enable_gqa=gqa
-            )
-        )
-    return torch.cat(rows, dim=2).transpose(1, 2).contiguous(), None
+    heads, kv_heads, d = query.shape[1], key.shape[1], query.shape[3]
+    g = heads // kv_heads
+    q = query[0].view(kv_heads, g, n, d)
+    out = query.new_empty(n, heads, d)
+    for rows, idx, bias in _groups(attention_mask, n, kv_len, kv_heads, key.device):
+        m, c = (n if rows is None else len(rows)), bias.shape[-1]
+        k = key[0].index_select(1, idx).view(kv_heads * m, c, d)
+        v = value[0].index_select(1, idx).view(kv_heads * m, c, d)
+        qr = (q if rows is None else q.index_select(2, rows)).transpose(1, 2).reshape(kv_heads * m, g, d)
+        s = torch.baddbmm(bias.to(query.dtype), qr, k.transpose(1, 2), alpha=d**-0.5 if scaling is None else scaling)
+        o = torch.bmm(torch.softmax(s, -1), v).view(kv_heads, m, g, d).transpose(0, 1).reshape(m, heads, d)
+        if rows is None:
+            return o[None], None
+        out[rows] = o
+    return out[None], None
 
 
 AttentionInterface.register(NAME, rowwise_attention)

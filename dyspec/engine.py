@@ -170,8 +170,9 @@ def stream(
                 draft.relabel(old_ids)
         t1 = time.perf_counter()
 
+        # even a chain gets its mask: a causal forward of several tokens is read as a prefill
         visible = None
-        if not tree.is_chain():
+        if len(tree) > 1:
             visible = torch.cat([torch.ones(len(tree), target.length, dtype=torch.bool), tree.ancestor_mask()], dim=1)
         positions = [target.length + d for d in tree.depths]
         t2 = time.perf_counter()

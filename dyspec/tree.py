@@ -69,9 +69,6 @@ class Tree:
             node = self.parents[node]
         return out[::-1]
 
-    def is_chain(self) -> bool:
-        return all(p == i - 1 for i, p in enumerate(self.parents[1:], start=1))
-
     def subtree(self, keep: list[int]) -> tuple[Tree, list[int]]:
         """The tree of the root and the nodes `keep` (ascending, closed under ancestors), renumbered,
         with its growth steps preserved; and the old id of each new node."""

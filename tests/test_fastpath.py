@@ -5,6 +5,7 @@ import torch
 from torch import nn
 
 from dyspec import generate
+from dyspec.attention import rowwise_attention
 from dyspec.budget import best_prefix_size, estimates, hull_ms, interpolate_ms, sampled_keep, slot_values
 from dyspec.engine import encode_prompt
 from dyspec.events import StepVerified
@@ -30,6 +31,32 @@ def test_int8_linear_is_batch_invariant_and_close_to_fp32():
     ref = linear(x)
     rel = (batch - ref).norm(dim=1) / ref.norm(dim=1)
     assert rel.max() < 0.02
+
+
+@pytest.mark.parametrize("threads", [1, 2, 3])
+def test_rowwise_attention_rows_do_not_depend_on_their_batch(threads):
+    """Each query row of a tree forward equals, bit for bit, a one-token forward over the keys it
+    sees, whatever the other rows and the thread count (SDPA's CPU kernel fails this)."""
+    g = torch.Generator().manual_seed(threads)
+    n, prefix = 24, 50  # rows see 51 to 74 keys: two padded lengths (64 and 128)
+    parents = [-1] + [int(torch.randint(i, (), generator=g)) for i in range(1, n)]
+    visible = torch.zeros(n, prefix + n, dtype=torch.bool)
+    visible[:, :prefix] = True
+    for i in range(n):
+        j = i
+        while j >= 0:
+            visible[i, prefix + j], j = True, parents[j]
+    query, key, value = torch.randn(1, 9, n, 64, generator=g), *torch.randn(2, 1, 3, prefix + n, 64, generator=g)
+    saved = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        out, _ = rowwise_attention(None, query, key, value, visible[None, None])
+        for i in range(n):
+            seen = visible[i].nonzero().squeeze(1)
+            alone, _ = rowwise_attention(None, query[:, :, i : i + 1], key[:, :, seen], value[:, :, seen], None)
+            assert torch.equal(alone[0, 0], out[0, i])
+    finally:
+        torch.set_num_threads(saved)
 
 
 def test_quantize_int8_replaces_every_linear():

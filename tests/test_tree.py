@@ -12,12 +12,5 @@ def test_tree_structure_and_mask():
     assert tree.values == [1.0, 0.5, 0.25, 0.25]
     assert tree.children(0) == [a, b] and tree.children(a) == [c]
     assert tree.path(c) == [a, c] and tree.path(0) == []
-    assert not tree.is_chain()
     expected = torch.tensor([[1, 0, 0, 0], [1, 1, 0, 0], [1, 0, 1, 0], [1, 1, 0, 1]], dtype=torch.bool)
     assert torch.equal(tree.ancestor_mask(), expected)
-
-
-def test_chain_detection():
-    tree = Tree.root(1)
-    tree.add(tree.add(0, 2, 1.0), 3, 1.0)
-    assert tree.is_chain()
