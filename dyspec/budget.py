@@ -8,19 +8,22 @@ step. A policy builds up to a cap, then the engine cuts the tree:
   committed tokens per ms, (1 + sum of node values) / (draft ms + t(n + 1));
 - children sampled (T > 0): keeping a drafted token only when the draft liked it biases the output,
   so no decision may read a node's own token. In id order, a node stays when its parent and earlier
-  siblings did and its slot value (known before its draw) pays for its marginal cost, the slope of
+  siblings did and its value (known before its draw) pays for its marginal cost, the slope of
   t(n)'s convex hull times the recent tokens per ms.
-Node values are calibrated by the decayed ratio of tokens accepted to value predicted over the
-past steps. The draft time of this step is spent by the cut, so it counts in full for every n; the
-next step's cap is twice the n worth *building*, counting the draft forwards the first n nodes
-needed (between AUTO_MIN and AUTO_CAP): it grows while the draft is confident and cheap.
+A node's value is its estimated chance of acceptance: the product over its path of acceptance rates
+learnt online, per bin of draft probability (chosen children) or of slot mass, the draft mass left
+by earlier siblings (sampled children), from the nodes that verification reached in past steps. A
+single scale (accepted / predicted, the first version) let the many low-probability nodes of a big
+tree borrow the acceptance of the few likely ones. The draft time of this step is spent by the cut,
+so it counts in full for every n; the next step's cap follows the n worth *building*, counting the
+draft forwards the first n nodes needed (`next_auto_cap`).
 """
 
 from __future__ import annotations
 
 import bisect
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from dyspec.tree import Tree
 
@@ -29,8 +32,10 @@ AUTO_MIN = 4
 AUTO_START = 16
 
 
-def next_auto_cap(kept: int) -> int:
-    return min(AUTO_CAP, max(AUTO_MIN, 2 * kept))
+def next_auto_cap(worth: int) -> int:
+    """A quarter more (and one) than the size worth building: room to grow when everything built
+    paid, little waste for a sequential build (a chain: one draft forward per node)."""
+    return min(AUTO_CAP, max(AUTO_MIN, worth + 1 + worth // 4))
 
 
 def interpolate_ms(profile: dict[int, float], n: int) -> float:
@@ -55,15 +60,15 @@ def best_prefix_size(values: list[float], target_ms: dict[int, float], draft_ms:
     return best_n
 
 
-def slot_values(tree: Tree) -> list[float]:
-    """Each drafted node's value as known before its token was drawn: DySpec's slot value, the
-    parent's value times the draft mass its earlier siblings (distinct tokens) left, which is the
-    chance that verification gets to try this child if the target were the draft."""
+def slot_mass(tree: Tree) -> list[float]:
+    """Each drafted node's slot, as known before its token was drawn: the draft mass its earlier
+    siblings (distinct tokens) left, the chance that verification gets to try this child if the
+    target were the draft (DySpec's slot value is the parent's value times this)."""
     earlier: dict[int, dict[int, float]] = {}  # parent -> token -> draft probability, of children so far
     out = []
     for s in range(1, len(tree)):
         siblings = earlier.setdefault(tree.parents[s], {})
-        out.append(tree.values[tree.parents[s]] * max(0.0, 1 - sum(siblings.values())))
+        out.append(max(0.0, 1 - sum(siblings.values())))
         siblings.setdefault(tree.tokens[s], tree.draft_probs[s])
     return out
 
@@ -84,9 +89,9 @@ def hull_ms(target_ms: dict[int, float]) -> dict[int, float]:
 
 def sampled_keep(tree: Tree, values: list[float], target_ms: dict[int, float], rate: float) -> list[int]:
     """The nodes to verify when children were sampled. In id order a node is kept when its parent and
-    its earlier siblings are, and its value as known before its draw (`slot_values`, calibrated) is
-    worth its marginal verification cost at `rate` tokens per ms. Nothing here reads a node's own
-    token, and a dropped node takes its later siblings and its subtree with it, so every verifier
+    its earlier siblings are, and its value as known before its draw (`estimates`) is worth its
+    marginal verification cost at `rate` tokens per ms. Nothing here reads a node's own token, and
+    a dropped node takes its later siblings and its subtree with it, so every verifier
     stays exact."""
     hull = hull_ms(target_ms)
     closed: set[int] = set()  # parents whose next children are dropped (an earlier sibling was)
@@ -101,13 +106,10 @@ def sampled_keep(tree: Tree, values: list[float], target_ms: dict[int, float], r
     return sorted(kept - {0})
 
 
-def estimates(tree: Tree, sampled: bool) -> list[float]:
-    """What the budget rules count as each drafted node's expected gain: its value (the product of
-    draft probabilities on its path) when children were chosen, its slot value when they were sampled."""
-    return slot_values(tree) if sampled else tree.values[1:]
-
-
-DECAY = 0.8  # weight of earlier steps' evidence: the estimates follow the text within a few steps
+BINS = 10
+DECAY = 0.8  # weight of earlier steps' tokens per ms: it follows the text within a few steps
+TABLE_DECAY = 0.95  # weight of earlier steps' acceptance counts: ~20 steps of evidence
+PRIOR = 2.0  # pseudo-nodes per bin, accepted at the bin's centre (a calibrated draft) before any evidence
 
 
 @dataclass
@@ -115,9 +117,27 @@ class AutoState:
     """What `--budget auto` carries from step to step; all of it comes from past steps."""
 
     cap: int = AUTO_START
-    predicted: float = 1.0  # decayed sums of the kept nodes' estimates ...
-    accepted: float = 1.0  # ... and of the tokens verification accepted: their ratio calibrates
+    # per bin of a node's key (its draft probability, or its slot mass when children are sampled):
+    # decayed counts of nodes whose parent verification reached, and of those it accepted
+    reached: list[float] = field(default_factory=lambda: [PRIOR] * BINS)
+    accepted: list[float] = field(default_factory=lambda: [PRIOR * (b + 0.5) / BINS for b in range(BINS)])
     rate: float | None = None  # decayed tokens per ms of the steps so far
+
+
+def _bins(tree: Tree, sampled: bool) -> list[int]:
+    keys = slot_mass(tree) if sampled else tree.draft_probs[1:]
+    return [min(int(k * BINS), BINS - 1) for k in keys]
+
+
+def estimates(state: AutoState, tree: Tree, sampled: bool) -> list[float]:
+    """Each drafted node's estimated chance of being accepted: the product, over its path, of the
+    acceptance rate observed for nodes of the same bin whose parent was reached. The bin is the
+    node's draft probability when children were chosen, its slot mass when they were sampled: then
+    nothing here reads a node's own token, only its ancestors' and earlier siblings'."""
+    value = [1.0]
+    for s, b in enumerate(_bins(tree, sampled), start=1):
+        value.append(value[tree.parents[s]] * state.accepted[b] / state.reached[b])
+    return value[1:]
 
 
 def auto_tree(
@@ -127,23 +147,27 @@ def auto_tree(
     target_ms: dict[int, float],
     build_ms: Callable[[int], float],
     spent_ms: float,
-) -> tuple[Tree, list[int], float]:
-    """This step's tree cut to size, the old id of each kept node, and the kept nodes' estimated gain;
-    sets the cap of the next step. `build_ms(n)`: draft ms the first n nodes needed."""
-    raw = estimates(tree, sampled)
-    values = [v * state.accepted / state.predicted for v in raw]
+) -> tuple[Tree, list[int]]:
+    """This step's tree cut to size and the old id of each kept node; sets the next step's cap.
+    `build_ms(n)`: draft ms the first n nodes needed; `spent_ms`: draft ms this tree took."""
+    values = estimates(state, tree, sampled)
     if sampled:
         rate = state.rate if state.rate is not None else 1 / interpolate_ms(target_ms, 1)
         keep = sampled_keep(tree, values, target_ms, rate)
     else:
         keep = list(range(1, 1 + best_prefix_size(values, target_ms, lambda n: spent_ms)))
     state.cap = next_auto_cap(best_prefix_size(values, target_ms, build_ms))
-    pruned, old_ids = tree.subtree(keep)
-    return pruned, old_ids, sum(raw[i - 1] for i in keep)
+    return tree.subtree(keep)
 
 
-def auto_update(state: AutoState, predicted: float, accepted: int, emitted: int, step_ms: float) -> None:
-    state.predicted = DECAY * state.predicted + predicted
-    state.accepted = DECAY * state.accepted + accepted
+def auto_update(state: AutoState, tree: Tree, sampled: bool, accepted: list[int], emitted: int, step_ms: float) -> None:
+    """Learn from the verified (cut) tree: acceptance counts per bin, and tokens per ms."""
+    state.reached = [TABLE_DECAY * r for r in state.reached]
+    state.accepted = [TABLE_DECAY * a for a in state.accepted]
+    on_path = {0, *accepted}
+    for s, b in enumerate(_bins(tree, sampled), start=1):
+        if tree.parents[s] in on_path:
+            state.reached[b] += 1
+            state.accepted[b] += s in on_path
     rate = emitted / step_ms
     state.rate = rate if state.rate is None else DECAY * state.rate + (1 - DECAY) * rate

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import statistics
 import time
+from importlib.metadata import version
 
 import torch
 from transformers import PreTrainedModel
@@ -16,27 +17,26 @@ from dyspec.kv import KVSession, sync
 DEFAULT_SIZES = (1, 2, 4, 8, 16, 32, 48, 64, 80)
 
 
-def forward_ms(model: PreTrainedModel, sizes=DEFAULT_SIZES, context: int = 100, repeats: int = 7) -> dict[int, float]:
-    """Median wall milliseconds of a tree-attention forward of n tokens after `context` cached tokens."""
+def forward_ms(model: PreTrainedModel, sizes=DEFAULT_SIZES, context: int = 100, repeats: int = 9) -> dict[int, float]:
+    """Median wall milliseconds of a tree-attention forward of n tokens after `context` cached tokens.
+    Sizes take turns within each round, so a slow spell of a shared machine hits all of them alike."""
     g = torch.Generator().manual_seed(0)
     vocab = model.config.vocab_size
     kv = KVSession(model)
     kv.forward(torch.randint(vocab, (context,), generator=g).tolist())
     kv.length = kv.cached
-    out = {}
-    for n in sizes:
-        tokens = torch.randint(vocab, (n,), generator=g).tolist()
-        visible = torch.ones(n, context + n, dtype=torch.bool).tril(context)
-        times = []
-        for i in range(repeats + 2):  # two warm-up runs
+    times = {n: [] for n in sizes}
+    for round_ in range(repeats + 2):  # two warm-up rounds
+        for n in sizes:
+            tokens = torch.randint(vocab, (n,), generator=g).tolist()
+            visible = torch.ones(n, context + n, dtype=torch.bool).tril(context)
             t = time.perf_counter()
             kv.forward(tokens, list(range(context, context + n)), visible)
             sync(kv.device)
-            if i >= 2:
-                times.append((time.perf_counter() - t) * 1000)
+            if round_ >= 2:
+                times[n].append((time.perf_counter() - t) * 1000)
             kv.commit([])
-        out[n] = statistics.median(times)
-    return out
+    return {n: statistics.median(ms) for n, ms in times.items()}
 
 
 def measure_profile(pair, baseline: bool = True) -> dict:
@@ -59,10 +59,12 @@ def measure_profile(pair, baseline: bool = True) -> dict:
 
 
 def target_profile(pair) -> dict[int, float]:
-    """The target's t(n) in ms for this pair, device and precision: measured once, cached on disk."""
+    """The target's t(n) in ms for this pair, device and precision: measured once per dyspec and
+    torch version (a new kernel makes an old profile lie), cached on disk."""
     from dyspec.models import cache_dir
 
-    name = "__".join(str(x).replace("/", "_") for x in (pair.target_name, pair.device.type, pair.precision))
+    key = (pair.target_name, pair.device.type, pair.precision, version("dyspec"), version("torch"))
+    name = "__".join(str(x).replace("/", "_") for x in key)
     path = cache_dir() / "profiles" / f"{name}.json"
     if not path.exists():
         path.parent.mkdir(parents=True, exist_ok=True)

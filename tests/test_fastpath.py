@@ -6,7 +6,17 @@ from torch import nn
 
 from dyspec import generate
 from dyspec.attention import rowwise_attention
-from dyspec.budget import best_prefix_size, estimates, hull_ms, interpolate_ms, sampled_keep, slot_values
+from dyspec.budget import (
+    AutoState,
+    auto_update,
+    best_prefix_size,
+    estimates,
+    hull_ms,
+    interpolate_ms,
+    next_auto_cap,
+    sampled_keep,
+    slot_mass,
+)
 from dyspec.engine import encode_prompt
 from dyspec.events import StepVerified
 from dyspec.head import SHIPPED
@@ -150,22 +160,41 @@ def test_auto_budget_at_t_above_0_ignores_the_drawn_token():
         tree.q[0] = q
         x = int(torch.multinomial(q, 1, generator=g))
         tree.add(0, x, float(q[x]))
-        keep = sampled_keep(tree, estimates(tree, sampled=True), steep, rate=0.1)  # worth it at value 0.5
+        keep = sampled_keep(tree, estimates(AutoState(), tree, sampled=True), steep, rate=0.1)  # worth it at 0.5
         accepted, token = verify_sampled(tree.subtree(keep)[0], p[None].expand(1 + len(keep), 2), g)
         zeros += (tree.tokens[accepted[0]] if accepted else token) == 0
     assert abs(zeros / runs - 0.5) < 4 * (0.25 / runs) ** 0.5
 
 
-def test_slot_values_do_not_read_the_node_itself():
+def test_slot_mass_does_not_read_the_node_itself():
     tree = Tree.root(0, "without_replacement")
     tree.q[0] = torch.tensor([0.6, 0.3, 0.1])
     a = tree.add(0, 0, 0.6)
     tree.add(0, 1, 0.3)
     tree.q[a] = torch.tensor([0.5, 0.5, 0.0])
     tree.add(a, 2, 0.0)
-    assert slot_values(tree) == pytest.approx([1.0, 0.4, 0.6])
+    assert slot_mass(tree) == pytest.approx([1.0, 0.4, 1.0])
     tree.tokens[2], tree.draft_probs[2] = 2, 0.1  # another draw there: its own slot stays
-    assert slot_values(tree) == pytest.approx([1.0, 0.4, 0.6])
+    assert slot_mass(tree) == pytest.approx([1.0, 0.4, 1.0])
+
+
+def test_estimates_learn_acceptance_per_bin():
+    """A node's value is the product over its path of the acceptance rate seen for its bin; before
+    any evidence, the draft's own probability."""
+    state = AutoState()
+    tree = Tree.root(0, "deterministic")
+    a = tree.add(0, 1, 0.95)
+    tree.add(a, 2, 0.35)
+    assert estimates(state, tree, sampled=False) == pytest.approx([0.95, 0.95 * 0.35])
+    for _ in range(40):  # the likely token always accepted, the unlikely one always rejected
+        auto_update(state, tree, False, accepted=[a], emitted=2, step_ms=100.0)
+    likely, unlikely = estimates(state, tree, sampled=False)
+    assert likely > 0.98 and unlikely < 0.05
+    assert state.rate == pytest.approx(0.02)
+
+
+def test_next_auto_cap_is_a_little_more_than_what_paid():
+    assert [next_auto_cap(n) for n in (0, 3, 8, 16, 60)] == [4, 4, 11, 21, 64]
 
 
 def test_hull_and_sampled_keep():
