@@ -22,7 +22,7 @@ from transformers.integrations.sdpa_attention import sdpa_attention_forward
 NAME = "dyspec_rowwise"
 BLOCK = 64
 
-# (mask, (q_len, kv_len), groups): one mask object (or None) serves every layer of a forward.
+# (mask, shape, groups): one mask object (or None) and shape serve every layer of a forward.
 # Holding the mask keeps its id from being reused by a later tensor, so an identity check is safe.
 _groups_cache: tuple = (None, None, None)
 

@@ -11,12 +11,13 @@ step. A policy builds up to a cap, then the engine cuts the tree:
   siblings did and its value (known before its draw) pays for its marginal cost, the slope of
   t(n)'s convex hull times the recent tokens per ms.
 A node's value is its estimated chance of acceptance: the product over its path of acceptance rates
-learnt online, per bin of draft probability (chosen children) or of slot mass, the draft mass left
-by earlier siblings (sampled children), from the nodes that verification reached in past steps. A
-single scale (accepted / predicted, the first version) let the many low-probability nodes of a big
-tree borrow the acceptance of the few likely ones. The draft time of this step is spent by the cut,
-so it counts in full for every n; the next step's cap follows the n worth *building*, counting the
-draft forwards the first n nodes needed (`next_auto_cap`).
+learnt online, per bin of draft probability (chosen children) or of the slot's key, sum of q(x)^2
+over the tokens earlier siblings left (sampled children: known before the draw), from the nodes
+that verification reached in past steps. A single scale (accepted / predicted, the first version)
+let the many low-probability nodes of a big tree borrow the acceptance of the few likely ones.
+The draft time of this step is spent by the cut, so it counts in full for every n; the next
+step's cap follows the n worth *building*, counting the draft forwards the first n nodes needed
+(`next_auto_cap`).
 """
 
 from __future__ import annotations
@@ -24,6 +25,8 @@ from __future__ import annotations
 import bisect
 from collections.abc import Callable
 from dataclasses import dataclass, field
+
+import torch
 
 from dyspec.tree import Tree
 
@@ -60,16 +63,25 @@ def best_prefix_size(values: list[float], target_ms: dict[int, float], draft_ms:
     return best_n
 
 
-def slot_mass(tree: Tree) -> list[float]:
-    """Each drafted node's slot, as known before its token was drawn: the draft mass its earlier
-    siblings (distinct tokens) left, the chance that verification gets to try this child if the
-    target were the draft (DySpec's slot value is the parent's value times this)."""
-    earlier: dict[int, dict[int, float]] = {}  # parent -> token -> draft probability, of children so far
+def slot_keys(tree: Tree) -> list[float]:
+    """Each drafted node's slot, as known before its token was drawn: the chance that two draws from
+    its proposal q agree, sum of q(x)^2 over the tokens its earlier siblings did not take. It is the
+    expected draft probability of the token the slot will draw (what T = 0 reads after the fact),
+    times the mass the earlier siblings left; high where the draft is sure, low for a late sibling."""
+    squares: dict[int, torch.Tensor] = {}  # parent (or node, for its own proposal) -> q^2
+    taken: dict[int, float] = {}  # parent -> sum of q^2 over the tokens its children so far took
+    seen: dict[int, set[int]] = {}
     out = []
     for s in range(1, len(tree)):
-        siblings = earlier.setdefault(tree.parents[s], {})
-        out.append(max(0.0, 1 - sum(siblings.values())))
-        siblings.setdefault(tree.tokens[s], tree.draft_probs[s])
+        u = tree.parents[s]
+        source = s if s in tree.child_q else u
+        if source not in squares:
+            squares[source] = tree.proposal(s).double().pow(2)
+        sq = squares[source]
+        out.append(max(0.0, float(sq.sum()) - taken.get(u, 0.0)))
+        if tree.tokens[s] not in seen.setdefault(u, set()):
+            seen[u].add(tree.tokens[s])
+            taken[u] = taken.get(u, 0.0) + float(sq[tree.tokens[s]])
     return out
 
 
@@ -117,7 +129,7 @@ class AutoState:
     """What `--budget auto` carries from step to step; all of it comes from past steps."""
 
     cap: int = AUTO_START
-    # per bin of a node's key (its draft probability, or its slot mass when children are sampled):
+    # per bin of a node's key (its draft probability, or its slot key when children are sampled):
     # decayed counts of nodes whose parent verification reached, and of those it accepted
     reached: list[float] = field(default_factory=lambda: [PRIOR] * BINS)
     accepted: list[float] = field(default_factory=lambda: [PRIOR * (b + 0.5) / BINS for b in range(BINS)])
@@ -125,14 +137,14 @@ class AutoState:
 
 
 def _bins(tree: Tree, sampled: bool) -> list[int]:
-    keys = slot_mass(tree) if sampled else tree.draft_probs[1:]
+    keys = slot_keys(tree) if sampled else tree.draft_probs[1:]
     return [min(int(k * BINS), BINS - 1) for k in keys]
 
 
 def estimates(state: AutoState, tree: Tree, sampled: bool) -> list[float]:
     """Each drafted node's estimated chance of being accepted: the product, over its path, of the
     acceptance rate observed for nodes of the same bin whose parent was reached. The bin is the
-    node's draft probability when children were chosen, its slot mass when they were sampled: then
+    node's draft probability when children were chosen, its slot key when they were sampled: then
     nothing here reads a node's own token, only its ancestors' and earlier siblings'."""
     value = [1.0]
     for s, b in enumerate(_bins(tree, sampled), start=1):

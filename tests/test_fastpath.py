@@ -15,7 +15,7 @@ from dyspec.budget import (
     interpolate_ms,
     next_auto_cap,
     sampled_keep,
-    slot_mass,
+    slot_keys,
 )
 from dyspec.engine import encode_prompt
 from dyspec.events import StepVerified
@@ -166,16 +166,16 @@ def test_auto_budget_at_t_above_0_ignores_the_drawn_token():
     assert abs(zeros / runs - 0.5) < 4 * (0.25 / runs) ** 0.5
 
 
-def test_slot_mass_does_not_read_the_node_itself():
+def test_slot_keys_do_not_read_the_node_itself():
     tree = Tree.root(0, "without_replacement")
     tree.q[0] = torch.tensor([0.6, 0.3, 0.1])
     a = tree.add(0, 0, 0.6)
     tree.add(0, 1, 0.3)
     tree.q[a] = torch.tensor([0.5, 0.5, 0.0])
     tree.add(a, 2, 0.0)
-    assert slot_mass(tree) == pytest.approx([1.0, 0.4, 1.0])
-    tree.tokens[2], tree.draft_probs[2] = 2, 0.1  # another draw there: its own slot stays
-    assert slot_mass(tree) == pytest.approx([1.0, 0.4, 1.0])
+    assert slot_keys(tree) == pytest.approx([0.46, 0.10, 0.5])  # sum q^2, less the earlier siblings'
+    tree.tokens[2], tree.draft_probs[2] = 2, 0.1  # another draw there: its own key stays
+    assert slot_keys(tree) == pytest.approx([0.46, 0.10, 0.5])
 
 
 def test_estimates_learn_acceptance_per_bin():
