@@ -136,18 +136,18 @@ class AutoState:
     rate: float | None = None  # decayed tokens per ms of the steps so far
 
 
-def _bins(tree: Tree, sampled: bool) -> list[int]:
+def node_bins(tree: Tree, sampled: bool) -> list[int]:
+    """Each drafted node's bin: of its draft probability when children were chosen, of its slot key
+    when they were sampled (then nothing reads a node's own token). A cut keeps a kept node's bin."""
     keys = slot_keys(tree) if sampled else tree.draft_probs[1:]
     return [min(int(k * BINS), BINS - 1) for k in keys]
 
 
-def estimates(state: AutoState, tree: Tree, sampled: bool) -> list[float]:
+def estimates(state: AutoState, tree: Tree, bins: list[int]) -> list[float]:
     """Each drafted node's estimated chance of being accepted: the product, over its path, of the
-    acceptance rate observed for nodes of the same bin whose parent was reached. The bin is the
-    node's draft probability when children were chosen, its slot key when they were sampled: then
-    nothing here reads a node's own token, only its ancestors' and earlier siblings'."""
+    acceptance rate observed for nodes of the same bin (`node_bins`) whose parent was reached."""
     value = [1.0]
-    for s, b in enumerate(_bins(tree, sampled), start=1):
+    for s, b in enumerate(bins, start=1):
         value.append(value[tree.parents[s]] * state.accepted[b] / state.reached[b])
     return value[1:]
 
@@ -159,25 +159,31 @@ def auto_tree(
     target_ms: dict[int, float],
     build_ms: Callable[[int], float],
     spent_ms: float,
-) -> tuple[Tree, list[int]]:
-    """This step's tree cut to size and the old id of each kept node; sets the next step's cap.
-    `build_ms(n)`: draft ms the first n nodes needed; `spent_ms`: draft ms this tree took."""
-    values = estimates(state, tree, sampled)
+) -> tuple[Tree, list[int], list[int]]:
+    """This step's tree cut to size, the old id of each kept node and the kept nodes' bins; sets the
+    next step's cap. `build_ms(n)`: draft ms the first n nodes needed; `spent_ms`: draft ms this
+    tree took."""
+    bins = node_bins(tree, sampled)
+    values = estimates(state, tree, bins)
     if sampled:
         rate = state.rate if state.rate is not None else 1 / interpolate_ms(target_ms, 1)
         keep = sampled_keep(tree, values, target_ms, rate)
     else:
         keep = list(range(1, 1 + best_prefix_size(values, target_ms, lambda n: spent_ms)))
     state.cap = next_auto_cap(best_prefix_size(values, target_ms, build_ms))
-    return tree.subtree(keep)
+    pruned, old_ids = tree.subtree(keep)
+    return pruned, old_ids, [bins[i - 1] for i in keep]
 
 
-def auto_update(state: AutoState, tree: Tree, sampled: bool, accepted: list[int], emitted: int, step_ms: float) -> None:
-    """Learn from the verified (cut) tree: acceptance counts per bin, and tokens per ms."""
+def auto_update(
+    state: AutoState, tree: Tree, bins: list[int], accepted: list[int], emitted: int, step_ms: float
+) -> None:
+    """Learn from the verified (cut) tree and its nodes' bins: acceptance counts per bin, and
+    tokens per ms."""
     state.reached = [TABLE_DECAY * r for r in state.reached]
     state.accepted = [TABLE_DECAY * a for a in state.accepted]
     on_path = {0, *accepted}
-    for s, b in enumerate(_bins(tree, sampled), start=1):
+    for s, b in enumerate(bins, start=1):
         if tree.parents[s] in on_path:
             state.reached[b] += 1
             state.accepted[b] += s in on_path

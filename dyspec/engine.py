@@ -158,7 +158,7 @@ def stream(
         draft_s = _seconds(drafts) - draft_s0
         if auto:
             sampled = temperature > 0 and tree.sampling != "deterministic"
-            tree, old_ids = auto_tree(
+            tree, old_ids, bins = auto_tree(
                 auto,
                 tree,
                 sampled,
@@ -197,7 +197,7 @@ def stream(
         out += emitted
         root = next_token
         if auto:
-            auto_update(auto, tree, sampled, accepted, len(emitted), 1000 * (time.perf_counter() - t0))
+            auto_update(auto, tree, bins, accepted, len(emitted), 1000 * (time.perf_counter() - t0))
 
         texts = _texts(pair, tree.tokens)
         starts = [1, *tree.growth[:-1]]

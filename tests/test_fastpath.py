@@ -14,6 +14,7 @@ from dyspec.budget import (
     hull_ms,
     interpolate_ms,
     next_auto_cap,
+    node_bins,
     sampled_keep,
     slot_keys,
 )
@@ -160,7 +161,9 @@ def test_auto_budget_at_t_above_0_ignores_the_drawn_token():
         tree.q[0] = q
         x = int(torch.multinomial(q, 1, generator=g))
         tree.add(0, x, float(q[x]))
-        keep = sampled_keep(tree, estimates(AutoState(), tree, sampled=True), steep, rate=0.1)  # worth it at 0.5
+        keep = sampled_keep(
+            tree, estimates(AutoState(), tree, node_bins(tree, sampled=True)), steep, rate=0.1
+        )  # worth it at 0.5
         accepted, token = verify_sampled(tree.subtree(keep)[0], p[None].expand(1 + len(keep), 2), g)
         zeros += (tree.tokens[accepted[0]] if accepted else token) == 0
     assert abs(zeros / runs - 0.5) < 4 * (0.25 / runs) ** 0.5
@@ -185,10 +188,10 @@ def test_estimates_learn_acceptance_per_bin():
     tree = Tree.root(0, "deterministic")
     a = tree.add(0, 1, 0.95)
     tree.add(a, 2, 0.35)
-    assert estimates(state, tree, sampled=False) == pytest.approx([0.95, 0.95 * 0.35])
+    assert estimates(state, tree, node_bins(tree, sampled=False)) == pytest.approx([0.95, 0.95 * 0.35])
     for _ in range(40):  # the likely token always accepted, the unlikely one always rejected
-        auto_update(state, tree, False, accepted=[a], emitted=2, step_ms=100.0)
-    likely, unlikely = estimates(state, tree, sampled=False)
+        auto_update(state, tree, node_bins(tree, sampled=False), accepted=[a], emitted=2, step_ms=100.0)
+    likely, unlikely = estimates(state, tree, node_bins(tree, sampled=False))
     assert likely > 0.98 and unlikely < 0.05
     assert state.rate == pytest.approx(0.02)
 
