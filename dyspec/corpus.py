@@ -5,6 +5,7 @@ are for measuring and never used here."""
 from __future__ import annotations
 
 import json
+from itertools import zip_longest
 from pathlib import Path
 
 import torch
@@ -19,11 +20,13 @@ MAX_PROMPT_TOKENS = 512
 
 
 def training_prompts(pair: ModelPair, prompts: list | None, limit: int) -> list:
-    """Up to `limit` prompts (strings or token ids), by default the two training sets interleaved, so
-    a small limit still covers both kinds of instruction. Prompts over MAX_PROMPT_TOKENS are skipped:
-    what is learnt is the responses, and generating after long prompts is slow."""
+    """Up to `limit` prompts (strings or token ids), by default the two training sets interleaved (the
+    longer one's rest after), so a small limit still covers both kinds of instruction. Prompts over
+    MAX_PROMPT_TOKENS are skipped: what is learnt is the responses, and generating after long prompts
+    is slow."""
     if prompts is None:
-        prompts = [p for group in zip(*[load_prompts(name) for name in TRAIN_SETS]) for _, p in group]
+        groups = zip_longest(*[load_prompts(name) for name in TRAIN_SETS])
+        prompts = [item[1] for group in groups for item in group if item is not None]
     return [p for p in prompts if len(encode_prompt(pair, p)) <= MAX_PROMPT_TOKENS][:limit]
 
 

@@ -21,6 +21,7 @@ import time
 from pathlib import Path
 
 import torch
+from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 from tqdm.auto import tqdm
 
@@ -37,13 +38,14 @@ REG_WEIGHT = 0.1
 @torch.inference_mode()
 def collect_features(pair: ModelPair, seqs: list[list[int]], folder: Path) -> list[Path]:
     """The target's final hidden states at every token of every sequence, in shards of SHARD
-    sequences; shards already on disk are kept (resume)."""
+    sequences; complete shards already on disk are kept (resume: a run with more sequences redoes
+    the last, partial shard)."""
     folder.mkdir(parents=True, exist_ok=True)
     paths = []
     for i in tqdm(range(0, len(seqs), SHARD), desc="target features", unit="shard"):
         path = folder / f"features-{i // SHARD:04d}.safetensors"
-        if not path.exists():
-            chunk = seqs[i : i + SHARD]
+        chunk = seqs[i : i + SHARD]
+        if not path.exists() or _shard_sequences(path) != len(chunk):
             feats = [
                 pair.target(torch.tensor([s], device=pair.device), output_hidden_states=True).hidden_states[-1][0]
                 for s in chunk
@@ -58,6 +60,11 @@ def collect_features(pair: ModelPair, seqs: list[list[int]], folder: Path) -> li
             )
         paths.append(path)
     return paths
+
+
+def _shard_sequences(path: Path) -> int:
+    with safe_open(path, "pt") as f:
+        return f.get_slice("lengths").get_shape()[0]
 
 
 def load_sequences(paths: list[Path]) -> list[tuple[torch.Tensor, torch.Tensor]]:
