@@ -126,7 +126,9 @@ PRIOR = 2.0  # pseudo-nodes per bin, accepted at the bin's centre (a calibrated 
 
 @dataclass
 class AutoState:
-    """What `--budget auto` carries from step to step; all of it comes from past steps."""
+    """What `--budget auto` carries from step to step, and from one generation to the next of the
+    same pair, policy, temperature and options (`ModelPair.auto_states`); all of it comes from past
+    steps."""
 
     cap: int = AUTO_START
     # per bin of a node's key (its draft probability, or its slot key when children are sampled):

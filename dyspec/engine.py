@@ -121,12 +121,17 @@ def stream(
 ) -> Iterator[Event]:
     """Generate, yielding `TreeExpanded` and `StepVerified` events per step and a final
     `GenerationFinished`. `budget="auto"` sizes each step's tree by expected gain against the
-    target's measured latency profile (dyspec.budget). `stop()` is polled between steps: when it
+    target's measured latency profile (dyspec.budget), with acceptance rates learnt in earlier steps
+    and generations (`pair.auto_states`). `stop()` is polled between steps: when it
     returns True the generation ends cleanly with stop_reason "stopped"."""
     options = dict(options or {})
     ids = encode_prompt(pair, prompt, chat)
     check_request(pair, ids, policy, AUTO_CAP if budget == "auto" else budget, temperature, max_new_tokens, options)
-    auto = AutoState() if budget == "auto" else None
+    auto = (
+        pair.auto_states.setdefault((policy, temperature, repr(sorted(options.items()))), AutoState())
+        if budget == "auto"
+        else None
+    )
     target_ms = target_profile(pair) if auto else None
     module = get_policy(policy)
     if hasattr(module, "prepare"):
