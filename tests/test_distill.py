@@ -91,12 +91,15 @@ def test_distill_heldout_loss_falls_and_the_draft_loads(feature_pair, tmp_path):
     assert 0 <= report["heldout"]["alpha_d1"] <= 1 and report["draft_vocab"] == 4
     draft = load_feature_draft(tmp_path / "draft", pair.target)
     assert len(draft.vocab) == 4
-    trained = type(pair)(**{**pair.__dict__, "draft": draft})
+    trained = dataclasses.replace(pair, draft=draft)
     ar = generate(trained, PROMPT, policy="ar", max_new_tokens=20).token_ids
     assert generate(trained, PROMPT, policy="dyspec", budget=6, max_new_tokens=20).token_ids == ar
     # Resume: the checkpoint is at the last step, so a second call trains nothing and reports the same.
     again = distill(pair, tmp_path, steps=60, eval_every=30, **kwargs)
     assert again["heldout"] == pytest.approx(report["heldout"])
+    # Resume with more prompts: the partial feature shard (30 of SHARD = 32) is redone, none is lost.
+    more = distill(pair, tmp_path, steps=60, eval_every=30, **{**kwargs, "prompts": prompts + prompts[:10]})
+    assert sum(more["sequences"].values()) == 40
 
 
 def test_shipped_distilled_draft_is_exact_on_the_default_target(pair_default):
