@@ -105,6 +105,8 @@ def _engine_run(
         "target_s": sum(s.target_s for s in steps),
         "overhead_s": sum(s.overhead_s for s in steps),
         "tree_build_s": sum(s.tree_build_s for s in steps),
+        "tree_nodes": sum(len(s.tokens) - 1 for s in steps),
+        "draft_forwards": finished.draft_forwards,
         "accept_lengths": {str(k): v for k, v in sorted(Counter(s.accepted_len for s in steps).items())},
         "calibration": {"reached": reached, "accepted": accepted},
     }
@@ -147,6 +149,8 @@ def _hf_run(
         "target_s": None,
         "overhead_s": None,
         "tree_build_s": None,
+        "tree_nodes": None,
+        "draft_forwards": None,
         "accept_lengths": {},
         "calibration": {"reached": [], "accepted": []},
     }
@@ -235,15 +239,16 @@ def run_bench(
 
 def markdown_table(rows: list[dict]) -> str:
     lines = [
-        "| dataset | policy | budget | T | runs | tokens/forward | tokens/s | speedup vs ar |",
-        "|---|---|---|---|---|---|---|---|",
+        "| dataset | policy | budget | T | runs | nodes/forward | tokens/forward | tokens/s | speedup vs ar |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
+        npf = "-" if r["nodes_per_forward"] is None else f"{r['nodes_per_forward']:.1f}"
         tpf = f"{r['tokens_per_forward']:.2f}" if r["tokens_per_forward"] else "-"
         sp = f"{r['speedup']:.2f}x" if r["speedup"] else "-"
         lines.append(
             f"| {r['dataset']} | {r['policy']} | {r['budget']} | {r['temperature']:g} | {r['runs']} | "
-            f"{tpf} | {r['tokens_per_s']:.1f} | {sp} |"
+            f"{npf} | {tpf} | {r['tokens_per_s']:.1f} | {sp} |"
         )
     return "\n".join(lines)
 

@@ -3,9 +3,11 @@
 The papers fix the budget (or pick it offline, Sequoia); on a CPU, where one target forward of n
 tree tokens costs t(n) that grows with n, the right size depends on how confident the draft is this
 step. A policy builds up to a cap, then the engine cuts the tree:
-- children chosen, not sampled (T = 0, top-k, EAGLE-2): any cut keeps verification exact, so it
-  keeps the first n nodes (by id: ancestors and earlier siblings come first) that maximise expected
-  committed tokens per ms, (1 + sum of node values) / (draft ms + t(n + 1));
+- children chosen, not sampled (T = 0, top-k, EAGLE-2): any cut closed under ancestors keeps
+  verification exact, so it keeps the n most valuable nodes (a node is worth no more than its
+  parent, so they form a tree), n maximising expected committed tokens per ms,
+  (1 + sum of node values) / (draft ms + t(n + 1)). A cut by id kept whole early layers of a wide
+  tree (DySpec's batches) and dropped the deep nodes that pay;
 - children sampled (T > 0): keeping a drafted token only when the draft liked it biases the output,
   so no decision may read a node's own token. In id order, a node stays when its parent and earlier
   siblings did and its value (known before its draw) pays for its marginal cost, the slope of
@@ -17,7 +19,9 @@ that verification reached in past steps. A single scale (accepted / predicted, t
 let the many low-probability nodes of a big tree borrow the acceptance of the few likely ones.
 The draft time of this step is spent by the cut, so it counts in full for every n; the next
 step's cap follows the n worth *building*, counting the draft forwards the first n nodes needed
-(`next_auto_cap`).
+(`next_auto_cap`). The saved profile t(n) is scaled by what verification measured in recent steps:
+a shared machine's speed drifts, and a profile taken under load overstates t(1) and so favours
+big trees.
 """
 
 from __future__ import annotations
@@ -35,10 +39,11 @@ AUTO_MIN = 4
 AUTO_START = 16
 
 
-def next_auto_cap(worth: int) -> int:
-    """A quarter more (and one) than the size worth building: room to grow when everything built
-    paid, little waste for a sequential build (a chain: one draft forward per node)."""
-    return min(AUTO_CAP, max(AUTO_MIN, worth + 1 + worth // 4))
+def next_auto_cap(worth: int, room: int) -> int:
+    """The size worth building and `room` more, the nodes one more draft forward adds: room to grow
+    when everything built paid, at the cost of at most one draft forward. A chain adds one node per
+    forward (each a full draft step: a quarter more nodes, the first rule, cost it ~25% of a step)."""
+    return min(AUTO_CAP, max(AUTO_MIN, worth + max(1, room)))
 
 
 def interpolate_ms(profile: dict[int, float], n: int) -> float:
@@ -136,6 +141,7 @@ class AutoState:
     reached: list[float] = field(default_factory=lambda: [PRIOR] * BINS)
     accepted: list[float] = field(default_factory=lambda: [PRIOR * (b + 0.5) / BINS for b in range(BINS)])
     rate: float | None = None  # decayed tokens per ms of the steps so far
+    ms_scale: float | None = None  # decayed ratio of measured verification ms to the saved profile's
 
 
 def node_bins(tree: Tree, sampled: bool) -> list[int]:
@@ -161,27 +167,41 @@ def auto_tree(
     target_ms: dict[int, float],
     build_ms: Callable[[int], float],
     spent_ms: float,
+    per_forward: int,
 ) -> tuple[Tree, list[int], list[int]]:
     """This step's tree cut to size, the old id of each kept node and the kept nodes' bins; sets the
     next step's cap. `build_ms(n)`: draft ms the first n nodes needed; `spent_ms`: draft ms this
-    tree took."""
+    tree took; `per_forward`: nodes the draft added per forward."""
+    target_ms = {n: ms * (state.ms_scale or 1.0) for n, ms in target_ms.items()}
     bins = node_bins(tree, sampled)
     values = estimates(state, tree, bins)
     if sampled:
         rate = state.rate if state.rate is not None else 1 / interpolate_ms(target_ms, 1)
         keep = sampled_keep(tree, values, target_ms, rate)
+        worth = best_prefix_size(values, target_ms, build_ms)
     else:
-        keep = list(range(1, 1 + best_prefix_size(values, target_ms, lambda n: spent_ms)))
-    state.cap = next_auto_cap(best_prefix_size(values, target_ms, build_ms))
+        order = sorted(range(1, len(tree)), key=lambda s: -values[s - 1])  # stable: a parent first on ties
+        ranked = [values[s - 1] for s in order]
+        keep = sorted(order[: best_prefix_size(ranked, target_ms, lambda n: spent_ms)])
+        # building the best n nodes takes the draft forwards up to the last of them
+        worth = best_prefix_size(ranked, target_ms, lambda n: build_ms(max(order[:n], default=0)))
+    state.cap = next_auto_cap(worth, per_forward)
     pruned, old_ids = tree.subtree(keep)
     return pruned, old_ids, [bins[i - 1] for i in keep]
 
 
 def auto_update(
-    state: AutoState, tree: Tree, bins: list[int], accepted: list[int], emitted: int, step_ms: float
+    state: AutoState,
+    tree: Tree,
+    bins: list[int],
+    accepted: list[int],
+    emitted: int,
+    step_ms: float,
+    verify_ms: float,
+    target_ms: dict[int, float],
 ) -> None:
-    """Learn from the verified (cut) tree and its nodes' bins: acceptance counts per bin, and
-    tokens per ms."""
+    """Learn from the verified (cut) tree and its nodes' bins: acceptance counts per bin, tokens per
+    ms, and how verification's measured ms compares with the saved profile `target_ms`."""
     state.reached = [TABLE_DECAY * r for r in state.reached]
     state.accepted = [TABLE_DECAY * a for a in state.accepted]
     on_path = {0, *accepted}
@@ -191,3 +211,5 @@ def auto_update(
             state.accepted[b] += s in on_path
     rate = emitted / step_ms
     state.rate = rate if state.rate is None else DECAY * state.rate + (1 - DECAY) * rate
+    scale = verify_ms / interpolate_ms(target_ms, len(tree))
+    state.ms_scale = scale if state.ms_scale is None else DECAY * state.ms_scale + (1 - DECAY) * scale

@@ -106,6 +106,15 @@ def _emit(event: Event, hooks: Sequence[Hook]) -> Event:
     return event
 
 
+def _build_ms(module, drafts: list[DraftSession], options: dict, draft_s: float, forwards: int) -> Callable:
+    """Draft ms a tree of n nodes costs, for `--budget auto`'s next cap: as the policy prices it
+    (`forwards_for`: DySpec's batched build takes 4 forwards at any size), else the forwards this
+    tree's first n nodes took (a chain, or a static tree built layer by layer)."""
+    if hasattr(module, "forwards_for"):
+        return lambda n: 1000 * draft_s * module.forwards_for(max(n, 1), options) / forwards
+    return lambda n: 1000 * sum(d.seconds_to_build(n) for d in drafts)
+
+
 def stream(
     pair: ModelPair,
     prompt: str | Sequence[int],
@@ -163,13 +172,10 @@ def stream(
         draft_s = _seconds(drafts) - draft_s0
         if auto:
             sampled = temperature > 0 and tree.sampling != "deterministic"
+            forwards = max(1, _forwards(drafts) - draft_f0)
+            build_ms = _build_ms(module, drafts, options, draft_s, forwards)
             tree, old_ids, bins = auto_tree(
-                auto,
-                tree,
-                sampled,
-                target_ms,
-                lambda n: 1000 * sum(d.seconds_to_build(n) for d in drafts),
-                1000 * draft_s,
+                auto, tree, sampled, target_ms, build_ms, 1000 * draft_s, -(-tree.size // forwards)
             )
             for draft in drafts:
                 draft.relabel(old_ids)
@@ -202,7 +208,8 @@ def stream(
         out += emitted
         root = next_token
         if auto:
-            auto_update(auto, tree, bins, accepted, len(emitted), 1000 * (time.perf_counter() - t0))
+            step_ms = 1000 * (time.perf_counter() - t0)
+            auto_update(auto, tree, bins, accepted, len(emitted), step_ms, 1000 * (t3 - t2), target_ms)
 
         texts = _texts(pair, tree.tokens)
         starts = [1, *tree.growth[:-1]]

@@ -49,9 +49,9 @@ def policy_label(record: dict) -> str:
 
 
 def summarize(records: list[dict]) -> list[dict]:
-    """One row per (dataset, policy with its options, budget, temperature): tokens per forward and
-    the speedup over `ar` on the same prompts, as total tokens / total seconds of each, measured in
-    the same run."""
+    """One row per (dataset, policy with its options, budget, temperature): tokens and verified tree
+    nodes per target forward, and the speedup over `ar` on the same prompts, as total tokens / total
+    seconds of each, measured in the same run."""
     groups = defaultdict(list)
     for r in records:
         groups[r["dataset"], policy_label(r), r["budget"], r["temperature"]].append(r)
@@ -60,6 +60,7 @@ def summarize(records: list[dict]) -> list[dict]:
     for (dataset, policy, budget, temperature), rs in sorted(groups.items(), key=lambda kv: str(kv[0])):
         paired = [(r, ar[k]) for r in rs if (k := (dataset, r["prompt_id"], temperature, r["seed"])) in ar]
         forwards = sum(r["target_forwards"] or 0 for r in rs)
+        nodes = [r.get("tree_nodes") for r in rs]  # absent from records before 0.2.1
         speed = sum(r["new_tokens"] for r, _ in paired) / max(sum(r["wall_s"] for r, _ in paired), 1e-9)
         ar_speed = sum(a["new_tokens"] for _, a in paired) / max(sum(a["wall_s"] for _, a in paired), 1e-9)
         rows.append(
@@ -70,6 +71,7 @@ def summarize(records: list[dict]) -> list[dict]:
                 "temperature": temperature,
                 "runs": len(rs),
                 "tokens_per_forward": sum(r["new_tokens"] for r in rs) / forwards if forwards else None,
+                "nodes_per_forward": sum(nodes) / forwards if forwards and None not in nodes else None,
                 "tokens_per_s": sum(r["new_tokens"] for r in rs) / sum(r["wall_s"] for r in rs),
                 "speedup": speed / ar_speed if paired else None,
             }

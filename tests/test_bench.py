@@ -25,6 +25,7 @@ def test_bench_smoke_and_resume(pair, tmp_path):
         if r["policy"] in ("chain", "dyspec"):
             assert r["target_forwards"] <= ar[r["prompt_id"]]["target_forwards"]
             assert 0 < r["tree_build_s"] <= r["overhead_s"]
+            assert 0 < r["tree_nodes"] <= 4 * r["target_forwards"] and r["draft_forwards"] > 0
             assert sum(r["calibration"]["reached"]) > 0
 
     # An interrupted bench: a partial last line and a missing run; --resume runs only what is missing.

@@ -10,6 +10,7 @@ from dyspec import generate
 from dyspec.attention import rowwise_attention
 from dyspec.budget import (
     AutoState,
+    auto_tree,
     auto_update,
     best_prefix_size,
     estimates,
@@ -202,14 +203,34 @@ def test_estimates_learn_acceptance_per_bin():
     tree.add(a, 2, 0.35)
     assert estimates(state, tree, node_bins(tree, sampled=False)) == pytest.approx([0.95, 0.95 * 0.35])
     for _ in range(40):  # the likely token always accepted, the unlikely one always rejected
-        auto_update(state, tree, node_bins(tree, sampled=False), accepted=[a], emitted=2, step_ms=100.0)
+        auto_update(state, tree, node_bins(tree, sampled=False), [a], 2, 100.0, 60.0, {1: 10.0, 4: 40.0})
     likely, unlikely = estimates(state, tree, node_bins(tree, sampled=False))
     assert likely > 0.98 and unlikely < 0.05
     assert state.rate == pytest.approx(0.02)
+    assert state.ms_scale == pytest.approx(2.0)  # verifying 3 tokens took 60 ms, the profile says 30
 
 
 def test_next_auto_cap_is_a_little_more_than_what_paid():
-    assert [next_auto_cap(n) for n in (0, 3, 8, 16, 60)] == [4, 4, 11, 21, 64]
+    assert [next_auto_cap(n, 1) for n in (0, 3, 8, 16, 63)] == [4, 4, 9, 17, 64]  # a chain: one node more
+    assert next_auto_cap(8, 4) == 12 and next_auto_cap(8, 0) == 9  # one more draft forward's nodes
+
+
+def test_auto_cut_with_chosen_children_keeps_the_most_valuable_nodes():
+    """root -> a (0.95), b (0.05), c (0.05); a -> d (0.95): two nodes pay, and they are a and d,
+    not the first two by id (a and b); the cut scales the profile by what verification measured."""
+    tree = Tree.root(0, "deterministic")
+    a = tree.add(0, 1, 0.95)
+    tree.add(0, 2, 0.05)
+    tree.add(0, 3, 0.05)
+    d = tree.add(a, 4, 0.95)
+    profile = {1: 10.0, 3: 12.0, 5: 30.0}
+    state = AutoState()
+    pruned, old_ids, bins = auto_tree(state, tree, False, profile, lambda n: 10.0, 10.0, per_forward=2)
+    assert old_ids == [0, a, d] and pruned.parents == [-1, 0, 1] and bins == [9, 9]
+    assert state.cap == 4  # worth 2, room 2, at least AUTO_MIN
+    # verification measured 100x cheaper than the profile: next to 10 ms of drafting, every node pays
+    state.ms_scale = 0.01
+    assert auto_tree(state, tree, False, profile, lambda n: 10.0, 10.0, per_forward=2)[1] == [0, 1, 2, 3, 4]
 
 
 def test_hull_and_sampled_keep():

@@ -75,6 +75,15 @@ def test_dyspec_batches_draft_forwards():
     assert tree.growth[-1] == len(tree)
 
 
+@pytest.mark.parametrize("budget,options", [(4, {}), (9, {}), (16, {}), (5, {"batch": 1}), (30, {"batch": 4})])
+def test_dyspec_forwards_for_counts_the_draft_forwards(budget, options):
+    """`--budget auto` prices a DySpec tree of any size by `forwards_for`: 4 forwards at the default
+    batch (budgets up to 16 here: a root has only V = 4 children to pop)."""
+    draft = SyntheticDraft()
+    tree = dyspec.build(draft, 0, budget, 0.0, torch.Generator(), select="top", **options)
+    assert tree.size == budget and draft.forwards == dyspec.forwards_for(budget, options)
+
+
 def test_dyspec_sampling_draws_siblings_without_replacement():
     g = torch.Generator().manual_seed(0)
     tree = dyspec.build(SyntheticDraft(), 0, 32, 0.7, g)

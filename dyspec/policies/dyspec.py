@@ -41,6 +41,13 @@ def _head(score: str, head: str | None) -> AcceptanceHead | None:
     return load_head(head)[0]
 
 
+def forwards_for(budget: int, options: dict) -> int:
+    """Draft forwards a tree of `budget` nodes takes: 4 at the default batch whatever the budget, so
+    `--budget auto` prices a smaller tree by its width, not by the forwards of a prefix of this one."""
+    batch = options.get("batch") or math.ceil(budget / 4)
+    return math.ceil(budget / batch)
+
+
 def build(
     draft: DraftSession,
     root: int,
