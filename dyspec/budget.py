@@ -177,14 +177,14 @@ def auto_tree(
     values = estimates(state, tree, bins)
     if sampled:
         rate = state.rate if state.rate is not None else 1 / interpolate_ms(target_ms, 1)
-        order = keep = sampled_keep(tree, values, target_ms, rate)
+        keep = sampled_keep(tree, values, target_ms, rate)
+        worth = best_prefix_size(values, target_ms, build_ms)
     else:
         order = sorted(range(1, len(tree)), key=lambda s: -values[s - 1])  # stable: a parent first on ties
-        keep = sorted(order[: best_prefix_size([values[s - 1] for s in order], target_ms, lambda n: spent_ms)])
-    # worth building: a prefix of `order` (the kept nodes when sampled: the nodes a cut drops, e.g. a
-    # DySpec batch's late siblings, are not worth building), each costing the forwards up to it
-    ranked = [values[s - 1] for s in order]
-    worth = best_prefix_size(ranked, target_ms, lambda n: build_ms(max(order[:n], default=0)))
+        ranked = [values[s - 1] for s in order]
+        keep = sorted(order[: best_prefix_size(ranked, target_ms, lambda n: spent_ms)])
+        # building the best n nodes takes the draft forwards up to the last of them
+        worth = best_prefix_size(ranked, target_ms, lambda n: build_ms(max(order[:n], default=0)))
     state.cap = next_auto_cap(worth, per_forward)
     pruned, old_ids = tree.subtree(keep)
     return pruned, old_ids, [bins[i - 1] for i in keep]

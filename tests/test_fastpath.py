@@ -233,26 +233,6 @@ def test_auto_cut_with_chosen_children_keeps_the_most_valuable_nodes():
     assert auto_tree(state, tree, False, profile, lambda n: 10.0, 10.0, per_forward=2)[1] == [0, 1, 2, 3, 4]
 
 
-def test_auto_cap_with_sampled_children_follows_the_kept_nodes():
-    """root -> a (slot key 0.94) and 3 siblings drawn after it (keys ~0), a -> c -> d (0.94 each):
-    the cut drops the siblings, and the next cap is sized on what it kept (3 nodes, + 1 for a chain
-    of forwards), not on an id prefix that counts the siblings (which would say all 6 pay)."""
-    q = torch.tensor([0.97, 0.01, 0.01, 0.01])
-    tree = Tree.root(0, "without_replacement")
-    tree.q[0] = q
-    a = tree.add(0, 0, 0.97)
-    for token in (1, 2, 3):
-        tree.add(0, token, 0.01)
-    c = tree.add(a, 0, 0.97)
-    d = tree.add(c, 0, 0.97)
-    tree.q[a] = tree.q[c] = q
-    state = AutoState()
-    profile = {1: 10.0, 64: 73.0}
-    pruned, old_ids, _ = auto_tree(state, tree, True, profile, lambda n: 10.0, 10.0, per_forward=1)
-    assert old_ids == [0, a, c, d] and state.cap == 4
-    assert best_prefix_size(estimates(AutoState(), tree, node_bins(tree, True)), profile, lambda n: 10.0) == 6
-
-
 def test_hull_and_sampled_keep():
     lumpy = {1: 60.0, 2: 112.0, 4: 91.0, 8: 91.0, 16: 102.0}  # measured on this CPU: t(2) > t(4)
     hull = hull_ms(lumpy)
