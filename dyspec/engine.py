@@ -8,6 +8,7 @@ from __future__ import annotations
 import time
 import warnings
 from collections.abc import Callable, Iterator, Sequence
+from types import ModuleType
 
 import torch
 
@@ -106,7 +107,9 @@ def _emit(event: Event, hooks: Sequence[Hook]) -> Event:
     return event
 
 
-def _build_ms(module, drafts: list[DraftSession], options: dict, draft_s: float, forwards: int) -> Callable:
+def _build_ms(
+    module: ModuleType, drafts: list[DraftSession], options: dict, draft_s: float, forwards: int
+) -> Callable[[int], float]:
     """Draft ms a tree of n nodes costs, for `--budget auto`'s next cap: as the policy prices it
     (`forwards_for`: DySpec's batched build takes 4 forwards at any size), else the forwards this
     tree's first n nodes took (a chain, or a static tree built layer by layer)."""
