@@ -32,7 +32,8 @@ def training_prompts(pair: ModelPair, prompts: list | None, limit: int) -> list:
 
 def continuations(pair: ModelPair, prompts: list[str], max_new_tokens: int, path: Path, batch: int = 16) -> list[dict]:
     """The target's greedy continuations of `prompts`, generated in batches and appended to the JSONL
-    file `path` as they come, so an interrupted run resumes where it stopped."""
+    file `path` as they come, so an interrupted run resumes where it stopped (a file with more, from
+    a larger run, gives its first len(prompts))."""
     done = [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
     tok = pair.tokenizer
     todo = prompts[len(done) :]
@@ -54,4 +55,4 @@ def continuations(pair: ModelPair, prompts: list[str], max_new_tokens: int, path
                 f.write(json.dumps({"prompt": x, "response": row}) + "\n")
         bar.update(len(ids))
     bar.close()
-    return [json.loads(line) for line in path.read_text().splitlines()]
+    return [json.loads(line) for line in path.read_text().splitlines()][: len(prompts)]

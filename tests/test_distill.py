@@ -100,6 +100,8 @@ def test_distill_heldout_loss_falls_and_the_draft_loads(feature_pair, tmp_path):
     # Resume with more prompts: the partial feature shard (30 of SHARD = 32) is redone, none is lost.
     more = distill(pair, tmp_path, steps=60, eval_every=30, **{**kwargs, "prompts": prompts + prompts[:10]})
     assert sum(more["sequences"].values()) == 40
+    fewer = distill(pair, tmp_path, steps=60, eval_every=30, **{**kwargs, "prompts": prompts[:20]})
+    assert sum(fewer["sequences"].values()) == 20
 
 
 def test_shipped_distilled_draft_is_exact_on_the_default_target(pair_default):
