@@ -29,6 +29,7 @@ from __future__ import annotations
 import bisect
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from itertools import accumulate
 
 import torch
 
@@ -175,17 +176,17 @@ def auto_tree(
     target_ms = {n: ms * (state.ms_scale or 1.0) for n, ms in target_ms.items()}
     bins = node_bins(tree, sampled)
     values = estimates(state, tree, bins)
+    ids = range(1, len(tree))
+    order = list(ids) if sampled else sorted(ids, key=lambda s: -values[s - 1])  # stable: a parent first on ties
+    ranked = [values[s - 1] for s in order]
     if sampled:
         rate = state.rate if state.rate is not None else 1 / interpolate_ms(target_ms, 1)
         keep = sampled_keep(tree, values, target_ms, rate)
-        worth = best_prefix_size(values, target_ms, build_ms)
     else:
-        order = sorted(range(1, len(tree)), key=lambda s: -values[s - 1])  # stable: a parent first on ties
-        ranked = [values[s - 1] for s in order]
         keep = sorted(order[: best_prefix_size(ranked, target_ms, lambda n: spent_ms)])
-        # building the best n nodes takes the draft forwards up to the last of them
-        worth = best_prefix_size(ranked, target_ms, lambda n: build_ms(max(order[:n], default=0)))
-    state.cap = next_auto_cap(worth, per_forward)
+    # building the first n nodes of `order` takes the draft forwards up to the last of them (by id)
+    last = [0, *accumulate(order, max)]
+    state.cap = next_auto_cap(best_prefix_size(ranked, target_ms, lambda n: build_ms(last[n])), per_forward)
     pruned, old_ids = tree.subtree(keep)
     return pruned, old_ids, [bins[i - 1] for i in keep]
 
