@@ -157,7 +157,9 @@ def estimates(state: AutoState, tree: Tree, bins: list[int]) -> list[float]:
     acceptance rate observed for nodes of the same bin (`node_bins`) whose parent was reached."""
     value = [1.0]
     for s, b in enumerate(bins, start=1):
-        value.append(value[tree.parents[s]] * state.accepted[b] / state.reached[b])
+        # the rate first: a rate <= 1 times the parent's value never exceeds it, so the most valuable
+        # nodes form a tree even where rates are 1 ((v * a) / r can round above v)
+        value.append(value[tree.parents[s]] * (state.accepted[b] / state.reached[b]))
     return value[1:]
 
 

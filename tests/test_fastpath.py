@@ -9,6 +9,7 @@ from torch import nn
 from dyspec import generate
 from dyspec.attention import rowwise_attention
 from dyspec.budget import (
+    BINS,
     AutoState,
     auto_tree,
     auto_update,
@@ -244,3 +245,18 @@ def test_hull_and_sampled_keep():
     for parent, token in [(0, 1), (0, 2), (0, 3), (1, 4)]:
         tree.add(parent, token, 0.5)
     assert sampled_keep(tree, [0.9, 0.05, 0.5, 0.8], lumpy, rate=0.1) == [1, 4]
+
+
+def test_a_node_is_never_worth_more_than_its_parent():
+    """The T = 0 cut keeps the most valuable nodes, which is closed under ancestors only if no value
+    rounds above its parent's; rates of exactly 1 (no rejection yet) are the usual case."""
+    g = torch.Generator().manual_seed(0)
+    for _ in range(200):
+        reached = (torch.rand(BINS, generator=g, dtype=torch.float64) * 30 + 0.1).tolist()
+        share = torch.rand(BINS, generator=g, dtype=torch.float64).clamp(min=0.5).tolist()
+        state = AutoState(reached=reached, accepted=[r if f == 0.5 else r * f for r, f in zip(reached, share)])
+        tree = Tree.root(0, "deterministic")
+        for s in range(1, 40):
+            tree.add(int(torch.randint(s, (1,), generator=g)), s, float(torch.rand(1, generator=g)))
+        values = [1.0, *estimates(state, tree, node_bins(tree, sampled=False))]
+        assert all(values[s] <= values[tree.parents[s]] for s in range(1, len(tree)))
