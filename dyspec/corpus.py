@@ -36,12 +36,12 @@ def continuations(pair: ModelPair, prompts: list[str], max_new_tokens: int, path
     a larger run, gives its first len(prompts))."""
     done = [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
     tok = pair.tokenizer
+    pad = next(t for t in (tok.pad_token_id, tok.eos_token_id, 0) if t is not None)
     todo = prompts[len(done) :]
     bar = tqdm(total=len(prompts), initial=len(done), desc="target continuations", unit="prompt")
     for i in range(0, len(todo), batch):
         ids = [encode_prompt(pair, p) for p in todo[i : i + batch]]
         width = max(map(len, ids))
-        pad = next(t for t in (tok.pad_token_id, tok.eos_token_id, 0) if t is not None)
         input_ids = torch.tensor([[pad] * (width - len(x)) + x for x in ids], device=pair.device)
         mask = torch.tensor([[0] * (width - len(x)) + [1] * len(x) for x in ids], device=pair.device)
         with torch.inference_mode():
@@ -52,7 +52,8 @@ def continuations(pair: ModelPair, prompts: list[str], max_new_tokens: int, path
             for x, row in zip(ids, out[:, width:].tolist()):
                 if tok.eos_token_id is not None and tok.eos_token_id in row:
                     row = row[: row.index(tok.eos_token_id) + 1]
-                f.write(json.dumps({"prompt": x, "response": row}) + "\n")
+                done.append({"prompt": x, "response": row})
+                f.write(json.dumps(done[-1]) + "\n")
         bar.update(len(ids))
     bar.close()
-    return [json.loads(line) for line in path.read_text().splitlines()][: len(prompts)]
+    return done[: len(prompts)]

@@ -253,7 +253,7 @@ def test_a_node_is_never_worth_more_than_its_parent():
     g = torch.Generator().manual_seed(0)
     for _ in range(200):
         reached = (torch.rand(BINS, generator=g, dtype=torch.float64) * 30 + 0.1).tolist()
-        share = torch.rand(BINS, generator=g, dtype=torch.float64).clamp(min=0.5).tolist()
+        share = torch.rand(BINS, generator=g, dtype=torch.float64).clamp(min=0.5).tolist()  # 0.5: rate exactly 1
         state = AutoState(reached=reached, accepted=[r if f == 0.5 else r * f for r, f in zip(reached, share)])
         tree = Tree.root(0, "deterministic")
         for s in range(1, 40):
