@@ -13,10 +13,11 @@ step. A policy builds up to a cap, then the engine cuts the tree:
   siblings did and its value (known before its draw) pays for its marginal cost, the slope of
   t(n)'s convex hull times the recent tokens per ms.
 A node's value is its estimated chance of acceptance: the product over its path of acceptance rates
-learnt online, per bin of draft probability (chosen children) or of the slot's key, sum of q(x)^2
-over the tokens earlier siblings left (sampled children: known before the draw), from the nodes
-that verification reached in past steps. A single scale (accepted / predicted, the first version)
-let the many low-probability nodes of a big tree borrow the acceptance of the few likely ones.
+learnt online, per bin of draft probability (chosen children) or, for sampled children, of whether
+the node is a first child or a later sibling and of the slot's key, sum of q(x)^2 over the tokens
+earlier siblings left (both known before the draw), from the nodes that verification reached in
+past steps. A single scale (accepted / predicted, the first version) let the many low-probability
+nodes of a big tree borrow the acceptance of the few likely ones.
 The draft time of this step is spent by the cut, so it counts in full for every n; the next
 step's cap follows the n worth *building*, counting the draft forwards the first n nodes needed
 (`next_auto_cap`). The saved profile t(n) is scaled by what verification measured in recent steps:
@@ -30,8 +31,6 @@ import bisect
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from itertools import accumulate
-
-import torch
 
 from dyspec.tree import Tree
 
@@ -74,20 +73,19 @@ def slot_keys(tree: Tree) -> list[float]:
     its proposal q agree, sum of q(x)^2 over the tokens its earlier siblings did not take. It is the
     expected draft probability of the token the slot will draw (what T = 0 reads after the fact),
     times the mass the earlier siblings left; high where the draft is sure, low for a late sibling."""
-    squares: dict[int, torch.Tensor] = {}  # parent (or node, for its own proposal) -> q^2
+    sums: dict[int, float] = {}  # parent (or node, for its own proposal) -> sum of q^2
     taken: dict[int, float] = {}  # parent -> sum of q^2 over the tokens its children so far took
     seen: dict[int, set[int]] = {}
     out = []
     for s in range(1, len(tree)):
-        u = tree.parents[s]
+        u, q = tree.parents[s], tree.proposal(s)
         source = s if s in tree.child_q else u
-        if source not in squares:
-            squares[source] = tree.proposal(s).double().pow(2)
-        sq = squares[source]
-        out.append(max(0.0, float(sq.sum()) - taken.get(u, 0.0)))
+        if source not in sums:
+            sums[source] = float(q.square().sum())
+        out.append(max(0.0, sums[source] - taken.get(u, 0.0)))
         if tree.tokens[s] not in seen.setdefault(u, set()):
             seen[u].add(tree.tokens[s])
-            taken[u] = taken.get(u, 0.0) + float(sq[tree.tokens[s]])
+            taken[u] = taken.get(u, 0.0) + float(q[tree.tokens[s]]) ** 2
     return out
 
 
@@ -127,7 +125,7 @@ def sampled_keep(tree: Tree, values: list[float], target_ms: dict[int, float], r
 BINS = 10
 DECAY = 0.8  # weight of earlier steps' tokens per ms: it follows the text within a few steps
 TABLE_DECAY = 0.95  # weight of earlier steps' acceptance counts: ~20 steps of evidence
-PRIOR = 2.0  # pseudo-nodes per bin, accepted at the bin's centre (a calibrated draft) before any evidence
+PRIOR = 2.0  # pseudo-nodes per bin, accepted at the bin's prior rate (`bin_rates`)
 
 
 @dataclass
@@ -137,29 +135,63 @@ class AutoState:
     steps."""
 
     cap: int = AUTO_START
-    # per bin of a node's key (its draft probability, or its slot key when children are sampled):
-    # decayed counts of nodes whose parent verification reached, and of those it accepted
-    reached: list[float] = field(default_factory=lambda: [PRIOR] * BINS)
-    accepted: list[float] = field(default_factory=lambda: [PRIOR * (b + 0.5) / BINS for b in range(BINS)])
+    # per bin (`node_bins`): decayed counts of nodes whose parent verification reached, and of those
+    # it accepted
+    reached: list[float] = field(default_factory=lambda: [0.0] * 2 * BINS)
+    accepted: list[float] = field(default_factory=lambda: [0.0] * 2 * BINS)
     rate: float | None = None  # decayed tokens per ms of the steps so far
     ms_scale: float | None = None  # decayed ratio of measured verification ms to the saved profile's
 
 
 def node_bins(tree: Tree, sampled: bool) -> list[int]:
-    """Each drafted node's bin: of its draft probability when children were chosen, of its slot key
-    when they were sampled (then nothing reads a node's own token). A cut keeps a kept node's bin."""
-    keys = slot_keys(tree) if sampled else tree.draft_probs[1:]
-    return [min(int(k * BINS), BINS - 1) for k in keys]
+    """Each drafted node's bin: of its draft probability when children were chosen; when they were
+    sampled, of its slot key, BINS bins up for a later sibling (nothing here reads a node's own
+    token). A sampled first child is accepted with chance sum min(p, q), whatever q's shape (a
+    self-draft's: 0.8-0.99 in every key bin), a later sibling only after a rejection (0.00-0.11 in
+    the bins that hold 97% of them); in shared bins, where later siblings are most of the low keys,
+    unsure first children were priced like them and the cut dropped the main path. A cut keeps a
+    kept node's bin."""
+    if not sampled:
+        return [slot_bin(k, later=False) for k in tree.draft_probs[1:]]
+    bins, parents = [], set()
+    for s, key in enumerate(slot_keys(tree), start=1):
+        bins.append(slot_bin(key, later=tree.parents[s] in parents))
+        parents.add(tree.parents[s])
+    return bins
 
 
-def estimates(state: AutoState, tree: Tree, bins: list[int]) -> list[float]:
-    """Each drafted node's estimated chance of being accepted: the product, over its path, of the
-    acceptance rate observed for nodes of the same bin (`node_bins`) whose parent was reached."""
+def slot_bin(key: float, later: bool) -> int:
+    """The bin of a key in [0, 1], BINS bins up for a later sibling."""
+    return min(int(key * BINS), BINS - 1) + (BINS if later else 0)
+
+
+def bin_rates(state: AutoState, sampled: bool) -> list[float]:
+    """Each bin's acceptance rate: its evidence plus PRIOR pseudo-nodes at a prior rate, the bin's
+    centre for chosen children (a calibrated draft), and for sampled children the rate measured so
+    far over the bin's group (first children, later siblings), itself starting at 1/2. The bin
+    centre would keep sampled first children with a flat q (key near 0) at ~0.05, so the cut drops
+    them, verification never reaches them, and the bin never learns otherwise. Every rate is <= 1
+    in floating point too (accepted <= reached, prior <= 1), so a node is worth no more than its
+    parent."""
+    if sampled:
+        priors = []
+        for group in (slice(0, BINS), slice(BINS, 2 * BINS)):
+            pooled = (sum(state.accepted[group]) + PRIOR / 2) / (sum(state.reached[group]) + PRIOR)
+            priors += [pooled] * BINS
+    else:
+        priors = [(b + 0.5) / BINS for b in range(BINS)] * 2  # the upper half is unused
+    return [(a + PRIOR * m) / (r + PRIOR) for a, r, m in zip(state.accepted, state.reached, priors)]
+
+
+def estimates(state: AutoState, tree: Tree, bins: list[int], sampled: bool) -> list[float]:
+    """Each drafted node's estimated chance of being accepted: the product, over its path, of its
+    bin's acceptance rate (`node_bins`, `bin_rates`)."""
+    rates = bin_rates(state, sampled)
     value = [1.0]
     for s, b in enumerate(bins, start=1):
-        # the rate first: a rate <= 1 times the parent's value never exceeds it, so the most valuable
-        # nodes form a tree even where rates are 1 ((v * a) / r can round above v)
-        value.append(value[tree.parents[s]] * (state.accepted[b] / state.reached[b]))
+        # a rate <= 1 times the parent's value never exceeds it, so the most valuable nodes form a
+        # tree even where rates are 1 ((v * a) / r can round above v)
+        value.append(value[tree.parents[s]] * rates[b])
     return value[1:]
 
 
@@ -177,14 +209,17 @@ def auto_tree(
     tree took; `per_forward`: nodes the draft added per forward."""
     target_ms = {n: ms * (state.ms_scale or 1.0) for n, ms in target_ms.items()}
     bins = node_bins(tree, sampled)
-    values = estimates(state, tree, bins)
-    ids = range(1, len(tree))
-    order = list(ids) if sampled else sorted(ids, key=lambda s: -values[s - 1])  # stable: a parent first on ties
-    ranked = [values[s - 1] for s in order]
+    values = estimates(state, tree, bins, sampled)
     if sampled:
         rate = state.rate if state.rate is not None else 1 / interpolate_ms(target_ms, 1)
-        keep = sampled_keep(tree, values, target_ms, rate)
+        # the cap follows the kept nodes only: over every node in id order, a few deep nodes of
+        # value paid for the many late siblings between them, and DySpec's cap (its width per
+        # draft forward) grew to 64 for trees cut to ~7
+        keep = order = sampled_keep(tree, values, target_ms, rate)
+        ranked = [values[s - 1] for s in order]
     else:
+        order = sorted(range(1, len(tree)), key=lambda s: -values[s - 1])  # stable: a parent first on ties
+        ranked = [values[s - 1] for s in order]
         keep = sorted(order[: best_prefix_size(ranked, target_ms, lambda n: spent_ms)])
     # building the first n nodes of `order` takes the draft forwards up to the last of them (by id)
     last = [0, *accumulate(order, max)]

@@ -12,7 +12,7 @@ from types import ModuleType
 
 import torch
 
-from dyspec.budget import AUTO_CAP, AutoState, auto_tree, auto_update
+from dyspec.budget import AUTO_CAP, AutoState, auto_tree, auto_update, bin_rates
 from dyspec.draft import DraftSession
 from dyspec.errors import DyspecError
 from dyspec.events import Event, GenerationFinished, StepVerified, TreeExpanded
@@ -171,7 +171,9 @@ def stream(
             break
         t0, draft_s0, draft_f0 = time.perf_counter(), _seconds(drafts), _forwards(drafts)
         cap = auto.cap if auto else budget
-        tree = module.build(drafts if multi_draft else drafts[0], root, cap, temperature, generator, **options)
+        learnt = {"auto_rates": bin_rates(auto, sampled=True)} if auto and getattr(module, "AUTO_RATES", False) else {}
+        source = drafts if multi_draft else drafts[0]
+        tree = module.build(source, root, cap, temperature, generator, **options, **learnt)
         draft_s = _seconds(drafts) - draft_s0
         if auto:
             sampled = temperature > 0 and tree.sampling != "deterministic"

@@ -176,8 +176,8 @@ def test_auto_budget_at_t_above_0_ignores_the_drawn_token():
         x = int(torch.multinomial(q, 1, generator=g))
         tree.add(0, x, float(q[x]))
         keep = sampled_keep(
-            tree, estimates(AutoState(), tree, node_bins(tree, sampled=True)), steep, rate=0.1
-        )  # worth it at 0.5
+            tree, estimates(AutoState(), tree, node_bins(tree, sampled=True), sampled=True), steep, rate=0.05
+        )  # value 0.5 (the prior), worth it from 0.25
         accepted, token = verify_sampled(tree.subtree(keep)[0], p[None].expand(1 + len(keep), 2), g)
         zeros += (tree.tokens[accepted[0]] if accepted else token) == 0
     assert abs(zeros / runs - 0.5) < 4 * (0.25 / runs) ** 0.5
@@ -202,10 +202,10 @@ def test_estimates_learn_acceptance_per_bin():
     tree = Tree.root(0, "deterministic")
     a = tree.add(0, 1, 0.95)
     tree.add(a, 2, 0.35)
-    assert estimates(state, tree, node_bins(tree, sampled=False)) == pytest.approx([0.95, 0.95 * 0.35])
+    assert estimates(state, tree, node_bins(tree, sampled=False), sampled=False) == pytest.approx([0.95, 0.95 * 0.35])
     for _ in range(40):  # the likely token always accepted, the unlikely one always rejected
         auto_update(state, tree, node_bins(tree, sampled=False), [a], 2, 100.0, 60.0, {1: 10.0, 4: 40.0})
-    likely, unlikely = estimates(state, tree, node_bins(tree, sampled=False))
+    likely, unlikely = estimates(state, tree, node_bins(tree, sampled=False), sampled=False)
     assert likely > 0.98 and unlikely < 0.05
     assert state.rate == pytest.approx(0.02)
     assert state.ms_scale == pytest.approx(2.0)  # verifying 3 tokens took 60 ms, the profile says 30
@@ -252,11 +252,36 @@ def test_a_node_is_never_worth_more_than_its_parent():
     rounds above its parent's; rates of exactly 1 (no rejection yet) are the usual case."""
     g = torch.Generator().manual_seed(0)
     for _ in range(200):
-        reached = (torch.rand(BINS, generator=g, dtype=torch.float64) * 30 + 0.1).tolist()
-        share = torch.rand(BINS, generator=g, dtype=torch.float64).clamp(min=0.5).tolist()  # 0.5: rate exactly 1
+        reached = (torch.rand(2 * BINS, generator=g, dtype=torch.float64) * 30 + 0.1).tolist()
+        share = torch.rand(2 * BINS, generator=g, dtype=torch.float64).clamp(min=0.5).tolist()  # 0.5: rate 1
         state = AutoState(reached=reached, accepted=[r if f == 0.5 else r * f for r, f in zip(reached, share)])
-        tree = Tree.root(0, "deterministic")
+        tree = Tree.root(0, "without_replacement")
         for s in range(1, 40):
-            tree.add(int(torch.randint(s, (1,), generator=g)), s, float(torch.rand(1, generator=g)))
-        values = [1.0, *estimates(state, tree, node_bins(tree, sampled=False))]
-        assert all(values[s] <= values[tree.parents[s]] for s in range(1, len(tree)))
+            u = int(torch.randint(s, (1,), generator=g))
+            tree.q[u] = torch.softmax(torch.randn(50, generator=g), 0)
+            tree.add(u, s, float(torch.rand(1, generator=g)))
+        for sampled in (False, True):
+            values = [1.0, *estimates(state, tree, node_bins(tree, sampled), sampled)]
+            assert all(values[s] <= values[tree.parents[s]] for s in range(1, len(tree)))
+
+
+def test_sampled_first_children_and_later_siblings_learn_apart():
+    """Sampled children: a first child with a flat proposal (key 0.1, accepted) and its later
+    sibling (key ~0.08, rejected) would share a bin by key alone. Apart, each learns its own rate,
+    and a first child in a bin never measured takes its group's rate, not the bin's centre."""
+    tree = Tree.root(0, "without_replacement")
+    tree.q[0] = torch.full((10,), 0.1)
+    a = tree.add(0, 1, 0.1)
+    tree.add(0, 2, 0.1)
+    bins = node_bins(tree, sampled=True)
+    assert bins == [1, BINS]
+    state = AutoState()
+    assert estimates(state, tree, bins, sampled=True) == pytest.approx([0.5, 0.5])
+    for _ in range(40):
+        auto_update(state, tree, bins, [a], 2, 100.0, 60.0, {1: 10.0, 4: 40.0})
+    first, later = estimates(state, tree, bins, sampled=True)
+    assert first > 0.95 and later < 0.05
+    sure = Tree.root(0, "without_replacement")
+    sure.q[0] = torch.tensor([0.9, 0.1])
+    sure.add(0, 0, 0.9)
+    assert node_bins(sure, sampled=True) == [8] and estimates(state, sure, [8], sampled=True)[0] > 0.9

@@ -6,6 +6,7 @@ from functools import cache
 import pytest
 import torch
 
+from dyspec.budget import BINS
 from dyspec.errors import DyspecError
 from dyspec.policies import dyspec, dyspec_threshold, eagle2, specinfer
 from dyspec.sequoia import optimal_tree, tree_score
@@ -91,6 +92,16 @@ def test_dyspec_sampling_draws_siblings_without_replacement():
     for u in range(len(tree)):
         kids = [tree.tokens[c] for c in tree.children(u)]
         assert len(kids) == len(set(kids))
+
+
+@pytest.mark.parametrize("first,later,kids", [(0.9, 0.01, [1] * V + [0]), (0.01, 0.9, [V] + [0] * V)])
+def test_dyspec_under_auto_grows_what_the_learnt_rates_value(first, later, kids):
+    """With `auto_rates` (sampled children), a slot is worth its parent's chance times its bin's
+    learnt rate: first children worth 0.9 and later siblings 0.01 grow a chain, the reverse a root
+    with all V children."""
+    rates = [first] * BINS + [later] * BINS
+    tree = dyspec.build(SyntheticDraft(), 0, V, 0.7, torch.Generator().manual_seed(0), batch=1, auto_rates=rates)
+    assert [len(tree.children(u)) for u in range(len(tree))] == kids
 
 
 def test_threshold_respects_threshold_and_budget():

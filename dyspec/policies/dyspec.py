@@ -6,6 +6,7 @@ drawn before) when sampling, or the child's own value v_u * q_u[y] when taking t
 the best slot adds a node and pushes u's next-sibling slot; the new node's first-child slot needs
 its draft distribution, so new nodes wait until the end of the round, when one draft forward
 serves them all. A round pops up to `batch` slots; batch=1 is the paper's sequential algorithm.
+Under `--budget auto` with sampled children the heap values a slot by what auto has learnt instead.
 """
 
 import heapq
@@ -13,6 +14,7 @@ import math
 
 import torch
 
+from dyspec.budget import slot_bin
 from dyspec.draft import DraftSession
 from dyspec.errors import DyspecError
 from dyspec.head import AcceptanceHead, head_for, load_head
@@ -21,6 +23,7 @@ from dyspec.sampling import ranked_children, to_probs
 from dyspec.tree import Tree
 
 NEEDS_DRAFT = True
+AUTO_RATES = True  # `build` takes `auto_rates`, what `--budget auto` learnt, when it runs under it
 SCORES = ("draft", "head")
 
 
@@ -61,6 +64,7 @@ def build(
     draft_temperature: float = 0.6,
     score: str = "draft",
     head: str | None = None,
+    auto_rates: list[float] | None = None,
 ) -> Tree:
     """`batch`: slots popped per draft forward (default budget / 4: 4 draft forwards a step, so the
     tree is at most 4 deep; batch=1 has no such cap but costs a draft forward per node).
@@ -71,27 +75,42 @@ def build(
     probabilities on its path (the paper); "head", the product of SpecDec++ acceptance-head
     predictions (`head`: its file, else the one shipped for the pair). A node's prediction needs the
     draft's hidden state at it, so it exists once the node is forwarded and scores its descendants
-    only: it never decides whether the node itself is kept, which keeps sampling exact."""
+    only: it never decides whether the node itself is kept, which keeps sampling exact.
+    `auto_rates` (set by the engine under `--budget auto`): acceptance rates per slot bin
+    (`dyspec.budget.bin_rates`); with sampled children and score="draft", a slot is worth the
+    chance of reaching its parent times its bin's rate, the value auto's cut will give its node.
+    1 - mass prices a later sibling by the mass left, but a self-draft's first child is accepted
+    0.8-0.99 of the time whatever q's shape and a later sibling 0.00-0.11, so the heap spent its
+    pops on siblings the cut then dropped, and the main path stayed shallow. A slot's bin is known
+    before its draw (q's sum of squares less the earlier siblings'), so this stays exact."""
     batch = math.ceil(budget / 4) if batch is None else batch
     if batch < 1:
         raise DyspecError(f"batch must be at least 1, got {batch}")
     sample, tau, sampling = child_mode(select, temperature, draft_temperature)
     acceptance_head = _head(score, head)
+    learnt = auto_rates is not None and sample and acceptance_head is None
     tree = Tree.root(root, sampling)
     ranked: dict[int, tuple[list[int], list[float]]] = {}  # node -> its children candidates in order
     drawn: dict[int, tuple[int, float]] = {}  # node -> (children added so far, their q mass)
-    reach: list[float] | dict[int, float] = tree.values  # node -> estimated chance of reaching it
+    reach: list[float] | dict[int, float] = {0: 1.0} if learnt else tree.values  # node -> chance of reaching it
+    key_left: dict[int, float] = {}  # node -> sum of q^2 over the tokens its children have not taken
     if acceptance_head is not None:
         reach, predicted = {0: 1.0}, {}
         q1: dict[int, float] = {}  # node -> the draft's T = 1 probability of its token (the head's input)
         ranked_q1: dict[int, list[float]] = {}  # node -> T = 1 probabilities of its ranked candidates
     heap: list[tuple[float, int]] = []  # (-slot value, node)
 
-    def push_slot(u: int) -> None:
+    def slot_value(u: int) -> float:
         k, mass = drawn[u]
+        if learnt:
+            return auto_rates[slot_bin(max(0.0, key_left[u]), later=k > 0)]
+        return 1 - mass if sample else ranked[u][1][k]
+
+    def push_slot(u: int) -> None:
+        k, _ = drawn[u]
         tokens, probs = ranked[u]
         if k < len(tokens) and probs[k] > 0:
-            heapq.heappush(heap, (-reach[u] * (1 - mass if sample else probs[k]), u))
+            heapq.heappush(heap, (-reach[u] * slot_value(u), u))
 
     new = [0]
     while new and tree.size < budget:
@@ -105,20 +124,26 @@ def build(
                 for node, a in zip(new, accept.tolist()):
                     predicted[node] = a
                     reach[node] = reach[tree.parents[node]] * a
+        squares = q.square().sum(-1).tolist() if learnt else None
         for i, node in enumerate(new):
             tree.q[node] = q[i]
             ranked[node] = (tokens[i].tolist(), probs[i].tolist())
             drawn[node] = (0, 0.0)
+            if learnt:
+                key_left[node] = squares[i]
             push_slot(node)
         new = []
         for _ in range(batch):
             if not heap or tree.size >= budget:
                 break
-            _, u = heapq.heappop(heap)
+            neg_value, u = heapq.heappop(heap)
             k, mass = drawn[u]
             child = tree.add(u, ranked[u][0][k], ranked[u][1][k])
             if acceptance_head is not None:
                 q1[child] = ranked_q1[u][k]
+            if learnt:
+                reach[child] = -neg_value
+                key_left[u] -= ranked[u][1][k] ** 2
             drawn[u] = (k + 1, mass + ranked[u][1][k])
             push_slot(u)
             if tree.depths[child] < max_depth:
