@@ -203,19 +203,25 @@ def auto_tree(
     build_ms: Callable[[int], float],
     spent_ms: float,
     per_forward: int,
+    grows_by_values: bool = False,
 ) -> tuple[Tree, list[int], list[int]]:
     """This step's tree cut to size, the old id of each kept node and the kept nodes' bins; sets the
     next step's cap. `build_ms(n)`: draft ms the first n nodes needed; `spent_ms`: draft ms this
-    tree took; `per_forward`: nodes the draft added per forward."""
+    tree took; `per_forward`: nodes the draft added per forward; `grows_by_values`: the policy
+    grew the tree by these estimates (DySpec under auto, `bin_rates`)."""
     target_ms = {n: ms * (state.ms_scale or 1.0) for n, ms in target_ms.items()}
     bins = node_bins(tree, sampled)
     values = estimates(state, tree, bins, sampled)
     if sampled:
         rate = state.rate if state.rate is not None else 1 / interpolate_ms(target_ms, 1)
-        # the cap follows the kept nodes only: over every node in id order, a few deep nodes of
-        # value paid for the many late siblings between them, and DySpec's cap (its width per
-        # draft forward) grew to 64 for trees cut to ~7
-        keep = order = sampled_keep(tree, values, target_ms, rate)
+        keep = sampled_keep(tree, values, target_ms, rate)
+        # a policy that grows by these values (`grows_by_values`) would build about the kept tree
+        # at a cap of its size, so the cap follows the kept nodes: over all of DySpec's nodes a few
+        # deep valuable ones paid for the late siblings between them, and its cap (its width per
+        # draft forward) grew to 64 for trees cut to ~7. A static shape of a smaller size is not
+        # the kept part of a bigger one (Sequoia's tree of 8 is a chain), so there it follows
+        # every node, in id order.
+        order = keep if grows_by_values else list(range(1, len(tree)))
         ranked = [values[s - 1] for s in order]
     else:
         order = sorted(range(1, len(tree)), key=lambda s: -values[s - 1])  # stable: a parent first on ties

@@ -171,7 +171,8 @@ def stream(
             break
         t0, draft_s0, draft_f0 = time.perf_counter(), _seconds(drafts), _forwards(drafts)
         cap = auto.cap if auto else budget
-        learnt = {"auto_rates": bin_rates(auto, sampled=True)} if auto and getattr(module, "AUTO_RATES", False) else {}
+        learns = getattr(module, "AUTO_RATES", False)
+        learnt = {"auto_rates": bin_rates(auto, sampled=True)} if auto and learns else {}
         source = drafts if multi_draft else drafts[0]
         tree = module.build(source, root, cap, temperature, generator, **options, **learnt)
         draft_s = _seconds(drafts) - draft_s0
@@ -180,7 +181,7 @@ def stream(
             forwards = max(1, _forwards(drafts) - draft_f0)
             build_ms = _build_ms(module, drafts, options, draft_s, forwards)
             tree, old_ids, bins = auto_tree(
-                auto, tree, sampled, target_ms, build_ms, 1000 * draft_s, -(-tree.size // forwards)
+                auto, tree, sampled, target_ms, build_ms, 1000 * draft_s, -(-tree.size // forwards), learns and sampled
             )
             for draft in drafts:
                 draft.relabel(old_ids)

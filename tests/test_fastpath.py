@@ -234,6 +234,22 @@ def test_auto_cut_with_chosen_children_keeps_the_most_valuable_nodes():
     assert auto_tree(state, tree, False, profile, lambda n: 10.0, 10.0, per_forward=2)[1] == [0, 1, 2, 3, 4]
 
 
+@pytest.mark.parametrize("grows_by_values,cap", [(True, 5), (False, 10)])
+def test_auto_cap_with_sampled_children(grows_by_values, cap):
+    """root -> a -> d -> e (first children, learnt rate ~1) and 5 later siblings of a (rate ~0),
+    built in 2 nodes per draft forward: the cut keeps the chain. DySpec, which grows by these
+    values, would build about the chain at a cap of its size: 3 nodes worth it, 2 more for one draft
+    forward. A static shape counts every node in id order: all 8 pay together."""
+    tree = Tree.root(0, "without_replacement")
+    for u, token in [(0, 1), *[(0, t) for t in range(2, 7)], (1, 7), (7, 8)]:
+        tree.q[u] = torch.full((10,), 0.1)
+        tree.add(u, token, 0.1)
+    state = AutoState(reached=[100.0] * 2 * BINS, accepted=[100.0] * BINS + [0.0] * BINS)
+    profile = {1: 10.0, 64: 73.0}
+    _, old_ids, _ = auto_tree(state, tree, True, profile, lambda n: 10.0, 10.0, 2, grows_by_values)
+    assert old_ids == [0, 1, 7, 8] and state.cap == cap
+
+
 def test_hull_and_sampled_keep():
     lumpy = {1: 60.0, 2: 112.0, 4: 91.0, 8: 91.0, 16: 102.0}  # measured on this CPU: t(2) > t(4)
     hull = hull_ms(lumpy)

@@ -46,10 +46,13 @@ def available_policies(pair) -> list[str]:
     ]
 
 
+ENGINE_SET = {"auto_rates"}  # `build` arguments the engine sets (under `--budget auto`), never a user
+
+
 def policy_options(name: str) -> dict:
     """The options a policy takes beyond budget and temperature, with their defaults."""
     params = inspect.signature(get_policy(name).build).parameters
-    return {k: p.default for k, p in params.items() if p.kind is p.KEYWORD_ONLY}
+    return {k: p.default for k, p in params.items() if p.kind is p.KEYWORD_ONLY and k not in ENGINE_SET}
 
 
 def check_options(name: str, options: dict) -> None:
