@@ -79,10 +79,10 @@ def build(
     `auto_rates` (set by the engine under `--budget auto`): acceptance rates per slot bin
     (`dyspec.budget.bin_rates`); with sampled children and score="draft", a slot is worth the
     chance of reaching its parent times its bin's rate, the value auto's cut will give its node.
-    1 - mass prices a later sibling by the mass left, but a self-draft's first child is accepted
-    0.8-0.99 of the time whatever q's shape and a later sibling 0.00-0.11, so the heap spent its
-    pops on siblings the cut then dropped, and the main path stayed shallow. A slot's bin is known
-    before its draw (q's sum of squares less the earlier siblings'), so this stays exact."""
+    1 - mass prices a later sibling by the mass left, far above its chance (`budget.node_bins`), so
+    the heap spent its pops on siblings the cut then dropped, and the main path stayed shallow. A
+    slot's bin is known before its draw (q's sum of squares less the earlier siblings'), so this
+    stays exact."""
     batch = math.ceil(budget / 4) if batch is None else batch
     if batch < 1:
         raise DyspecError(f"batch must be at least 1, got {batch}")
