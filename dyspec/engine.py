@@ -153,6 +153,8 @@ def stream(
     eos = pair.tokenizer.eos_token_id
     multi_draft = getattr(module, "MULTI_DRAFT", False)
     drafts = [DraftSession(m, ids) for m in [pair.draft, *(pair.extra_drafts if multi_draft else [])]]
+    source = drafts if multi_draft else drafts[0]  # what the policy drafts from
+    learns = auto is not None and getattr(module, "AUTO_RATES", False)  # the policy grows by auto's rates
     target = KVSession(pair.target, keep_hidden=any(d.needs_features for d in drafts))
 
     t_start = time.perf_counter()
@@ -171,9 +173,7 @@ def stream(
             break
         t0, draft_s0, draft_f0 = time.perf_counter(), _seconds(drafts), _forwards(drafts)
         cap = auto.cap if auto else budget
-        learns = getattr(module, "AUTO_RATES", False)
-        learnt = {"auto_rates": bin_rates(auto, sampled=True)} if auto and learns else {}
-        source = drafts if multi_draft else drafts[0]
+        learnt = {"auto_rates": bin_rates(auto, sampled=True)} if learns else {}
         tree = module.build(source, root, cap, temperature, generator, **options, **learnt)
         draft_s = _seconds(drafts) - draft_s0
         if auto:
