@@ -8,6 +8,7 @@ import json
 import statistics
 import time
 from importlib.metadata import version
+from pathlib import Path
 
 import torch
 from transformers import PreTrainedModel
@@ -58,14 +59,18 @@ def measure_profile(pair, baseline: bool = True) -> dict:
     return profile
 
 
-def target_profile(pair) -> dict[int, float]:
-    """The target's t(n) in ms for this pair, device and precision: measured once per dyspec and
-    torch version (a new kernel makes an old profile lie), cached on disk."""
+def profile_path(pair) -> Path:
+    """Where the target's t(n) for this pair, device and precision is cached: one file per dyspec
+    and torch version (a new kernel makes an old profile lie)."""
     from dyspec.models import cache_dir
 
     key = (pair.target_name, pair.device.type, pair.precision, version("dyspec"), version("torch"))
-    name = "__".join(str(x).replace("/", "_") for x in key)
-    path = cache_dir() / "profiles" / f"{name}.json"
+    return cache_dir() / "profiles" / ("__".join(str(x).replace("/", "_") for x in key) + ".json")
+
+
+def target_profile(pair) -> dict[int, float]:
+    """The target's t(n) in ms, measured once and cached on disk (`profile_path`)."""
+    path = profile_path(pair)
     if not path.exists():
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(json.dumps(measure_profile(pair, baseline=False)))

@@ -9,6 +9,7 @@ from scipy.stats import chisquare
 
 from dyspec import generate
 from dyspec.policies import POLICIES
+from dyspec.profile import profile_path, target_profile
 
 from .tiny import exact_distribution, tiny_feature_pair, tiny_head_file, tiny_model, tiny_pair
 
@@ -99,12 +100,14 @@ def steep_profile(pair, tmp_path, monkeypatch):
     """A saved latency profile for the tiny target in which every tree node costs as much as the
     first, so `--budget auto` keeps only some nodes, depending on their values."""
     monkeypatch.setenv("DYSPEC_CACHE", str(tmp_path))
-    (tmp_path / "profiles").mkdir()
-    profile = {"target": {str(n): 1.0 + n for n in (1, 2, 4, 8, 16, 32, 64, 80)}}
-    (tmp_path / "profiles" / "tiny-target__cpu__native.json").write_text(json.dumps(profile))
+    path = profile_path(pair)
+    path.parent.mkdir(parents=True)
+    path.write_text(json.dumps({"target": {str(n): 1.0 + n for n in (1, 2, 4, 8, 16, 32, 64, 80)}}))
+    assert target_profile(pair)[8] == 9.0
 
 
 def test_auto_budget_samples_target_distribution(pair, exact, steep_profile):
     """End to end through the engine's cut (children drawn without replacement, nodes dropped with
     their later siblings); `test_auto_budget_at_t_above_0_ignores_the_drawn_token` is the sharp test."""
     check_distribution(pair, exact, "dyspec", {}, budget="auto")
+
