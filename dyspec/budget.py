@@ -173,20 +173,22 @@ def bin_rates(state: AutoState, sampled: bool) -> list[float]:
     them, verification never reaches them, and the bin never learns otherwise. Every rate is <= 1
     in floating point too (accepted <= reached, prior <= 1), so a node is worth no more than its
     parent."""
-    if sampled:
-        priors = []
-        for group in (slice(0, BINS), slice(BINS, 2 * BINS)):
-            pooled = (sum(state.accepted[group]) + PRIOR / 2) / (sum(state.reached[group]) + PRIOR)
-            priors += [pooled] * BINS
-    else:
-        priors = [(b + 0.5) / BINS for b in range(BINS)] * 2  # the upper half is unused
+    priors = group_rates(state) if sampled else [(b + 0.5) / BINS for b in range(BINS)] * 2  # upper half unused
     return [(a + PRIOR * m) / (r + PRIOR) for a, r, m in zip(state.accepted, state.reached, priors)]
 
 
-def estimates(state: AutoState, tree: Tree, bins: list[int], sampled: bool) -> list[float]:
+def group_rates(state: AutoState) -> list[float]:
+    """Per bin, the acceptance rate measured so far over its group of sampled children (first
+    children, later siblings), starting at 1/2: what a slot is worth before its key is known."""
+    rates = []
+    for group in (slice(0, BINS), slice(BINS, 2 * BINS)):
+        rates += [(sum(state.accepted[group]) + PRIOR / 2) / (sum(state.reached[group]) + PRIOR)] * BINS
+    return rates
+
+
+def estimates(rates: list[float], tree: Tree, bins: list[int]) -> list[float]:
     """Each drafted node's estimated chance of being accepted: the product, over its path, of its
-    bin's acceptance rate (`node_bins`, `bin_rates`)."""
-    rates = bin_rates(state, sampled)
+    bin's acceptance rate (`bin_rates`, `group_rates`)."""
     value = [1.0]
     for s, b in enumerate(bins, start=1):
         # a rate <= 1 times the parent's value never exceeds it, so the most valuable nodes form a
@@ -211,7 +213,7 @@ def auto_tree(
     grew the tree by these estimates (DySpec under auto, `bin_rates`)."""
     target_ms = {n: ms * (state.ms_scale or 1.0) for n, ms in target_ms.items()}
     bins = node_bins(tree, sampled)
-    values = estimates(state, tree, bins, sampled)
+    values = estimates(bin_rates(state, sampled), tree, bins)
     if sampled:
         rate = state.rate if state.rate is not None else 1 / interpolate_ms(target_ms, 1)
         keep = sampled_keep(tree, values, target_ms, rate)
@@ -219,10 +221,14 @@ def auto_tree(
         # at a cap of its size, so the cap follows the kept nodes: over all of DySpec's nodes a few
         # deep valuable ones paid for the late siblings between them, and its cap (its width per
         # draft forward) grew to 64 for trees cut to ~7. A static shape of a smaller size is not
-        # the kept part of a bigger one (Sequoia's tree of 8 is a chain), so there it follows
-        # every node, in id order.
-        order = keep if grows_by_values else list(range(1, len(tree)))
-        ranked = [values[s - 1] for s in order]
+        # the kept part of a bigger one (Sequoia's tree of 8 is a chain), so there the cap follows
+        # every node, in id order, valued by position alone (`group_rates`): the next step's keys
+        # are not this step's, and a chain's cap that followed them fell after one unsure slot
+        # and grew back one node a step.
+        if grows_by_values:
+            order, ranked = keep, [values[s - 1] for s in keep]
+        else:
+            order, ranked = list(range(1, len(tree))), estimates(group_rates(state), tree, bins)
     else:
         order = sorted(range(1, len(tree)), key=lambda s: -values[s - 1])  # stable: a parent first on ties
         ranked = [values[s - 1] for s in order]

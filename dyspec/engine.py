@@ -173,16 +173,21 @@ def stream(
             break
         t0, draft_s0, draft_f0 = time.perf_counter(), _seconds(drafts), _forwards(drafts)
         cap = auto.cap if auto else budget
+        if auto:  # a node deeper than the tokens left, less the bonus token, is worth nothing
+            cap = min(cap, max(1, max_new_tokens - len(out) - 1))
         learnt = {"auto_rates": bin_rates(auto, sampled=True)} if learns else {}
         tree = module.build(source, root, cap, temperature, generator, **options, **learnt)
         draft_s = _seconds(drafts) - draft_s0
         if auto:
+            next_cap = auto.cap
             sampled = temperature > 0 and tree.sampling != "deterministic"
             forwards = max(1, _forwards(drafts) - draft_f0)
             build_ms = _build_ms(module, drafts, options, draft_s, forwards)
             tree, old_ids, bins = auto_tree(
                 auto, tree, sampled, target_ms, build_ms, 1000 * draft_s, -(-tree.size // forwards), learns and sampled
             )
+            if cap < next_cap:  # sized by the answer's end, this tree says nothing of the next answer's
+                auto.cap = next_cap
             for draft in drafts:
                 draft.relabel(old_ids)
         t1 = time.perf_counter()

@@ -8,6 +8,8 @@ import torch
 from scipy.stats import chisquare
 
 from dyspec import generate
+from dyspec.budget import AutoState
+from dyspec.events import StepVerified
 from dyspec.policies import POLICIES
 from dyspec.profile import profile_path, target_profile
 
@@ -111,3 +113,17 @@ def test_auto_budget_samples_target_distribution(pair, exact, steep_profile):
     their later siblings); `test_auto_budget_at_t_above_0_ignores_the_drawn_token` is the sharp test."""
     check_distribution(pair, exact, "dyspec", {}, budget="auto")
 
+
+def test_auto_trees_end_with_the_answer(pair, steep_profile):
+    """Under `auto` no node is deeper than the tokens left less the bonus token, and those last,
+    shorter trees leave the cap as it was: they say nothing of the next answer's trees."""
+    pair.auto_states.clear()
+    state = pair.auto_states[("chain", 0.0, "[]")] = AutoState(cap=8)
+    steps = []
+    r = generate(pair, PROMPT, policy="chain", budget="auto", max_new_tokens=5, hooks=[steps.append])
+    assert r.token_ids == generate(pair, PROMPT, policy="ar", max_new_tokens=5).token_ids
+    left = 5
+    for step in (s for s in steps if isinstance(s, StepVerified)):
+        assert max(step.depths) == min(8, max(1, left - 1))
+        left -= len(step.emitted)
+    assert state.cap == 8 and sum(state.reached) > 0
