@@ -97,6 +97,25 @@ def check_distribution(pair, exact, policy, options, budget=4):
     assert chisquare(obs.numpy(), exp.numpy()).pvalue > 1e-4
 
 
+@pytest.mark.parametrize("temperature", [0.0, TEMPERATURE])
+def test_every_policy_builds_a_budget_of_1(pair, head, temperature):
+    """`auto` asks for trees of 1 node at an answer's end. dyspec-threshold's default t = 1/budget
+    was 1 there (an error), and Sequoia's optimal tree of 1 node can be the root alone."""
+    options = {"sequoia": {"acceptance": [0.0, 0.9]}, "specdecpp": {"head": head}}
+    expected = generate(pair, PROMPT, policy="ar", max_new_tokens=6).token_ids
+    for policy in POLICIES:
+        r = generate(
+            pair,
+            PROMPT,
+            policy=policy,
+            budget=1,
+            temperature=temperature,
+            max_new_tokens=6,
+            options=options.get(policy),
+        )
+        assert len(r.token_ids) == 6 and (temperature > 0 or r.token_ids == expected), policy
+
+
 @pytest.fixture
 def steep_profile(pair, tmp_path, monkeypatch):
     """A saved latency profile for the tiny target in which every tree node costs as much as the

@@ -1,6 +1,7 @@
 """DySpec's threshold build (App. A.2): layer by layer, one batched draft forward per layer. A node
 keeps drawing children (without replacement) while the value left for its next child exceeds t
-(the paper prints `v < t`; it must be `v > t`). t defaults to 1 / budget; the budget caps the size."""
+(the paper prints `v < t`; it must be `v > t`). t defaults to 1 / budget (1/2 at budget 1: a lone
+child must be likelier accepted than not); the budget caps the size."""
 
 import torch
 
@@ -25,7 +26,7 @@ def build(
     select: str = "auto",
     draft_temperature: float = 0.6,
 ) -> Tree:
-    t = 1 / budget if threshold is None else threshold
+    t = 1 / max(budget, 2) if threshold is None else threshold
     if not 0 < t < 1:
         raise DyspecError(f"threshold must be in (0, 1), got {t}")
     sample, tau, sampling = child_mode(select, temperature, draft_temperature)

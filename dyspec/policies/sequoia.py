@@ -42,7 +42,9 @@ def build(
     children: dict[int, list[int]] = {}
     for i, p in enumerate(parents[1:], start=1):
         children.setdefault(p, []).append(i)
-    frontier = {0: 0}  # static node -> tree node, for the nodes of this layer that have children
+    # static node -> tree node, for the nodes of this layer that have children (an optimal tree can
+    # have none: with acceptance (0, 0, ...) at budget 1)
+    frontier = {0: 0} if children else {}
     while frontier:
         static = list(frontier)
         q = to_probs(draft.logits(tree, [frontier[s] for s in static]), tau)
