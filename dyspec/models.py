@@ -66,6 +66,15 @@ def cache_dir() -> Path:
     return Path(root)
 
 
+def write_cache(path: Path, text: str) -> None:
+    """Write a cache file whole or not at all: processes that share the cache (test workers, an app
+    and a notebook) may measure the same thing at once, and a reader must never see half a file."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f"{path.name}.tmp{os.getpid()}")
+    tmp.write_text(text)
+    tmp.replace(path)
+
+
 def pick_device(device: str | None = None) -> torch.device:
     if device in (None, "auto"):
         if torch.cuda.is_available():

@@ -14,6 +14,7 @@ import torch
 from transformers import PreTrainedModel
 
 from dyspec.kv import KVSession, sync
+from dyspec.models import cache_dir, load_model, write_cache
 
 DEFAULT_SIZES = (1, 2, 4, 8, 16, 32, 48, 64, 80)
 
@@ -43,8 +44,6 @@ def forward_ms(model: PreTrainedModel, sizes=DEFAULT_SIZES, context: int = 100, 
 def measure_profile(pair, baseline: bool = True) -> dict:
     """t(n) of the pair's target and draft as they run (precision included); with `baseline`, also
     a plain fp32 Hugging Face forward of the same target at n = 1 and 8, measured in the same run."""
-    from dyspec.models import load_model
-
     profile = {
         "device": str(pair.device),
         "dtype": str(pair.dtype).removeprefix("torch."),
@@ -62,8 +61,6 @@ def measure_profile(pair, baseline: bool = True) -> dict:
 def profile_path(pair) -> Path:
     """Where the target's t(n) for this pair, device and precision is cached: one file per dyspec
     and torch version (a new kernel makes an old profile lie)."""
-    from dyspec.models import cache_dir
-
     key = (pair.target_name, pair.device.type, pair.precision, version("dyspec"), version("torch"))
     return cache_dir() / "profiles" / ("__".join(str(x).replace("/", "_") for x in key) + ".json")
 
@@ -72,6 +69,5 @@ def target_profile(pair) -> dict[int, float]:
     """The target's t(n) in ms, measured once and cached on disk (`profile_path`)."""
     path = profile_path(pair)
     if not path.exists():
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(measure_profile(pair, baseline=False)))
+        write_cache(path, json.dumps(measure_profile(pair, baseline=False)))
     return {int(n): ms for n, ms in json.loads(path.read_text())["target"].items()}

@@ -112,7 +112,7 @@ def measure_acceptance(
 def acceptance_for(pair, temperature: float, num_prompts: int = 10, width: int = 16) -> list[float]:
     """The measured acceptance vector of `pair` at `temperature`, cached on disk per model pair.
     Measured on IFEval prompts (never on the sets used to report speed)."""
-    from dyspec.models import cache_dir
+    from dyspec.models import cache_dir, write_cache
     from dyspec.prompts import load_prompts
 
     safe = "__".join(str(x).replace("/", "_") for x in (pair.target_name, pair.draft_name, pair.device.type))
@@ -121,6 +121,5 @@ def acceptance_for(pair, temperature: float, num_prompts: int = 10, width: int =
         return load_acceptance(path)
     prompts = [p for _, p in load_prompts("ifeval", num_prompts)]
     acceptance = measure_acceptance(pair, prompts, temperature, width)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps({"acceptance": acceptance, "temperature": temperature, "prompts": len(prompts)}))
+    write_cache(path, json.dumps({"acceptance": acceptance, "temperature": temperature, "prompts": len(prompts)}))
     return acceptance

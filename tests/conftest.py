@@ -5,7 +5,12 @@ import pytest
 import torch
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # tests never reach a model hub
-torch.set_num_threads(min(2, os.cpu_count() or 1))
+# the cores shared among pytest-xdist's workers (`make test`): threads that outnumber the cores spin
+# against each other, 4x slower on the tiny models. The environment carries the count to the
+# processes tests start (notebook kernels, the app, the CLI).
+THREADS = max(1, min(2, os.cpu_count() or 1) // int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", 1)))
+os.environ["OMP_NUM_THREADS"] = str(THREADS)
+torch.set_num_threads(THREADS)
 
 PROMPTS = [
     "Write a short poem about the sea.",
