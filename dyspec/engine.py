@@ -179,15 +179,15 @@ def stream(
         tree = module.build(source, root, cap, temperature, generator, **options, **learnt)
         draft_s = _seconds(drafts) - draft_s0
         if auto:
-            next_cap = auto.cap
+            cap_before = auto.cap
             sampled = temperature > 0 and tree.sampling != "deterministic"
             forwards = max(1, _forwards(drafts) - draft_f0)
             build_ms = _build_ms(module, drafts, options, draft_s, forwards)
             tree, old_ids, bins = auto_tree(
                 auto, tree, sampled, target_ms, build_ms, 1000 * draft_s, -(-tree.size // forwards), learns and sampled
             )
-            if cap < next_cap:  # sized by the answer's end, this tree says nothing of the next answer's
-                auto.cap = next_cap
+            if cap < cap_before:  # sized by the answer's end, this tree says nothing of the next answer's
+                auto.cap = cap_before
             for draft in drafts:
                 draft.relabel(old_ids)
         t1 = time.perf_counter()
