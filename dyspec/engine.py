@@ -174,7 +174,7 @@ def stream(
         t0, draft_s0, draft_f0 = time.perf_counter(), _seconds(drafts), _forwards(drafts)
         cap = auto.cap if auto else budget
         if auto:  # a node deeper than the tokens left, less the bonus token, is worth nothing
-            cap = min(cap, max(1, max_new_tokens - len(out) - 1))
+            cap = min(cap, max(len(drafts), max_new_tokens - len(out) - 1))  # a node per merged draft
         learnt = {"auto_rates": bin_rates(auto, sampled=True)} if learns else {}
         tree = module.build(source, root, cap, temperature, generator, **options, **learnt)
         draft_s = _seconds(drafts) - draft_s0

@@ -146,3 +146,7 @@ def test_auto_trees_end_with_the_answer(pair, steep_profile):
         assert max(step.depths) == min(8, max(1, left - 1))
         left -= len(step.emitted)
     assert state.cap == 8 and sum(state.reached) > 0
+    # specinfer over two merged drafts needs a node from each, even where 1 token is left to draft
+    merged = dataclasses.replace(pair, extra_drafts=[tiny_model(3)], extra_draft_names=["tiny-draft-2"])
+    r = generate(merged, PROMPT, policy="specinfer", budget="auto", max_new_tokens=2)
+    assert r.token_ids == generate(pair, PROMPT, policy="ar", max_new_tokens=2).token_ids
