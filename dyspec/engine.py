@@ -47,6 +47,11 @@ def check_settings(policy: str, budget: int | str, temperature: float, max_new_t
     """Checks that need no model, so that a CLI can fail before loading anything."""
     check_options(policy, options)
     if budget == "auto":
+        shape = [o for o in getattr(get_policy(policy), "SHAPE_OPTIONS", ()) if options.get(o) is not None]
+        if shape:
+            raise DyspecError(
+                f"budget 'auto' sizes {policy}'s tree each step, but the option {shape[0]} fixes it: give a number"
+            )
         return check_settings(policy, AUTO_CAP, temperature, max_new_tokens, options)
     if not isinstance(budget, int) or not 1 <= budget <= MAX_BUDGET:
         raise DyspecError(f"budget must be 'auto' or between 1 and {MAX_BUDGET}, got {budget}")
@@ -57,10 +62,16 @@ def check_settings(policy: str, budget: int | str, temperature: float, max_new_t
 
 
 def check_request(
-    pair: ModelPair, ids: list[int], policy: str, budget: int, temperature: float, max_new_tokens: int, options: dict
+    pair: ModelPair,
+    ids: list[int],
+    policy: str,
+    budget: int | str,
+    temperature: float,
+    max_new_tokens: int,
+    options: dict,
 ) -> None:
-    """`budget` here is a number (AUTO_CAP for "auto")."""
     check_settings(policy, budget, temperature, max_new_tokens, options)
+    budget = AUTO_CAP if budget == "auto" else budget
     if get_policy(policy).NEEDS_DRAFT and pair.draft is None:
         raise DyspecError(f"policy '{policy}' needs a draft model; none is loaded")
     if not ids:
@@ -138,7 +149,7 @@ def stream(
     returns True the generation ends cleanly with stop_reason "stopped"."""
     options = dict(options or {})
     ids = encode_prompt(pair, prompt, chat)
-    check_request(pair, ids, policy, AUTO_CAP if budget == "auto" else budget, temperature, max_new_tokens, options)
+    check_request(pair, ids, policy, budget, temperature, max_new_tokens, options)
     auto = (
         pair.auto_states.setdefault((policy, temperature, repr(sorted(options.items()))), AutoState())
         if budget == "auto"

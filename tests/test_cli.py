@@ -31,6 +31,7 @@ def assert_one_line_error(result, *fragments):
         (["--max-new-tokens", "0"], "max new tokens"),
         (["--policy", "nope"], "unknown policy"),
         (["--policy", "specinfer", "--option", "expansion=2,x"], "expansion"),
+        (["--policy", "specinfer", "--budget", "auto", "--option", "expansion=2,1"], "option expansion fixes it"),
         (["--policy", "dyspec", "--option", "auto_rates=[1]"], "no option auto_rates"),  # the engine's, not a user's
         (["--target", "no-such-org/no-such-model"], "no-such-org/no-such-model"),
         (["--target", "/no/such/folder"], "not found"),

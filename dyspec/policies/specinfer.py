@@ -12,6 +12,7 @@ from dyspec.tree import Tree
 
 NEEDS_DRAFT = True
 MULTI_DRAFT = True  # build() gets every loaded draft
+SHAPE_OPTIONS = ("expansion",)  # fixes the tree's size, which `--budget auto` would set
 
 
 def parse_expansion(expansion: str | list[int] | None, budget: int) -> list[int]:
