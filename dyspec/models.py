@@ -16,6 +16,7 @@ from pathlib import Path
 
 import torch
 import transformers
+from filelock import FileLock
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
 from dyspec import attention
@@ -122,18 +123,22 @@ def _default_target_dir() -> Path:
     out = cache_dir() / "SmolLM2-135M-Instruct-fp32"
     if (out / "model.safetensors").exists():
         return out
-    src = _smollm2_dir()
-    tok = AutoTokenizer.from_pretrained(src, gguf_file=DEFAULT_GGUF)
-    model = AutoModelForCausalLM.from_pretrained(src, gguf_file=DEFAULT_GGUF, dtype=torch.float32)
-    # The weights are dequantized fp32 now; drop the GGUF marker so they can be saved as safetensors.
-    model.hf_quantizer = None
-    del model.config.quantization_config
-    tmp = out.with_name(out.name + f".tmp{os.getpid()}")
-    model.save_pretrained(tmp)
-    tok.save_pretrained(tmp)
-    if out.exists():  # another process got there first
-        shutil.rmtree(tmp)
-    else:
+    out.parent.mkdir(parents=True, exist_ok=True)
+    # one process converts; the others (test workers, an app beside a notebook) wait, then load it
+    with FileLock(out.with_name(out.name + ".lock")):
+        if (out / "model.safetensors").exists():
+            return out
+        src = _smollm2_dir()
+        tok = AutoTokenizer.from_pretrained(src, gguf_file=DEFAULT_GGUF)
+        model = AutoModelForCausalLM.from_pretrained(src, gguf_file=DEFAULT_GGUF, dtype=torch.float32)
+        # The weights are dequantized fp32 now; drop the GGUF marker so they can be saved as safetensors.
+        model.hf_quantizer = None
+        del model.config.quantization_config
+        tmp = out.with_name(out.name + ".tmp")  # a crash leaves no half folder under the real name
+        shutil.rmtree(tmp, ignore_errors=True)
+        model.save_pretrained(tmp)
+        tok.save_pretrained(tmp)
+        shutil.rmtree(out, ignore_errors=True)  # a folder without weights, from before
         tmp.replace(out)
     return out
 

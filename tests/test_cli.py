@@ -8,6 +8,10 @@ import pytest
 
 from .tiny import tiny_model, tiny_tokenizer
 
+# The default target made ready first: a first load (a clean machine) prints the GGUF conversion's
+# progress on stderr, which is not what these tests read.
+pytestmark = pytest.mark.usefixtures("pair")
+
 
 def dyspec(*args, timeout=300):
     return subprocess.run([sys.executable, "-m", "dyspec", *args], capture_output=True, text=True, timeout=timeout)
