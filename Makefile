@@ -20,10 +20,9 @@ $(VENV)/.installed: pyproject.toml Makefile
 
 setup: $(VENV)/.installed
 
-# Test workers (pytest-xdist). Two workers of one thread each finish in ~11 minutes on two cores
-# instead of ~19, but the first notebook's kernel stalled in 2 of 3 such runs (137 s, 611 s; 20 s
-# alone), cause unknown, near nbclient's 600 s cell timeout: one worker until that is understood.
-TEST_WORKERS ?= 1
+# Test workers (pytest-xdist): two of one thread each take ~10 minutes on two cores, one worker of
+# two threads ~16 (the tiny-model tests are Python-bound). TEST_WORKERS=1 for one.
+TEST_WORKERS ?= 2
 
 test: setup
 	$(VENV)/bin/ruff check .
