@@ -168,8 +168,9 @@ def parse_policy_spec(spec: str) -> tuple[str, dict]:
 def run_bench(
     pair: ModelPair, config: BenchConfig, out: Path, resume: bool = False, progress: bool = True
 ) -> list[dict]:
-    """Run every combination not yet in `out` (with `resume`), appending one record per run.
-    Within each (prompt, temperature, seed), `ar` runs first so every other run has its reference.
+    """Run every combination not yet in `out` (with `resume`), appending one record per run, in one
+    pass over the prompts per seed. Within each (prompt, temperature, seed), `ar` runs first so
+    every other run has its reference.
     A policy may carry its own options (`parse_policy_spec`), on top of `config.options`."""
     specs = {}
     for spec in config.policies:
@@ -192,9 +193,11 @@ def run_bench(
     }
     specs.setdefault("ar", ("ar", {}))
     order = ["ar", *[spec for spec in specs if spec != "ar"]]
+    # one pass over the prompts per seed: `auto`, which learns across generations, never meets the
+    # same prompt twice in a row, and at T = 0, where seeds only repeat, passes are repeated measurements
     jobs = [
         (pid, prompt, temperature, seed, *specs[spec], budget)
-        for (pid, prompt), temperature, seed in itertools.product(prompts, config.temperatures, config.seeds)
+        for seed, (pid, prompt), temperature in itertools.product(config.seeds, prompts, config.temperatures)
         for spec in order
         for budget in ([1] if specs[spec][0] in ("ar", "hf") else config.budgets)
     ]

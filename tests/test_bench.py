@@ -41,6 +41,15 @@ def test_bench_smoke_and_resume(pair, tmp_path):
     assert "speedup vs ar" in html and "Draft probability vs acceptance" in html
 
 
+def test_one_pass_over_the_prompts_per_seed(pair, tmp_path):
+    config = BenchConfig(num_prompts=2, policies=("ar", "chain"), budgets=(2,), seeds=(0, 1), max_new_tokens=2)
+    records = run_bench(pair, config, tmp_path / "results.jsonl", progress=False)
+    order = [(r["seed"], r["prompt_id"], r["policy"]) for r in records]
+    prompts = [pid for seed, pid, policy in order if seed == 0 and policy == "ar"]
+    assert len(set(prompts)) == 2
+    assert order == [(seed, pid, policy) for seed in (0, 1) for pid in prompts for policy in ("ar", "chain")]
+
+
 def test_policy_specs_carry_options():
     from dyspec.bench import parse_policy_spec
     from dyspec.errors import DyspecError
