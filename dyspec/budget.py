@@ -37,15 +37,17 @@ from itertools import accumulate
 from dyspec.tree import Tree
 
 AUTO_CAP = 64
-AUTO_MIN = 4
 AUTO_START = 16
 
 
 def next_auto_cap(worth: int, room: int) -> int:
     """The size worth building and `room` more, the nodes one more draft forward adds: room to grow
     when everything built paid, at the cost of at most one draft forward. A chain adds one node per
-    forward (each a full draft step: a quarter more nodes, the first rule, cost it ~25% of a step)."""
-    return min(AUTO_CAP, max(AUTO_MIN, worth + max(1, room)))
+    forward (each a full draft step: a quarter more nodes, the first rule, cost it ~25% of a step).
+    No floor above that: where a draft forward costs most of a target forward (the int8 draft on a
+    CPU with AMX, 0.75x), one node can be all that pays, and a floor of 4 made a chain pay 4 draft
+    forwards a step."""
+    return min(AUTO_CAP, worth + max(1, room))
 
 
 def interpolate_ms(profile: dict[int, float], n: int) -> float:
