@@ -58,6 +58,19 @@ def test_mismatched_vocabularies(tmp_path):
     assert_one_line_error(dyspec("generate", "--prompt", "hi", "--draft", str(tmp_path / "tiny")), "vocabulary")
 
 
+def test_profile_table_puts_the_baseline_under_its_sizes(tmp_path):
+    tiny_model(0).save_pretrained(tmp_path / "tiny")
+    tiny_tokenizer().save_pretrained(tmp_path / "tiny")
+    r = dyspec("profile", "--target", str(tmp_path / "tiny"), "--draft", str(tmp_path / "tiny"))
+    assert r.returncode == 0, r.stderr
+    lines = r.stdout.splitlines()
+    sizes = next(line for line in lines if line.startswith("n "))[9:].split()
+    baseline = next(line for line in lines if line.startswith("fp32 HF"))[9:]
+    cells = {n: baseline[8 * i : 8 * (i + 1)].strip() for i, n in enumerate(sizes)}
+    assert float(cells["1"]) > 0 and float(cells["8"]) > 0
+    assert all(cells[n] == "" for n in sizes if n not in ("1", "8"))
+
+
 def test_generate_json():
     r = dyspec(
         "generate", "--prompt", "Say hello.", "--policy", "dyspec", "--budget", "8", "--max-new-tokens", "8", "--json"
