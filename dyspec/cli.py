@@ -158,8 +158,8 @@ def cmd_profile(args: argparse.Namespace) -> None:
     for name in ("target", "draft", "baseline_hf_fp32_eager"):
         if name in profile:
             label = "fp32 HF" if name.startswith("baseline") else name
-            ms = profile[name]  # the baseline has n = 1 and 8 only: blank under the other sizes
-            print(f"{label:9}" + "".join(f"{ms[n]:8.1f}" if n in ms else " " * 8 for n in profile["target"]))
+            row = profile[name]  # the baseline has n = 1 and 8 only: blank under the other sizes
+            print(f"{label:9}" + "".join(f"{row[n]:8.1f}" if n in row else " " * 8 for n in profile["target"]))
 
 
 def cmd_train_head(args: argparse.Namespace) -> None:
