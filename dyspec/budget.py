@@ -38,6 +38,8 @@ from dyspec.tree import Tree
 
 AUTO_CAP = 64
 AUTO_START = 16
+PROBE_AFTER = 8  # steps without drafting before a probe, doubled after each probe that did not pay
+PROBE_MAX = 128
 
 
 def next_auto_cap(worth: int, room: int) -> int:
@@ -138,13 +140,38 @@ class AutoState:
     same pair, policy, temperature and options (`ModelPair.auto_states`); all of it comes from past
     steps."""
 
-    cap: int = AUTO_START
+    cap: int = AUTO_START  # 0: no tree paid for its draft time, so steps draft nothing (`step_cap`)
+    probe_cap: int = 1  # what a step builds while `cap` is 0, when a probe is due
+    probe_after: int = PROBE_AFTER
+    idle: int = 0  # steps since the draft last built a tree
+    drafted: int = 0  # trees built since the last step that drafted nothing
     # per bin (`node_bins`): decayed counts of nodes whose parent verification reached, and of those
     # it accepted
     reached: list[float] = field(default_factory=lambda: [0.0] * 2 * BINS)
     accepted: list[float] = field(default_factory=lambda: [0.0] * 2 * BINS)
     rate: float | None = None  # decayed tokens per ms of the steps so far
     ms_scale: float | None = None  # decayed ratio of measured verification ms to the saved profile's
+
+
+def step_cap(state: AutoState) -> int:
+    """This step's cap: the learnt one or, where that is 0, a probe of `probe_cap` nodes once
+    `probe_after` steps have drafted nothing: the draft's acceptance and cost are measured only
+    by drafting, and the machine's speed drifts."""
+    return state.cap or (state.probe_cap if state.idle >= state.probe_after else 0)
+
+
+def set_next_cap(state: AutoState, worth: int, room: int) -> None:
+    """The next step's cap from the size worth building (0: not even one node paid for the draft
+    forwards it needed, against a step that runs no draft at all). Then no step drafts but a
+    probe. A probe costs more than its tree: the draft first reads every token it skipped (the
+    prompt too, in a new answer). So where drafting stops again within PROBE_AFTER trees, the
+    next probe comes twice as late; after a longer run that paid, the first comes soon."""
+    state.idle, state.drafted = 0, state.drafted + 1
+    if worth:
+        state.cap = next_auto_cap(worth, room)
+        return
+    state.probe_after = PROBE_AFTER if state.drafted > PROBE_AFTER else min(PROBE_MAX, 2 * state.probe_after)
+    state.cap, state.probe_cap, state.drafted = 0, next_auto_cap(0, room), 0
 
 
 def node_bins(tree: Tree, sampled: bool) -> list[int]:
@@ -239,7 +266,7 @@ def auto_tree(
         keep = sorted(order[: best_prefix_size(ranked, target_ms, lambda n: spent_ms)])
     # building the first n nodes of `order` takes the draft forwards up to the last of them (by id)
     last = [0, *accumulate(order, max)]
-    state.cap = next_auto_cap(best_prefix_size(ranked, target_ms, lambda n: build_ms(last[n])), per_forward)
+    set_next_cap(state, best_prefix_size(ranked, target_ms, lambda n: build_ms(last[n]) if n else 0.0), per_forward)
     pruned, old_ids = tree.subtree(keep)
     return pruned, old_ids, [bins[i - 1] for i in keep]
 
@@ -256,8 +283,9 @@ def auto_update(
 ) -> None:
     """Learn from the verified (cut) tree and its nodes' bins: acceptance counts per bin, tokens per
     ms, and how verification's measured ms compares with the saved profile `target_ms`."""
-    state.reached = [TABLE_DECAY * r for r in state.reached]
-    state.accepted = [TABLE_DECAY * a for a in state.accepted]
+    if bins:  # old evidence fades as new evidence comes, not in steps that verified no node
+        state.reached = [TABLE_DECAY * r for r in state.reached]
+        state.accepted = [TABLE_DECAY * a for a in state.accepted]
     on_path = {0, *accepted}
     for s, b in enumerate(bins, start=1):
         if tree.parents[s] in on_path:

@@ -65,6 +65,22 @@ class DraftSession:
         tree had at most n drafted nodes."""
         return sum(t for size, t in self.calls if size <= n + 1)
 
+    def catch_up(self) -> None:
+        """Feed the draft, in one forward, the committed tokens it has not seen but the root: the
+        prompt, or the tokens of steps that did not draft. Its time counts in `seconds` but not in
+        `calls`, so `--budget auto` prices a tree by what building it costs when the draft keeps up."""
+        if self.kv is None or len(self.pending) < 2:
+            return
+        t = time.perf_counter()
+        features = None if self.pending_features is None else self.pending_features[:-1]
+        self.kv.forward(self.pending[:-1], last_only=True, features=features)
+        sync(self.kv.device)
+        self.seconds += time.perf_counter() - t
+        self.kv.length = self.kv.cached
+        self.pending = self.pending[-1:]
+        if features is not None:
+            self.pending_features = self.pending_features[-1:]
+
     def logits(self, tree: Tree, nodes: list[int]) -> torch.Tensor:
         """Draft logits [len(nodes), V] after each of `nodes`, in one forward with tree attention.
         Node 0 (the root) comes alone, first, once per step; every other node's ancestors are the

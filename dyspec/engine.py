@@ -12,7 +12,7 @@ from types import ModuleType
 
 import torch
 
-from dyspec.budget import AUTO_CAP, AutoState, auto_tree, auto_update, bin_rates
+from dyspec.budget import AUTO_CAP, AutoState, auto_tree, auto_update, bin_rates, step_cap
 from dyspec.draft import DraftSession
 from dyspec.errors import DyspecError
 from dyspec.events import Event, GenerationFinished, StepVerified, TreeExpanded
@@ -125,7 +125,7 @@ def _build_ms(
     (`forwards_for`: DySpec's batched build takes 4 forwards at any size), else the forwards this
     tree's first n nodes took (a chain, or a static tree built layer by layer)."""
     if hasattr(module, "forwards_for"):
-        return lambda n: 1000 * draft_s * module.forwards_for(max(n, 1), options) / forwards
+        return lambda n: 1000 * draft_s * module.forwards_for(n, options) / forwards
     return lambda n: 1000 * sum(d.seconds_to_build(n) for d in drafts)
 
 
@@ -178,24 +178,41 @@ def stream(
     sync(device)
     prefill_s = time.perf_counter() - t_start
     root, out, step, stop_reason = ids[-1], [], 0, "max_new_tokens"
+    skipped = True  # the draft has not run since the prompt, or since steps that drafted nothing
     while len(out) < max_new_tokens:
         if stop is not None and stop():
             stop_reason = "stopped"
             break
-        t0, draft_s0, draft_f0 = time.perf_counter(), _seconds(drafts), _forwards(drafts)
-        cap = auto.cap if auto else budget
-        if auto:  # a node deeper than the tokens left, less the bonus token, is worth nothing
+        t0, seconds0, forwards0 = time.perf_counter(), _seconds(drafts), _forwards(drafts)
+        cap = step_cap(auto) if auto else budget
+        if auto and cap:  # a node deeper than the tokens left, less the bonus token, is worth nothing
             cap = min(cap, max(len(drafts), max_new_tokens - len(out) - 1))  # a node per merged draft
-        learnt = {"auto_rates": bin_rates(auto, sampled=True)} if learns else {}
-        tree = module.build(source, root, cap, temperature, generator, **options, **learnt)
-        draft_s = _seconds(drafts) - draft_s0
-        if auto:
+        if cap and module.NEEDS_DRAFT and skipped:
+            for draft in drafts:
+                draft.catch_up()
+            skipped = False
+        draft_s0, draft_f0 = _seconds(drafts), _forwards(drafts)
+        if cap == 0:  # under auto no tree paid for its draft time: an autoregressive step
+            tree, bins, skipped = Tree.root(root), [], True
+            auto.idle += 1
+        else:
+            learnt = {"auto_rates": bin_rates(auto, sampled=True)} if learns else {}
+            tree = module.build(source, root, cap, temperature, generator, **options, **learnt)
+        tree_draft_s = _seconds(drafts) - draft_s0  # the draft's time for this tree alone
+        if auto and cap:
             cap_before = auto.cap
             sampled = temperature > 0 and tree.sampling != "deterministic"
             forwards = max(1, _forwards(drafts) - draft_f0)
-            build_ms = _build_ms(module, drafts, options, draft_s, forwards)
+            build_ms = _build_ms(module, drafts, options, tree_draft_s, forwards)
             tree, old_ids, bins = auto_tree(
-                auto, tree, sampled, target_ms, build_ms, 1000 * draft_s, -(-tree.size // forwards), learns and sampled
+                auto,
+                tree,
+                sampled,
+                target_ms,
+                build_ms,
+                1000 * tree_draft_s,
+                -(-tree.size // forwards),
+                learns and sampled,
             )
             if cap < cap_before:  # sized by the answer's end, this tree says nothing of the next answer's
                 auto.cap = cap_before
@@ -248,7 +265,7 @@ def stream(
                 ),
                 hooks,
             )
-        target_s = t3 - t2
+        target_s, draft_s = t3 - t2, _seconds(drafts) - seconds0  # the catch-up included
         overhead_s = time.perf_counter() - t0 - draft_s - target_s
         yield _emit(
             StepVerified(
@@ -268,7 +285,7 @@ def stream(
                 target_s=target_s,
                 overhead_s=overhead_s,
                 tree_build_s=t1 - t0 - draft_s,
-                draft_forwards=_forwards(drafts) - draft_f0,
+                draft_forwards=_forwards(drafts) - forwards0,
                 extra=getattr(tree, "extra", {}),
             ),
             hooks,

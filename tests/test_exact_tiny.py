@@ -9,9 +9,11 @@ from scipy.stats import chisquare
 
 from dyspec import generate
 from dyspec.budget import AutoState
+from dyspec.draft import DraftSession
 from dyspec.events import StepVerified
 from dyspec.policies import POLICIES
 from dyspec.profile import profile_path, target_profile
+from dyspec.tree import Tree
 
 from .tiny import exact_distribution, tiny_feature_pair, tiny_head_file, tiny_model, tiny_pair
 
@@ -75,6 +77,22 @@ def test_merged_drafts_sample_target_distribution(feature_pair, exact):
     check_distribution(pair, exact, "specinfer", {})
 
 
+@pytest.mark.parametrize("features", [False, True])
+def test_draft_catch_up_reads_the_skipped_tokens_in_one_forward(pair, feature_pair, features):
+    """`catch_up` leaves only the root pending and gives the root the logits it would get without
+    it; its time counts as draft time but not as the tree's (`calls`)."""
+    model = (feature_pair if features else pair).draft
+    tokens = [0, 3, 1, 2, 4, 1]
+    caught, alone = DraftSession(model, tokens), DraftSession(model, tokens)
+    hidden = torch.randn(len(tokens) - 1, 32, generator=torch.Generator().manual_seed(0))
+    for session in (caught, alone):
+        session.set_prompt_features(hidden)
+    caught.catch_up()
+    assert caught.pending == [1] and caught.forwards == 1 and caught.calls == [] and caught.seconds > 0
+    tree = Tree.root(1)
+    torch.testing.assert_close(caught.logits(tree, [0]), alone.logits(tree, [0]))
+
+
 def check_distribution(pair, exact, policy, options, budget=4):
     V = pair.target.config.vocab_size
     counts = torch.zeros(V**3)
@@ -116,21 +134,50 @@ def test_every_policy_builds_a_budget_of_1(pair, head, temperature):
         assert len(r.token_ids) == 6 and (temperature > 0 or r.token_ids == expected), policy
 
 
-@pytest.fixture
-def steep_profile(pair, tmp_path, monkeypatch):
-    """A saved latency profile for the tiny target in which every tree node costs as much as the
-    first, so `--budget auto` keeps only some nodes, depending on their values."""
+def save_profile(pair, tmp_path, monkeypatch, ms) -> None:
+    """A saved latency profile for the tiny target, t(n) = ms(n), in a fresh cache folder."""
     monkeypatch.setenv("DYSPEC_CACHE", str(tmp_path))
     path = profile_path(pair)
     path.parent.mkdir(parents=True)
-    path.write_text(json.dumps({"target": {str(n): 1.0 + n for n in (1, 2, 4, 8, 16, 32, 64, 80)}}))
+    path.write_text(json.dumps({"target": {str(n): ms(n) for n in (1, 2, 4, 8, 16, 32, 64, 80)}}))
+
+
+@pytest.fixture
+def steep_profile(pair, tmp_path, monkeypatch):
+    """Every tree node costs as much as the first, so `--budget auto` keeps only some nodes,
+    depending on their values."""
+    save_profile(pair, tmp_path, monkeypatch, lambda n: 1.0 + n)
     assert target_profile(pair)[8] == 9.0
+
+
+@pytest.fixture
+def costly_profile(pair, tmp_path, monkeypatch):
+    """One tree node costs 100 one-token forwards: no tree pays for itself."""
+    save_profile(pair, tmp_path, monkeypatch, lambda n: 1.0 + 100 * (n - 1))
 
 
 def test_auto_budget_samples_target_distribution(pair, exact, steep_profile):
     """End to end through the engine's cut (children drawn without replacement, nodes dropped with
     their later siblings); `test_auto_budget_at_t_above_0_ignores_the_drawn_token` is the sharp test."""
     check_distribution(pair, exact, "dyspec", {}, budget="auto")
+
+
+def test_auto_drafts_nothing_where_no_tree_pays(pair, costly_profile):
+    """Where no node is worth its cost, `auto` takes autoregressive steps that leave the draft idle,
+    and probes with one node after 16 such steps (the first tree was a short run), then 32: the
+    draft first reads the tokens it skipped, in one forward, then the probe's root."""
+    pair.auto_states.clear()
+    steps = []
+    r = generate(pair, PROMPT, policy="chain", budget="auto", max_new_tokens=56, hooks=[steps.append])
+    assert r.token_ids == generate(pair, PROMPT, policy="ar", max_new_tokens=56).token_ids
+    steps = [s for s in steps if isinstance(s, StepVerified)]
+    assert all(len(s.tokens) == 1 for s in steps)  # every tree was cut to its root
+    drafting = [i for i, s in enumerate(steps) if s.draft_forwards]
+    assert drafting == [0, 17, 50]
+    # the prompt's catch-up and a chain of 16 (the starting cap), then a catch-up and a probe's root
+    assert [steps[i].draft_forwards for i in drafting] == [17, 2, 2]
+    state = pair.auto_states[("chain", 0.0, "[]")]
+    assert state.cap == 0 and state.probe_cap == 1 and state.probe_after == 64
 
 
 def test_auto_trees_end_with_the_answer(pair, steep_profile):

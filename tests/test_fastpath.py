@@ -10,6 +10,8 @@ from dyspec import generate
 from dyspec.attention import rowwise_attention
 from dyspec.budget import (
     BINS,
+    PROBE_AFTER,
+    PROBE_MAX,
     AutoState,
     auto_tree,
     auto_update,
@@ -21,7 +23,9 @@ from dyspec.budget import (
     next_auto_cap,
     node_bins,
     sampled_keep,
+    set_next_cap,
     slot_keys,
+    step_cap,
 )
 from dyspec.engine import encode_prompt
 from dyspec.events import StepVerified
@@ -217,6 +221,22 @@ def test_estimates_learn_acceptance_per_bin():
 def test_next_auto_cap_is_a_little_more_than_what_paid():
     assert [next_auto_cap(n, 1) for n in (0, 3, 8, 16, 63)] == [1, 4, 9, 17, 64]  # a chain: one node more
     assert next_auto_cap(8, 4) == 12 and next_auto_cap(8, 0) == 9  # one more draft forward's nodes
+
+
+def test_auto_stops_drafting_where_nothing_pays_and_probes_less_each_time():
+    state = AutoState()
+    set_next_cap(state, 0, room=3)  # the first tree paid nothing: a short run, so the wait doubles
+    assert (state.cap, state.probe_cap, state.probe_after) == (0, 3, 2 * PROBE_AFTER)
+    assert [step_cap(dataclasses.replace(state, idle=i)) for i in (0, 15, 16)] == [0, 0, 3]
+    for _ in range(5):
+        set_next_cap(state, 0, room=3)
+    assert state.probe_after == PROBE_MAX
+    set_next_cap(state, 2, room=3)  # a probe that pays: drafting resumes
+    assert state.cap == 5 and step_cap(state) == 5
+    for _ in range(PROBE_AFTER):
+        set_next_cap(state, 2, room=3)
+    set_next_cap(state, 0, room=1)  # after a long run that paid, the first probe comes soon
+    assert (state.cap, state.probe_cap, state.probe_after) == (0, 1, PROBE_AFTER)
 
 
 def test_auto_cut_with_chosen_children_keeps_the_most_valuable_nodes():
