@@ -178,7 +178,7 @@ def stream(
     sync(device)
     prefill_s = time.perf_counter() - t_start
     root, out, step, stop_reason = ids[-1], [], 0, "max_new_tokens"
-    skipped = True  # the draft has not run since the prompt, or since steps that drafted nothing
+    skipped = True  # under auto: the draft has not run since the prompt, or since steps that drafted nothing
     while len(out) < max_new_tokens:
         if stop is not None and stop():
             stop_reason = "stopped"
@@ -187,7 +187,7 @@ def stream(
         cap = step_cap(auto) if auto else budget
         if auto and cap:  # a node deeper than the tokens left, less the bonus token, is worth nothing
             cap = min(cap, max(len(drafts), max_new_tokens - len(out) - 1))  # a node per merged draft
-        if cap and module.NEEDS_DRAFT and skipped:
+        if auto and cap and module.NEEDS_DRAFT and skipped:  # so that auto prices the tree alone
             for draft in drafts:
                 draft.catch_up()
             skipped = False
