@@ -21,10 +21,11 @@ nodes of a big tree borrow the acceptance of the few likely ones.
 The draft time of this step is spent by the cut, so it counts in full for every n; the next
 step's cap follows the n worth *building*, counting the draft forwards the first n nodes needed
 (`next_auto_cap`), over the kept nodes for DySpec, which grows by these values, and for other
-policies over every node valued by its position alone (`group_rates`). The engine also bounds each
-tree by the tokens the answer has left. The saved profile t(n) is scaled by what verification
-measured in recent steps: a shared machine's speed drifts, and a profile taken under load
-overstates t(1) and so favours big trees.
+policies over every node valued by its position alone (`group_rates`). Where not even one node pays
+against a step that runs no draft, the cap is 0: steps are autoregressive, with a probe tree now
+and then (`step_cap`, `set_next_cap`). The engine also bounds each tree by the tokens the answer
+has left. The saved profile t(n) is scaled by what verification measured in recent steps: a shared
+machine's speed drifts, and a profile taken under load overstates t(1) and so favours big trees.
 """
 
 from __future__ import annotations
