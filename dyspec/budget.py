@@ -161,14 +161,14 @@ def step_cap(state: AutoState) -> int:
     return state.cap or (state.probe_cap if state.idle >= state.probe_after else 0)
 
 
-def set_next_cap(state: AutoState, worth: int, room: int) -> None:
-    """The next step's cap from the size worth building (0: not even one node paid for the draft
-    forwards it needed, against a step that runs no draft at all). Then no step drafts but a
-    probe. A probe costs more than its tree: the draft first reads every token it skipped (the
+def set_next_cap(state: AutoState, worth: int, room: int, stop: bool) -> None:
+    """The next step's cap from the size worth building, or with `stop` (not even one node pays for
+    the draft forwards it needs, against a step that runs no draft at all) 0: then no step drafts
+    but a probe. A probe costs more than its tree: the draft first reads every token it skipped (the
     prompt too, in a new answer). So where drafting stops again within PROBE_AFTER trees, the
     next probe comes twice as late; after a longer run that paid, the first comes soon."""
     state.idle, state.drafted = 0, state.drafted + 1
-    if worth:
+    if not stop:
         state.cap = next_auto_cap(worth, room)
         return
     state.probe_after = PROBE_AFTER if state.drafted > PROBE_AFTER else min(PROBE_MAX, 2 * state.probe_after)
@@ -267,7 +267,17 @@ def auto_tree(
         keep = sorted(order[: best_prefix_size(ranked, target_ms, lambda n: spent_ms)])
     # building the first n nodes of `order` takes the draft forwards up to the last of them (by id)
     last = [0, *accumulate(order, max)]
-    set_next_cap(state, best_prefix_size(ranked, target_ms, lambda n: build_ms(last[n]) if n else 0.0), per_forward)
+
+    def draft_ms(n: int) -> float:
+        return build_ms(last[n]) if n else 0.0
+
+    worth = best_prefix_size(ranked, target_ms, draft_ms)
+    # With chosen children the values are this step's draft probabilities, which are not the next
+    # step's: one unsure node must not stop the drafting, unless the first node would not pay at the
+    # rate at which past nodes were accepted, pooled (a diffuse distilled draft's top token at
+    # q ~ 0.2 is accepted a third of the time, and one step of it stopped a chain that paid).
+    stop = worth == 0 and (sampled or best_prefix_size(group_rates(state)[:1], target_ms, draft_ms) == 0)
+    set_next_cap(state, worth, per_forward, stop)
     pruned, old_ids = tree.subtree(keep)
     return pruned, old_ids, [bins[i - 1] for i in keep]
 

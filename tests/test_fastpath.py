@@ -225,18 +225,32 @@ def test_next_auto_cap_is_a_little_more_than_what_paid():
 
 def test_auto_stops_drafting_where_nothing_pays_and_probes_less_each_time():
     state = AutoState()
-    set_next_cap(state, 0, room=3)  # the first tree paid nothing: a short run, so the wait doubles
+    set_next_cap(state, 0, room=3, stop=True)  # the first tree paid nothing: a short run, so the wait doubles
     assert (state.cap, state.probe_cap, state.probe_after) == (0, 3, 2 * PROBE_AFTER)
     assert [step_cap(dataclasses.replace(state, idle=i)) for i in (0, 15, 16)] == [0, 0, 3]
     for _ in range(5):
-        set_next_cap(state, 0, room=3)
+        set_next_cap(state, 0, room=3, stop=True)
     assert state.probe_after == PROBE_MAX
-    set_next_cap(state, 2, room=3)  # a probe that pays: drafting resumes
+    set_next_cap(state, 2, room=3, stop=False)  # a probe that pays: drafting resumes
     assert state.cap == 5 and step_cap(state) == 5
     for _ in range(PROBE_AFTER):
-        set_next_cap(state, 2, room=3)
-    set_next_cap(state, 0, room=1)  # after a long run that paid, the first probe comes soon
+        set_next_cap(state, 2, room=3, stop=False)
+    set_next_cap(state, 0, room=1, stop=True)  # after a long run that paid, the first probe comes soon
     assert (state.cap, state.probe_cap, state.probe_after) == (0, 1, PROBE_AFTER)
+
+
+@pytest.mark.parametrize("accepted,cap", [(60.0, 1), (5.0, 0)])
+def test_one_unsure_node_stops_drafting_only_if_past_nodes_say_so(accepted, cap):
+    """A chain's one node, chosen at q = 0.15 (bin 1, no evidence: worth 0.15), does not pay by
+    its own value (1.15 tokens / 14.5 ms < 1 / 10 ms). Where past nodes were accepted 60% of the
+    time drafting goes on (a cap of one node); at 5% it stops."""
+    tree = Tree.root(0, "deterministic")
+    tree.add(0, 1, 0.15)
+    reached, accepted_counts = [0.0] * 2 * BINS, [0.0] * 2 * BINS
+    reached[8], accepted_counts[8] = 100.0, accepted
+    state = AutoState(reached=reached, accepted=accepted_counts)
+    auto_tree(state, tree, False, {1: 10.0, 2: 10.5}, lambda n: 4.0, 4.0, per_forward=1)
+    assert state.cap == cap
 
 
 def test_auto_cut_with_chosen_children_keeps_the_most_valuable_nodes():
