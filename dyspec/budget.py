@@ -39,7 +39,7 @@ from dyspec.tree import Tree
 
 AUTO_CAP = 64
 AUTO_START = 16
-PROBE_AFTER = 8  # steps without drafting before a probe, doubled after each probe that did not pay
+PROBE_AFTER = 8  # steps without drafting before a probe; doubled when drafting stops again soon
 PROBE_MAX = 128
 
 
@@ -211,7 +211,8 @@ def bin_rates(state: AutoState, sampled: bool) -> list[float]:
 
 def group_rates(state: AutoState) -> list[float]:
     """Per bin, the acceptance rate measured so far over its group of sampled children (first
-    children, later siblings), starting at 1/2: what a slot is worth before its key is known."""
+    children, later siblings), starting at 1/2: what a slot is worth before its key is known.
+    Chosen children all bin into the first group, so its rate is theirs, pooled."""
     rates = []
     for group in (slice(0, BINS), slice(BINS, 2 * BINS)):
         rates += [(sum(state.accepted[group]) + PRIOR / 2) / (sum(state.reached[group]) + PRIOR)] * BINS
