@@ -276,8 +276,9 @@ def auto_tree(
     # With chosen children the values are this step's draft probabilities, which are not the next
     # step's: one unsure node must not stop the drafting, unless the first node would not pay at the
     # rate at which past nodes were accepted, pooled (a diffuse distilled draft's top token at
-    # q ~ 0.2 is accepted a third of the time, and one step of it stopped a chain that paid).
-    stop = worth == 0 and (sampled or best_prefix_size(group_rates(state)[:1], target_ms, draft_ms) == 0)
+    # q ~ 0.2 is accepted a third of the time, and one step of it stopped a chain that paid). A
+    # policy that built no node (`ar`, Sequoia's tree of the root alone) has no first node to price.
+    stop = worth == 0 and (sampled or not order or best_prefix_size(group_rates(state)[:1], target_ms, draft_ms) == 0)
     set_next_cap(state, worth, per_forward, stop)
     pruned, old_ids = tree.subtree(keep)
     return pruned, old_ids, [bins[i - 1] for i in keep]

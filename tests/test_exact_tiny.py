@@ -134,6 +134,20 @@ def test_every_policy_builds_a_budget_of_1(pair, head, temperature):
         assert len(r.token_ids) == 6 and (temperature > 0 or r.token_ids == expected), policy
 
 
+@pytest.mark.parametrize("temperature", [0.0, TEMPERATURE])
+def test_auto_takes_trees_of_nothing(pair, steep_profile, temperature):
+    """A policy may build no node at all under `auto` (`ar`; Sequoia's optimal tree can be the root
+    alone): at T = 0 the first such tree raised an IndexError where `auto` priced its first node."""
+    kwargs = {"temperature": temperature, "max_new_tokens": 24}
+    expected = generate(pair, PROMPT, policy="ar", **kwargs).token_ids
+    pair.auto_states.clear()
+    assert generate(pair, PROMPT, policy="ar", budget="auto", **kwargs).token_ids == expected
+    ((state,),) = [pair.auto_states.values()]
+    assert state.cap == 0  # nothing is ever built, so the cap stays 0 (its probes build nothing too)
+    r = generate(pair, PROMPT, policy="sequoia", budget="auto", options={"acceptance": [0.0, 0.9]}, **kwargs)
+    assert len(r.token_ids) == 24 and (temperature > 0 or r.token_ids == expected)
+
+
 def save_profile(pair, tmp_path, monkeypatch, ms) -> None:
     """A saved latency profile for the tiny target, t(n) = ms(n), in a fresh cache folder."""
     monkeypatch.setenv("DYSPEC_CACHE", str(tmp_path))
