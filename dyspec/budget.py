@@ -239,11 +239,13 @@ def auto_tree(
     spent_ms: float,
     per_forward: int,
     grows_by_values: bool = False,
+    sets_cap: bool = True,
 ) -> tuple[Tree, list[int], list[int]]:
-    """This step's tree cut to size, the old id of each kept node and the kept nodes' bins; sets the
-    next step's cap. `build_ms(n)`: draft ms the first n nodes needed; `spent_ms`: draft ms this
-    tree took; `per_forward`: nodes the draft added per forward; `grows_by_values`: the policy
-    grew the tree by these estimates (DySpec under auto, `bin_rates`)."""
+    """This step's tree cut to size, the old id of each kept node and the kept nodes' bins; with
+    `sets_cap`, sets the next step's cap (not for a tree sized by the answer's end: it says nothing
+    of the next answer's trees). `build_ms(n)`: draft ms the first n nodes needed; `spent_ms`:
+    draft ms this tree took; `per_forward`: nodes the draft added per forward; `grows_by_values`:
+    the policy grew the tree by these estimates (DySpec under auto, `bin_rates`)."""
     target_ms = {n: ms * (state.ms_scale or 1.0) for n, ms in target_ms.items()}
     bins = node_bins(tree, sampled)
     values = estimates(bin_rates(state, sampled), tree, bins)
@@ -266,6 +268,23 @@ def auto_tree(
         order = sorted(range(1, len(tree)), key=lambda s: -values[s - 1])  # stable: a parent first on ties
         ranked = [values[s - 1] for s in order]
         keep = sorted(order[: best_prefix_size(ranked, target_ms, lambda n: spent_ms)])
+    if sets_cap:
+        plan_next_cap(state, order, ranked, target_ms, build_ms, sampled, per_forward)
+    pruned, old_ids = tree.subtree(keep)
+    return pruned, old_ids, [bins[i - 1] for i in keep]
+
+
+def plan_next_cap(
+    state: AutoState,
+    order: list[int],
+    ranked: list[float],
+    target_ms: dict[int, float],
+    build_ms: Callable[[int], float],
+    sampled: bool,
+    per_forward: int,
+) -> None:
+    """Set the next step's cap from the nodes in the order they would be built, `order`, valued
+    `ranked`: the size worth building, or 0 (`set_next_cap`)."""
     # building the first n nodes of `order` takes the draft forwards up to the last of them (by id)
     last = [0, *accumulate(order, max)]
 
@@ -280,8 +299,6 @@ def auto_tree(
     # policy that built no node (`ar`, Sequoia's tree of the root alone) has no first node to price.
     stop = worth == 0 and (sampled or not order or best_prefix_size(group_rates(state)[:1], target_ms, draft_ms) == 0)
     set_next_cap(state, worth, per_forward, stop)
-    pruned, old_ids = tree.subtree(keep)
-    return pruned, old_ids, [bins[i - 1] for i in keep]
 
 
 def auto_update(

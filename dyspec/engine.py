@@ -200,7 +200,6 @@ def stream(
             tree = module.build(source, root, cap, temperature, generator, **options, **learnt)
         tree_draft_s = _seconds(drafts) - draft_s0  # the draft's time for this tree alone
         if auto and cap:
-            cap_before = auto.cap
             sampled = temperature > 0 and tree.sampling != "deterministic"
             forwards = max(1, _forwards(drafts) - draft_f0)
             build_ms = _build_ms(module, drafts, options, tree_draft_s, forwards)
@@ -213,9 +212,8 @@ def stream(
                 1000 * tree_draft_s,
                 -(-tree.size // forwards),
                 learns and sampled,
+                sets_cap=cap >= auto.cap,  # else the tree was sized by the answer's end
             )
-            if cap < cap_before:  # sized by the answer's end, this tree says nothing of the next answer's
-                auto.cap = cap_before
             for draft in drafts:
                 draft.relabel(old_ids)
         t1 = time.perf_counter()

@@ -8,7 +8,7 @@ import torch
 from scipy.stats import chisquare
 
 from dyspec import generate
-from dyspec.budget import AutoState
+from dyspec.budget import PROBE_AFTER, AutoState
 from dyspec.draft import DraftSession
 from dyspec.events import StepVerified
 from dyspec.policies import POLICIES
@@ -192,6 +192,16 @@ def test_auto_drafts_nothing_where_no_tree_pays(pair, costly_profile):
     assert [steps[i].draft_forwards for i in drafting] == [17, 2, 2]
     state = pair.auto_states[("chain", 0.0, "[]")]
     assert state.cap == 0 and state.probe_cap == 1 and state.probe_after == 64
+
+
+def test_trees_sized_by_the_answers_end_leave_the_cap_and_probes_alone(pair, costly_profile):
+    """No tree pays here, but every tree of this 5-token answer is cut short by its end (cap 8, at
+    most 4 tokens left to draft): they say nothing of the next answer's trees, so neither the cap
+    nor the probes' schedule moves (the probes' wait had doubled at each such tree)."""
+    pair.auto_states.clear()
+    state = pair.auto_states[("chain", 0.0, "[]")] = AutoState(cap=8)
+    generate(pair, PROMPT, policy="chain", budget="auto", max_new_tokens=5)
+    assert (state.cap, state.probe_after, state.drafted, state.idle) == (8, PROBE_AFTER, 0, 0)
 
 
 def test_auto_trees_end_with_the_answer(pair, steep_profile):
