@@ -20,17 +20,21 @@ past steps. A single scale (accepted / predicted, the first version) let the man
 nodes of a big tree borrow the acceptance of the few likely ones.
 The draft time of this step is spent by the cut, so it counts in full for every n; the next
 step's cap follows the n worth *building*, counting the draft forwards the first n nodes needed
-(`next_auto_cap`), over the kept nodes for DySpec, which grows by these values, and for other
-policies over every node valued by its position alone (`group_rates`). Where not even one node pays
-against a step that runs no draft, the cap is 0: steps are autoregressive, with a probe tree now
-and then (`step_cap`, `set_next_cap`). The engine also bounds each tree by the tokens the answer
-has left. The saved profile t(n) is scaled by what verification measured in recent steps: a shared
-machine's speed drifts, and a profile taken under load overstates t(1) and so favours big trees.
+and what a drafting step spends beyond its forwards (`drafting_ms`), over the kept nodes for a
+policy whose smaller trees are the best part of its bigger ones (DySpec, its threshold build), and
+for other policies over every node valued by its position alone (`group_rates`). It grows by one
+draft forward's nodes only where everything built paid, less often where growing did not pay
+(`set_next_cap`). Where not even one node pays against a step that runs no draft, the cap is 0:
+steps are autoregressive, with a probe tree now and then (`step_cap`). The engine also bounds each
+tree by the tokens the answer has left. The saved profile t(n) is scaled by what verification
+measured in recent steps: a shared machine's speed drifts, and a profile taken under load
+overstates t(1) and so favours big trees.
 """
 
 from __future__ import annotations
 
 import bisect
+import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from itertools import accumulate
@@ -41,6 +45,7 @@ AUTO_CAP = 64
 AUTO_START = 16
 PROBE_AFTER = 8  # steps without drafting before a probe; doubled when drafting stops again soon
 PROBE_MAX = 128
+GROW_MAX = 16  # the most steps that must pay in full before the cap grows again
 
 
 def next_auto_cap(worth: int, room: int) -> int:
@@ -146,12 +151,19 @@ class AutoState:
     probe_after: int = PROBE_AFTER
     idle: int = 0  # steps since the draft last built a tree
     drafted: int = 0  # trees built since the last step that drafted nothing
+    grow_after: int = 1  # steps in a row in which everything built paid before the cap grows
+    paid: int = 0  # steps in a row in which everything built paid
+    grew: bool = False  # the cap for the next tree is more than the last tree's size worth building
     # per bin (`node_bins`): decayed counts of nodes whose parent verification reached, and of those
     # it accepted
     reached: list[float] = field(default_factory=lambda: [0.0] * 2 * BINS)
     accepted: list[float] = field(default_factory=lambda: [0.0] * 2 * BINS)
     rate: float | None = None  # decayed tokens per ms of the steps so far
     ms_scale: float | None = None  # decayed ratio of measured verification ms to the saved profile's
+    # decayed ms of a step beyond its draft and target forwards (sampling, verification, cache
+    # commits), in steps that drafted and in steps that did not (`drafting_ms`)
+    tree_rest_ms: float | None = None
+    root_rest_ms: float | None = None
 
 
 def step_cap(state: AutoState) -> int:
@@ -161,15 +173,27 @@ def step_cap(state: AutoState) -> int:
     return state.cap or (state.probe_cap if state.idle >= state.probe_after else 0)
 
 
-def set_next_cap(state: AutoState, worth: int, room: int, stop: bool) -> None:
-    """The next step's cap from the size worth building, or with `stop` (not even one node pays for
-    the draft forwards it needs, against a step that runs no draft at all) 0: then no step drafts
-    but a probe. A probe costs more than its tree: the draft first reads every token it skipped (the
-    prompt too, in a new answer). So where drafting stops again within PROBE_AFTER trees, the
-    next probe comes twice as late; after a longer run that paid, the first comes soon."""
+def set_next_cap(state: AutoState, worth: int, room: int, stop: bool, paid: bool = True) -> None:
+    """The next step's cap: the size worth building, `room` more once `grow_after` steps in a row
+    paid in full (`paid`: everything built paid, so more might), or with `stop` (not even one node
+    pays for the draft forwards it needs, against a step that runs no draft at all) 0: then no step
+    drafts but a probe. Growing is a bet of one draft forward: where the grown tree did not pay in
+    full, the next bet waits twice as many steps (up to GROW_MAX); where it did, the next comes at
+    once. Room every step made a draft whose second node never paid build two nodes a step
+    (DySpec at T = 0.6 with the distilled draft: 1.9 draft forwards a step, 1.00x of `ar` where
+    a fixed budget of 1 made 1.05x). A probe costs more than its tree: the draft first reads
+    every token it skipped (the prompt too, in a new answer). So where drafting stops again
+    within PROBE_AFTER trees, the next probe comes twice as late; after a longer run that paid,
+    the first comes soon."""
     state.idle, state.drafted = 0, state.drafted + 1
+    if state.grew:
+        state.grow_after = 1 if paid else min(GROW_MAX, 2 * state.grow_after)
+    state.paid = state.paid + 1 if paid else 0
+    state.grew = not stop and state.paid >= state.grow_after
+    if state.grew:
+        state.paid = 0
     if not stop:
-        state.cap = next_auto_cap(worth, room)
+        state.cap = next_auto_cap(worth, room) if state.grew else max(1, worth)
         return
     state.probe_after = PROBE_AFTER if state.drafted > PROBE_AFTER else min(PROBE_MAX, 2 * state.probe_after)
     state.cap, state.probe_cap, state.drafted = 0, next_auto_cap(0, room), 0
@@ -219,6 +243,15 @@ def group_rates(state: AutoState) -> list[float]:
     return rates
 
 
+def first_rate_bound(state: AutoState) -> float:
+    """The pooled acceptance rate of first children (`group_rates`) plus one standard error: what
+    decides whether drafting stops. A stop is dear (no evidence comes for the next 8 to 128 steps)
+    and the decayed table holds ~20 first children, so a draft accepted 28% of the time read
+    0.11-0.15 now and then, below the 0.15 it needed to pay, and stopped."""
+    a, r = sum(state.accepted[:BINS]) + PRIOR / 2, sum(state.reached[:BINS]) + PRIOR
+    return min(1.0, a / r + math.sqrt(a / r * (1 - a / r) / r))
+
+
 def estimates(rates: list[float], tree: Tree, bins: list[int]) -> list[float]:
     """Each drafted node's estimated chance of being accepted: the product, over its path, of its
     bin's acceptance rate (`bin_rates`, `group_rates`)."""
@@ -245,21 +278,24 @@ def auto_tree(
     `sets_cap`, sets the next step's cap (not for a tree sized by the answer's end: it says nothing
     of the next answer's trees). `build_ms(n)`: draft ms the first n nodes needed; `spent_ms`:
     draft ms this tree took; `per_forward`: nodes the draft added per forward; `grows_by_values`:
-    the policy grew the tree by these estimates (DySpec under auto, `bin_rates`)."""
+    the policy's tree at a smaller cap is about the most valuable part of this one (DySpec, which
+    grows by these estimates under auto, `bin_rates`; DySpec's threshold build, whose threshold is
+    1 / cap)."""
     target_ms = {n: ms * (state.ms_scale or 1.0) for n, ms in target_ms.items()}
     bins = node_bins(tree, sampled)
     values = estimates(bin_rates(state, sampled), tree, bins)
     if sampled:
         rate = state.rate if state.rate is not None else 1 / interpolate_ms(target_ms, 1)
         keep = sampled_keep(tree, values, target_ms, rate)
-        # a policy that grows by these values (`grows_by_values`) would build about the kept tree
-        # at a cap of its size, so the cap follows the kept nodes: over all of DySpec's nodes a few
-        # deep valuable ones paid for the late siblings between them, and its cap (its width per
-        # draft forward) grew to 64 for trees cut to ~7. A static shape of a smaller size is not
-        # the kept part of a bigger one (Sequoia's tree of 8 is a chain), so there the cap follows
-        # every node, in id order, valued by position alone (`group_rates`): the next step's keys
-        # are not this step's, and a chain's cap that followed them fell after one unsure slot
-        # and grew back one node a step.
+        # a policy that grows by value (`grows_by_values`) would build about the kept tree at a
+        # cap of its size, so the cap follows the kept nodes: over all of DySpec's nodes a few deep
+        # valuable ones paid for the late siblings between them, and its cap (its width per draft
+        # forward) grew to 64 for trees cut to ~7; the threshold build's cap stayed at 64 (a
+        # threshold of 1/64: wide trees, two draft forwards a step) for cuts of ~3. A static shape
+        # of a smaller size is not the kept part of a bigger one (Sequoia's tree of 8 is a chain),
+        # so there the cap follows every node, in id order, valued by position alone
+        # (`group_rates`): the next step's keys are not this step's, and a chain's cap that
+        # followed them fell after one unsure slot and grew back one node a step.
         if grows_by_values:
             order, ranked = keep, [values[s - 1] for s in keep]
         else:
@@ -269,9 +305,19 @@ def auto_tree(
         ranked = [values[s - 1] for s in order]
         keep = sorted(order[: best_prefix_size(ranked, target_ms, lambda n: spent_ms)])
     if sets_cap:
-        plan_next_cap(state, order, ranked, target_ms, build_ms, sampled, per_forward)
+        plan_next_cap(state, order, ranked, target_ms, build_ms, per_forward, built=len(tree) - 1)
     pruned, old_ids = tree.subtree(keep)
     return pruned, old_ids, [bins[i - 1] for i in keep]
+
+
+def drafting_ms(state: AutoState) -> tuple[float, float]:
+    """What a step costs beyond its forwards, as `plan_next_cap` prices it: (ms every step spends,
+    ms more that a step which drafts spends). A drafting step samples from the draft, builds and
+    verifies a tree and commits it in two caches: with the int8 draft on a CPU with AMX, whose
+    forward costs 0.93x the target's, 3-4 ms more than an `ar` step, and without them one node a
+    step at T = 0.6 looked just worth its draft forward and was drafted, 4% slower than `ar`."""
+    root_ms = state.root_rest_ms or 0.0
+    return root_ms, max(0.0, (state.tree_rest_ms or root_ms) - root_ms)
 
 
 def plan_next_cap(
@@ -280,25 +326,30 @@ def plan_next_cap(
     ranked: list[float],
     target_ms: dict[int, float],
     build_ms: Callable[[int], float],
-    sampled: bool,
     per_forward: int,
+    built: int,
 ) -> None:
     """Set the next step's cap from the nodes in the order they would be built, `order`, valued
-    `ranked`: the size worth building, or 0 (`set_next_cap`)."""
+    `ranked`: the size worth building, or 0 (`set_next_cap`). `built`: the nodes the tree had."""
     # building the first n nodes of `order` takes the draft forwards up to the last of them (by id)
     last = [0, *accumulate(order, max)]
+    root_ms, tree_ms = drafting_ms(state)
+    target_ms = {n: ms + root_ms for n, ms in target_ms.items()}
 
     def draft_ms(n: int) -> float:
-        return build_ms(last[n]) if n else 0.0
+        return build_ms(last[n]) + tree_ms if n else 0.0
 
     worth = best_prefix_size(ranked, target_ms, draft_ms)
-    # With chosen children the values are this step's draft probabilities, which are not the next
-    # step's: one unsure node must not stop the drafting, unless the first node would not pay at the
-    # rate at which past nodes were accepted, pooled (a diffuse distilled draft's top token at
-    # q ~ 0.2 is accepted a third of the time, and one step of it stopped a chain that paid). A
-    # policy that built no node (`ar`, Sequoia's tree of the root alone) has no first node to price.
-    stop = worth == 0 and (sampled or not order or best_prefix_size(group_rates(state)[:1], target_ms, draft_ms) == 0)
-    set_next_cap(state, worth, per_forward, stop)
+    # A node's value reads this step's draft probabilities (children chosen) or slot keys (sampled),
+    # which are not the next step's: one unsure step must not stop the drafting, unless one node
+    # would not pay at the rate at which past first children were accepted, pooled, either (a
+    # diffuse distilled draft's top token at q ~ 0.2 is accepted a third of the time, and one step
+    # of it stopped a chain that paid; at T = 0.6 DySpec stopped after the first answer's 7 trees
+    # and waited 48 steps, where one node a step beat `ar`). A policy that built no node (`ar`,
+    # Sequoia's tree of the root alone) has no first node to price.
+    one_node_ms, bound = build_ms(1) + tree_ms, first_rate_bound(state)
+    stop = worth == 0 and (not built or best_prefix_size([bound], target_ms, lambda n: n * one_node_ms) == 0)
+    set_next_cap(state, worth, per_forward, stop, paid=worth >= built)
 
 
 def auto_update(
@@ -308,11 +359,13 @@ def auto_update(
     accepted: list[int],
     emitted: int,
     step_ms: float,
+    draft_ms: float,
     verify_ms: float,
     target_ms: dict[int, float],
 ) -> None:
     """Learn from the verified (cut) tree and its nodes' bins: acceptance counts per bin, tokens per
-    ms, and how verification's measured ms compares with the saved profile `target_ms`."""
+    ms, how verification's measured ms compares with the saved profile `target_ms`, and the ms a
+    step spends beyond its draft and target forwards (`draft_ms`: this step's draft forwards)."""
     if bins:  # old evidence fades as new evidence comes, not in steps that verified no node
         state.reached = [TABLE_DECAY * r for r in state.reached]
         state.accepted = [TABLE_DECAY * a for a in state.accepted]
@@ -321,7 +374,14 @@ def auto_update(
         if tree.parents[s] in on_path:
             state.reached[b] += 1
             state.accepted[b] += s in on_path
-    rate = emitted / step_ms
-    state.rate = rate if state.rate is None else DECAY * state.rate + (1 - DECAY) * rate
-    scale = verify_ms / interpolate_ms(target_ms, len(tree))
-    state.ms_scale = scale if state.ms_scale is None else DECAY * state.ms_scale + (1 - DECAY) * scale
+    state.rate = _decayed(state.rate, emitted / step_ms)
+    state.ms_scale = _decayed(state.ms_scale, verify_ms / interpolate_ms(target_ms, len(tree)))
+    rest_ms = step_ms - draft_ms - verify_ms
+    if draft_ms > 0:
+        state.tree_rest_ms = _decayed(state.tree_rest_ms, rest_ms)
+    else:
+        state.root_rest_ms = _decayed(state.root_rest_ms, rest_ms)
+
+
+def _decayed(mean: float | None, x: float) -> float:
+    return x if mean is None else DECAY * mean + (1 - DECAY) * x

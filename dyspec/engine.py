@@ -166,6 +166,7 @@ def stream(
     drafts = [DraftSession(m, ids) for m in [pair.draft, *(pair.extra_drafts if multi_draft else [])]]
     source = drafts if multi_draft else drafts[0]  # what the policy drafts from
     learns = auto is not None and getattr(module, "AUTO_RATES", False)  # the policy grows by auto's rates
+    grows_by_values = getattr(module, "GROWS_BY_VALUE", False)  # a smaller cap builds the best part of a tree
     target = KVSession(pair.target, keep_hidden=any(d.needs_features for d in drafts))
 
     t_start = time.perf_counter()
@@ -211,7 +212,7 @@ def stream(
                 build_ms,
                 1000 * tree_draft_s,
                 -(-tree.size // forwards),
-                learns and sampled,
+                grows_by_values and sampled,
                 sets_cap=cap >= auto.cap,  # else the tree was sized by the answer's end
             )
             for draft in drafts:
@@ -246,7 +247,8 @@ def stream(
         root = next_token
         if auto:
             step_ms = 1000 * (time.perf_counter() - t0)
-            auto_update(auto, tree, bins, accepted, len(emitted), step_ms, 1000 * (t3 - t2), target_ms)
+            draft_ms = 1000 * (_seconds(drafts) - seconds0)
+            auto_update(auto, tree, bins, accepted, len(emitted), step_ms, draft_ms, 1000 * (t3 - t2), target_ms)
 
         texts = _texts(pair, tree.tokens)
         starts = [1, *tree.growth[:-1]]

@@ -5,6 +5,9 @@
     MULTI_DRAFT: bool   (optional: build() gets the list of every loaded draft instead of the first)
     prepare(pair, temperature, budget, options) -> options   (optional: once per generation)
     available(pair) -> bool   (optional: whether the policy can run on this pair with its defaults)
+    AUTO_RATES: bool   (optional: build() takes `auto_rates`, what `--budget auto` learnt)
+    GROWS_BY_VALUE: bool   (optional: the tree at a smaller budget is about the most valuable part
+        of a bigger one, so under `--budget auto` the next cap follows the nodes the cut kept)
 
 To add a policy, write such a module and register it here.
 """

@@ -24,6 +24,7 @@ from dyspec.tree import Tree
 
 NEEDS_DRAFT = True
 AUTO_RATES = True  # `build` takes `auto_rates`, what `--budget auto` learnt, when it runs under it
+GROWS_BY_VALUE = True  # a tree at a smaller budget is about the most valuable part of a bigger one
 SCORES = ("draft", "head")
 
 

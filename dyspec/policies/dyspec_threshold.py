@@ -12,6 +12,7 @@ from dyspec.sampling import ranked_children, to_probs
 from dyspec.tree import Tree
 
 NEEDS_DRAFT = True
+GROWS_BY_VALUE = True  # a bigger budget lowers the threshold: the smaller tree is the best part of the bigger
 
 
 def build(
