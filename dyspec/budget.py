@@ -22,7 +22,7 @@ The draft time of this step is spent by the cut, so it counts in full for every 
 step's cap follows the n worth *building*, counting the draft forwards the first n nodes needed
 and what a drafting step spends beyond its forwards (`drafting_ms`), over the kept nodes for a
 policy whose smaller trees are the best part of its bigger ones (DySpec, its threshold build), and
-for other policies over every node valued by its position alone (`group_rates`). It grows by one
+for other policies over every node valued by its position alone (`position_values`). It grows by one
 draft forward's nodes only where everything built paid, less often where growing did not pay
 (`set_next_cap`). Where not even one node pays against a step that runs no draft, the cap is 0:
 steps are autoregressive, with a probe tree now and then (`step_cap`). The engine also bounds each
@@ -138,6 +138,7 @@ BINS = 10
 DECAY = 0.8  # weight of earlier steps' tokens per ms: it follows the text within a few steps
 TABLE_DECAY = 0.95  # weight of earlier steps' acceptance counts: ~20 steps of evidence
 PRIOR = 2.0  # pseudo-nodes per bin, accepted at the bin's prior rate (`bin_rates`)
+DEPTHS = 4  # depths whose first children learn their own rate (`position_values`), the last and deeper pooled
 
 
 @dataclass
@@ -158,6 +159,9 @@ class AutoState:
     # it accepted
     reached: list[float] = field(default_factory=lambda: [0.0] * 2 * BINS)
     accepted: list[float] = field(default_factory=lambda: [0.0] * 2 * BINS)
+    # the same per depth (1 .. DEPTHS, deeper pooled), for nodes of the first group (`group_rates`)
+    depth_reached: list[float] = field(default_factory=lambda: [0.0] * DEPTHS)
+    depth_accepted: list[float] = field(default_factory=lambda: [0.0] * DEPTHS)
     rate: float | None = None  # decayed tokens per ms of the steps so far
     ms_scale: float | None = None  # decayed ratio of measured verification ms to the saved profile's
     # decayed ms of a step beyond its draft and target forwards (sampling, verification, cache
@@ -243,6 +247,22 @@ def group_rates(state: AutoState) -> list[float]:
     return rates
 
 
+def position_values(state: AutoState, tree: Tree, bins: list[int]) -> list[float]:
+    """Each drafted node's value by its position alone: the product, over its path, of the rate
+    measured over first children at its depth (prior: all first children, `group_rates`) or over
+    all later siblings. A feature draft is surer at depth 1 than deeper, where it reads its own
+    predicted feature: the distilled draft's second chain node was accepted ~0.2 of the times its
+    parent was, against ~0.34 for the first, and one rate for all first children made a second
+    node look worth building."""
+    rates = group_rates(state)
+    by_depth = [(a + PRIOR * rates[0]) / (r + PRIOR) for a, r in zip(state.depth_accepted, state.depth_reached)]
+    value = [1.0]
+    for s, b in enumerate(bins, start=1):
+        rate = rates[b] if b >= BINS else by_depth[min(tree.depths[s], DEPTHS) - 1]
+        value.append(value[tree.parents[s]] * rate)
+    return value[1:]
+
+
 def first_rate_bound(state: AutoState) -> float:
     """The pooled acceptance rate of first children (`group_rates`) plus one standard error: what
     decides whether drafting stops. A stop is dear (no evidence comes for the next 8 to 128 steps)
@@ -294,12 +314,12 @@ def auto_tree(
         # threshold of 1/64: wide trees, two draft forwards a step) for cuts of ~3. A static shape
         # of a smaller size is not the kept part of a bigger one (Sequoia's tree of 8 is a chain),
         # so there the cap follows every node, in id order, valued by position alone
-        # (`group_rates`): the next step's keys are not this step's, and a chain's cap that
+        # (`position_values`): the next step's keys are not this step's, and a chain's cap that
         # followed them fell after one unsure slot and grew back one node a step.
         if grows_by_values:
             order, ranked = keep, [values[s - 1] for s in keep]
         else:
-            order, ranked = list(range(1, len(tree))), estimates(group_rates(state), tree, bins)
+            order, ranked = list(range(1, len(tree))), position_values(state, tree, bins)
     else:
         order = sorted(range(1, len(tree)), key=lambda s: -values[s - 1])  # stable: a parent first on ties
         ranked = [values[s - 1] for s in order]
@@ -368,13 +388,17 @@ def auto_update(
     ms, how verification's measured ms compares with the saved profile `target_ms`, and the ms a
     step spends beyond its draft and target forwards (`draft_ms`: this step's draft forwards)."""
     if bins:  # old evidence fades as new evidence comes, not in steps that verified no node
-        state.reached = [TABLE_DECAY * r for r in state.reached]
-        state.accepted = [TABLE_DECAY * a for a in state.accepted]
+        for table in ("reached", "accepted", "depth_reached", "depth_accepted"):
+            setattr(state, table, [TABLE_DECAY * x for x in getattr(state, table)])
     on_path = {0, *accepted}
     for s, b in enumerate(bins, start=1):
         if tree.parents[s] in on_path:
             state.reached[b] += 1
             state.accepted[b] += s in on_path
+            if b < BINS:
+                d = min(tree.depths[s], DEPTHS) - 1
+                state.depth_reached[d] += 1
+                state.depth_accepted[d] += s in on_path
     state.rate = _decayed(state.rate, emitted / step_ms)
     state.ms_scale = _decayed(state.ms_scale, verify_ms / interpolate_ms(target_ms, len(tree)))
     rest_ms = step_ms - draft_ms - verify_ms

@@ -24,6 +24,7 @@ from dyspec.budget import (
     interpolate_ms,
     next_auto_cap,
     node_bins,
+    position_values,
     sampled_keep,
     set_next_cap,
     slot_keys,
@@ -356,6 +357,23 @@ def test_a_static_shapes_cap_follows_position_not_this_steps_keys(grows_by_value
     profile = {1: 10.0, 64: 73.0}
     _, old_ids, _ = auto_tree(state, tree, True, profile, lambda n: 1.0 * n, 8.0, 1, grows_by_values)
     assert old_ids == [0, 1, 2] and state.cap == cap
+
+
+def test_position_values_learn_first_children_per_depth():
+    """A sampled chain of 3: first children are accepted 90% at depth 1 and 10% at depth 2, and
+    nothing is known at depth 3 (prior: all first children, 1/2 before any evidence)."""
+    tree = Tree.root(0, "iid")
+    for node in range(3):
+        tree.q[node] = torch.tensor([0.5, 0.5])
+        tree.add(node, 0, 0.5)
+        tree.end_expansion()
+    bins = node_bins(tree, sampled=True)
+    state = AutoState(depth_reached=[100.0, 100.0, 0.0, 0.0], depth_accepted=[90.0, 10.0, 0.0, 0.0])
+    d1, d2 = 91 / 102, 11 / 102
+    assert position_values(state, tree, bins) == pytest.approx([d1, d1 * d2, d1 * d2 * 0.5])
+    state = AutoState()
+    auto_update(state, tree, bins, [1], 2, 30.0, 4.0, 20.0, {1: 10.0, 4: 20.0})  # node 1 accepted, 2 not
+    assert state.depth_reached == [1.0, 1.0, 0.0, 0.0] and state.depth_accepted == [1.0, 0.0, 0.0, 0.0]
 
 
 def test_hull_and_sampled_keep():
