@@ -363,7 +363,8 @@ def plan_next_cap(
     worth = best_prefix_size(ranked, target_ms, draft_ms)
     # A node's value reads this step's draft probabilities (children chosen) or slot keys (sampled),
     # which are not the next step's: one unsure step must not stop the drafting, unless one node
-    # would not pay at the rate at which past first children were accepted, pooled, either (a
+    # would not pay at the rate at which past first children were accepted, pooled, plus one
+    # standard error (`first_rate_bound`), either (a
     # diffuse distilled draft's top token at q ~ 0.2 is accepted a third of the time, and one step
     # of it stopped a chain that paid; at T = 0.6 DySpec stopped after the first answer's 7 trees
     # and waited 48 steps, where one node a step beat `ar`). A policy that built no node (`ar`,
