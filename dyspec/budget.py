@@ -268,8 +268,8 @@ def first_rate_bound(state: AutoState) -> float:
     decides whether drafting stops. A stop is dear (no evidence comes for the next 8 to 128 steps)
     and the decayed table holds ~20 first children, so a draft accepted 28% of the time read
     0.11-0.15 now and then, below the 0.15 it needed to pay, and stopped."""
-    a, r = sum(state.accepted[:BINS]) + PRIOR / 2, sum(state.reached[:BINS]) + PRIOR
-    return min(1.0, a / r + math.sqrt(a / r * (1 - a / r) / r))
+    p, n = group_rates(state)[0], sum(state.reached[:BINS]) + PRIOR
+    return min(1.0, p + math.sqrt(p * (1 - p) / n))
 
 
 def estimates(rates: list[float], tree: Tree, bins: list[int]) -> list[float]:
@@ -364,11 +364,11 @@ def plan_next_cap(
     # A node's value reads this step's draft probabilities (children chosen) or slot keys (sampled),
     # which are not the next step's: one unsure step must not stop the drafting, unless one node
     # would not pay at the rate at which past first children were accepted, pooled, plus one
-    # standard error (`first_rate_bound`), either (a
-    # diffuse distilled draft's top token at q ~ 0.2 is accepted a third of the time, and one step
-    # of it stopped a chain that paid; at T = 0.6 DySpec stopped after the first answer's 7 trees
-    # and waited 48 steps, where one node a step beat `ar`). A policy that built no node (`ar`,
-    # Sequoia's tree of the root alone) has no first node to price.
+    # standard error (`first_rate_bound`), either (a diffuse distilled draft's top token at
+    # q ~ 0.2 is accepted a third of the time, and one step of it stopped a chain that paid; at
+    # T = 0.6 DySpec stopped after the first answer's 7 trees and waited 48 steps, where one node
+    # a step beat `ar`). A policy that built no node (`ar`, Sequoia's tree of the root alone) has
+    # no first node to price.
     one_node_ms, bound = build_ms(1) + tree_ms, first_rate_bound(state)
     stop = worth == 0 and (not built or best_prefix_size([bound], target_ms, lambda n: n * one_node_ms) == 0)
     set_next_cap(state, worth, per_forward, stop, paid=worth >= built)

@@ -245,10 +245,10 @@ def stream(
         emitted = emitted[: max_new_tokens - len(out)]
         out += emitted
         root = next_token
+        target_s, draft_s = t3 - t2, _seconds(drafts) - seconds0  # the catch-up included
         if auto:
             step_ms = 1000 * (time.perf_counter() - t0)
-            draft_ms = 1000 * (_seconds(drafts) - seconds0)
-            auto_update(auto, tree, bins, accepted, len(emitted), step_ms, draft_ms, 1000 * (t3 - t2), target_ms)
+            auto_update(auto, tree, bins, accepted, len(emitted), step_ms, 1000 * draft_s, 1000 * target_s, target_ms)
 
         texts = _texts(pair, tree.tokens)
         starts = [1, *tree.growth[:-1]]
@@ -265,7 +265,6 @@ def stream(
                 ),
                 hooks,
             )
-        target_s, draft_s = t3 - t2, _seconds(drafts) - seconds0  # the catch-up included
         overhead_s = time.perf_counter() - t0 - draft_s - target_s
         yield _emit(
             StepVerified(
