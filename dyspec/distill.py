@@ -1,8 +1,9 @@
 """`dyspec distill`: train a feature-conditioned draft (dyspec.feature_draft) for any target.
 
-Data: the target's greedy continuations of real instructions (dyspec.corpus), prompt and response
-run once through the target, teacher-forced, to store its final hidden states (fp16 shards,
-resumable). Batched teacher forcing is several times faster than generating on a CPU. The target's
+Data: the target's greedy continuations of real instructions, or real conversations (ShareGPT;
+both in dyspec.corpus), run once through the target, teacher-forced, to store its final hidden
+states (fp16 shards, resumable). Teacher forcing is several times faster than generating on a
+CPU, so conversations that need no generating give far more data per hour. The target's
 next-token distribution at every position is recomputed from the stored features during training,
 so soft labels cost no storage.
 
@@ -25,7 +26,7 @@ from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 from tqdm.auto import tqdm
 
-from dyspec.corpus import continuations, training_prompts
+from dyspec.corpus import continuations, sharegpt_sequences, training_prompts
 from dyspec.errors import DyspecError
 from dyspec.feature_draft import FeatureDraft, save_feature_draft
 from dyspec.models import ModelPair
@@ -36,20 +37,24 @@ REG_WEIGHT = 0.1
 
 
 @torch.inference_mode()
-def collect_features(pair: ModelPair, seqs: list[list[int]], folder: Path) -> list[Path]:
+def collect_features(
+    pair: ModelPair, seqs: list[list[int]], folder: Path, autocast: torch.dtype | None = None
+) -> list[Path]:
     """The target's final hidden states at every token of every sequence, in shards of SHARD
     sequences; complete shards already on disk are kept (resume: a run with more sequences redoes
-    the last, partial shard)."""
+    the last, partial shard). `autocast` (e.g. bfloat16) runs the teacher forcing at that
+    precision: ~3x faster on a CPU with AMX, for features within ~2% of fp32's."""
     folder.mkdir(parents=True, exist_ok=True)
     paths = []
     for i in tqdm(range(0, len(seqs), SHARD), desc="target features", unit="shard"):
         path = folder / f"features-{i // SHARD:04d}.safetensors"
         chunk = seqs[i : i + SHARD]
         if not path.exists() or _shard_sequences(path) != len(chunk):
-            feats = [
-                pair.target(torch.tensor([s], device=pair.device), output_hidden_states=True).hidden_states[-1][0]
-                for s in chunk
-            ]
+            with torch.autocast(pair.device.type, dtype=autocast, enabled=autocast is not None):
+                feats = [
+                    pair.target(torch.tensor([s], device=pair.device), output_hidden_states=True).hidden_states[-1][0]
+                    for s in chunk
+                ]
             save_file(
                 {
                     "tokens": torch.tensor([t for s in chunk for t in s], dtype=torch.int32),
@@ -162,18 +167,27 @@ def distill(
     heldout: float = 0.05,
     seed: int = 0,
     eval_every: int = 100,
+    corpus: str = "continuations",
+    features_dtype: torch.dtype | None = None,
 ) -> dict:
     """Train a feature draft for `pair.target` in `out` (data, checkpoints and the result in
-    `out/draft`, resumable at every stage) and return the report."""
+    `out/draft`, resumable at every stage) and return the report. `corpus` is "continuations" (the
+    target's own answers to `num_prompts` training prompts), "sharegpt" (the first `num_prompts`
+    ShareGPT V3 conversations) or the path of a JSON file in ShareGPT's format; `features_dtype` see
+    collect_features."""
     if not 0 < heldout < 1:
         raise DyspecError(f"held-out fraction must be between 0 and 1, got {heldout}")
     if steps < 0 or batch < 1 or window < 2:
         raise DyspecError("steps must be >= 0, batch >= 1 and window >= 2")
     t_start = time.perf_counter()
     out.mkdir(parents=True, exist_ok=True)
-    prompts = training_prompts(pair, prompts, num_prompts)
-    gens = continuations(pair, prompts, max_new_tokens, out / "continuations.jsonl")
-    seqs = load_sequences(collect_features(pair, [g["prompt"] + g["response"] for g in gens], out / "features"))
+    if corpus == "continuations":
+        prompts = training_prompts(pair, prompts, num_prompts)
+        gens = continuations(pair, prompts, max_new_tokens, out / "continuations.jsonl")
+        texts = [g["prompt"] + g["response"] for g in gens]
+    else:
+        texts = sharegpt_sequences(pair, num_prompts, path=None if corpus == "sharegpt" else Path(corpus))
+    seqs = load_sequences(collect_features(pair, texts, out / "features", features_dtype))
     n_test = max(1, math.ceil(len(seqs) * heldout))  # split by sequence: the last ones are held out
     if n_test >= len(seqs):
         raise DyspecError(f"{len(seqs)} sequences are too few for a held-out split")
@@ -239,8 +253,10 @@ def distill(
         "heldout_untrained": first,
         "ms_per_token": {"draft": draft_ms, "target": target_ms, "ratio": draft_ms / target_ms},
         "settings": {
+            "corpus": corpus,
             "num_prompts": num_prompts,
             "max_new_tokens": max_new_tokens,
+            "features_dtype": str(features_dtype or pair.target.dtype).removeprefix("torch."),
             "steps": steps,
             "batch": batch,
             "window": window,

