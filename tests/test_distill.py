@@ -159,6 +159,10 @@ def test_distill_from_a_sharegpt_file(feature_pair, tmp_path):
     assert sum(report["sequences"].values()) == 25 and report["settings"]["corpus"] == str(path)
     assert sum(report["tokens"].values()) == 25 * 16
     assert report["heldout"]["loss"] < report["heldout_untrained"]["loss"]
+    # Another corpus in the same folder: its features are computed anew, not read from the old shard.
+    other = sharegpt_file(tmp_path / "other.json", [[("human", "a b"), ("gpt", "c")]] * 30)
+    again = distill(pair, tmp_path / "out", steps=60, eval_every=30, **{**kwargs, "corpus": str(other)})
+    assert sum(again["tokens"].values()) == 25 * 3
 
 
 def test_collect_features_in_bfloat16_stay_close_to_fp32(feature_pair, tmp_path):
