@@ -256,11 +256,9 @@ def position_values(state: AutoState, tree: Tree, bins: list[int]) -> list[float
     node look worth building."""
     rates = group_rates(state)
     by_depth = [(a + PRIOR * rates[0]) / (r + PRIOR) for a, r in zip(state.depth_accepted, state.depth_reached)]
-    value = [1.0]
-    for s, b in enumerate(bins, start=1):
-        rate = rates[b] if b >= BINS else by_depth[min(tree.depths[s], DEPTHS) - 1]
-        value.append(value[tree.parents[s]] * rate)
-    return value[1:]
+    # first children read the depth rates, appended after the 2 * BINS group rates
+    keys = [b if b >= BINS else 2 * BINS + min(tree.depths[s], DEPTHS) - 1 for s, b in enumerate(bins, start=1)]
+    return estimates(rates + by_depth, tree, keys)
 
 
 def first_rate_bound(state: AutoState) -> float:
