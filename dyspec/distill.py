@@ -154,11 +154,37 @@ def evaluate(draft: FeatureDraft, head: torch.Tensor, batches: list, scale: floa
     return {k: v / max(count, 1) for k, v in total.items()}
 
 
+def corpus_texts(
+    pair: ModelPair, corpus: str, count: int, prompts: list | None, max_new_tokens: int, out: Path
+) -> list:
+    """Token ids of one corpus: "continuations" (the target's own answers to `count` training
+    prompts, generated into out/continuations.jsonl), "sharegpt" (the first `count` ShareGPT V3
+    conversations) or the path of a JSON file in ShareGPT's format."""
+    if corpus == "continuations":
+        gens = continuations(pair, training_prompts(pair, prompts, count), max_new_tokens, out / "continuations.jsonl")
+        return [g["prompt"] + g["response"] for g in gens]
+    return sharegpt_sequences(pair, count, path=None if corpus == "sharegpt" else Path(corpus))
+
+
+def batch_windows(train_w: list[list], orders: list[list[int]], step: int, batch: int) -> list:
+    """The windows of training step `step`: an equal share of `batch` from each corpus (the first
+    corpora take the remainder), each corpus cycling through its own shuffled order."""
+    n = len(train_w)
+    shares = [batch // n + (c < batch % n) for c in range(n)]
+    return [w[order[(step * k + i) % len(order)]] for w, order, k in zip(train_w, orders, shares) for i in range(k)]
+
+
+def pooled(results: dict[str, dict], tokens: dict[str, int]) -> dict:
+    """Per-token metrics over several held-out sets, from each set's averages."""
+    total = sum(tokens.values())
+    return {k: sum(r[k] * tokens[name] for name, r in results.items()) / total for k in next(iter(results.values()))}
+
+
 def distill(
     pair: ModelPair,
     out: Path,
     prompts: list | None = None,
-    num_prompts: int = 400,
+    num_prompts: int | list[int] = 400,
     max_new_tokens: int = 128,
     vocab_size: int = 8192,
     steps: int = 600,
@@ -172,31 +198,42 @@ def distill(
     features_dtype: torch.dtype | None = None,
 ) -> dict:
     """Train a feature draft for `pair.target` in `out` (data, checkpoints and the result in
-    `out/draft`, resumable at every stage) and return the report. `corpus` is "continuations" (the
-    target's own answers to `num_prompts` training prompts), "sharegpt" (the first `num_prompts`
-    ShareGPT V3 conversations) or the path of a JSON file in ShareGPT's format; `features_dtype` see
-    collect_features."""
+    `out/draft`, resumable at every stage) and return the report. `corpus` is one of corpus_texts'
+    or several, comma-separated ("continuations,sharegpt"), with `num_prompts` one count for all or
+    one per corpus; each corpus keeps its own held-out split (its last sequences) and gives an
+    equal share of every batch, so a small corpus of the target's own answers is not drowned by a
+    large one. `features_dtype` see collect_features."""
+    corpora = corpus.split(",")
+    counts = [num_prompts] * len(corpora) if isinstance(num_prompts, int) else list(num_prompts)
+    labels = [c if c in ("continuations", "sharegpt") else Path(c).stem for c in corpora]
+    if len(counts) != len(corpora):
+        raise DyspecError(f"{len(counts)} prompt counts for {len(corpora)} corpora: give one, or one per corpus")
+    if len(set(labels)) < len(labels) or "" in corpora:
+        raise DyspecError(f"bad corpus list '{corpus}': each corpus once, separated by single commas")
     if not 0 < heldout < 1:
         raise DyspecError(f"held-out fraction must be between 0 and 1, got {heldout}")
-    if steps < 0 or batch < 1 or window < 2:
-        raise DyspecError("steps must be >= 0, batch >= 1 and window >= 2")
+    if steps < 0 or batch < len(corpora) or window < 2:
+        raise DyspecError("steps must be >= 0, batch >= the number of corpora and window >= 2")
     t_start = time.perf_counter()
     out.mkdir(parents=True, exist_ok=True)
-    if corpus == "continuations":
-        prompts = training_prompts(pair, prompts, num_prompts)
-        gens = continuations(pair, prompts, max_new_tokens, out / "continuations.jsonl")
-        texts = [g["prompt"] + g["response"] for g in gens]
-    else:
-        texts = sharegpt_sequences(pair, num_prompts, path=None if corpus == "sharegpt" else Path(corpus))
-    seqs = load_sequences(collect_features(pair, texts, out / "features", features_dtype))
-    n_test = max(1, math.ceil(len(seqs) * heldout))  # split by sequence: the last ones are held out
-    if n_test >= len(seqs):
-        raise DyspecError(f"{len(seqs)} sequences are too few for a held-out split")
-    train_seqs, test_seqs = seqs[:-n_test], seqs[-n_test:]
+    train_sets, test_sets = {}, {}
+    for name, label, count in zip(corpora, labels, counts):
+        texts = corpus_texts(pair, name, count, prompts, max_new_tokens, out)
+        folder = out / ("features" if len(corpora) == 1 else f"features-{label}")
+        seqs = load_sequences(collect_features(pair, texts, folder, features_dtype))
+        n_test = max(1, math.ceil(len(seqs) * heldout))  # split by sequence: the last ones are held out
+        if n_test >= len(seqs):
+            raise DyspecError(f"{len(seqs)} sequences of {name} are too few for a held-out split")
+        train_sets[label], test_sets[label] = seqs[:-n_test], seqs[-n_test:]
+    train_seqs = [s for seqs in train_sets.values() for s in seqs]
     vocab = choose_vocab(train_seqs, vocab_size, pair.target.config.vocab_size)
     scale = float(torch.cat([f for _, f in train_seqs[:64]]).float().std())
-    train_w, test_w = windows(train_seqs, window), windows(test_seqs, window)
-    test_batches = [collate(test_w[i : i + batch], pair.device) for i in range(0, len(test_w), batch)]
+    train_w = [windows(seqs, window) for seqs in train_sets.values()]
+    test_batches = {}
+    for label, seqs in test_sets.items():
+        w = windows(seqs, window)
+        test_batches[label] = [collate(w[i : i + batch], pair.device) for i in range(0, len(w), batch)]
+    test_tokens = {label: sum(len(t) for t, _ in seqs) for label, seqs in test_sets.items()}
 
     torch.manual_seed(seed)
     draft = FeatureDraft(pair.target, vocab).to(pair.device).float()
@@ -216,13 +253,16 @@ def distill(
         opt.load_state_dict(ckpt["opt"])
         sched.load_state_dict(ckpt["sched"])
         step = ckpt["step"]
-    first = evaluate(draft, full_head, test_batches, scale) if step == 0 else None
+
+    def heldout_metrics() -> dict[str, dict]:
+        return {label: evaluate(draft, full_head, b, scale) for label, b in test_batches.items()}
+
+    first = heldout_metrics() if step == 0 else None
     g = torch.Generator().manual_seed(seed)
-    order = torch.randperm(len(train_w), generator=g).tolist()
+    orders = [torch.randperm(len(w), generator=g).tolist() for w in train_w]
     bar = tqdm(total=steps, initial=step, desc="distill", unit="step")
     while step < steps:
-        picks = [order[(step * batch + i) % len(order)] for i in range(batch)]
-        x, F, prev, mask = collate([train_w[i] for i in picks], pair.device)
+        x, F, prev, mask = collate(batch_windows(train_w, orders, step, batch), pair.device)
         f1, f2 = unrolled(draft, x, prev)
         loss = (loss_terms(draft, f1, F, scale) + loss_terms(draft, f2, F, scale))[mask].mean()
         opt.zero_grad()
@@ -240,7 +280,7 @@ def distill(
             )
     bar.close()
 
-    metrics = evaluate(draft, full_head, test_batches, scale)
+    metrics = heldout_metrics()
     draft_ms = forward_ms(draft, sizes=(1,))[1]
     target_ms = forward_ms(pair.target, sizes=(1,))[1]
     report = {
@@ -248,10 +288,11 @@ def distill(
         "hidden_size": pair.target.config.hidden_size,
         "vocab_size": pair.target.config.vocab_size,
         "draft_vocab": len(vocab),
-        "sequences": {"train": len(train_seqs), "heldout": len(test_seqs)},
-        "tokens": {"train": sum(len(t) for t, _ in train_seqs), "heldout": sum(len(t) for t, _ in test_seqs)},
-        "heldout": metrics,
-        "heldout_untrained": first,
+        "sequences": {"train": len(train_seqs), "heldout": sum(len(seqs) for seqs in test_sets.values())},
+        "tokens": {"train": sum(len(t) for t, _ in train_seqs), "heldout": sum(test_tokens.values())},
+        "heldout": pooled(metrics, test_tokens),
+        "heldout_untrained": first and pooled(first, test_tokens),
+        "heldout_by_corpus": {label: {"tokens": test_tokens[label], **m} for label, m in metrics.items()},
         "ms_per_token": {"draft": draft_ms, "target": target_ms, "ratio": draft_ms / target_ms},
         "settings": {
             "corpus": corpus,

@@ -91,3 +91,16 @@ def test_generate_json():
     ):
         assert field in out
     assert out["new_tokens"] == len(out["token_ids"]) == 8 and out["policy"] == "dyspec"
+
+
+@pytest.mark.parametrize(
+    "args,fragment",
+    [
+        (["--corpus", "sharegpt,continuations", "--num-prompts", "1,2,3"], "3 prompt counts for 2 corpora"),
+        (["--corpus", "sharegpt,sharegpt"], "each corpus once"),
+        (["--num-prompts", "x"], "comma-separated"),
+    ],
+)
+def test_distill_bad_corpus_list_is_one_clear_line(tmp_path, args, fragment):
+    assert_one_line_error(dyspec("distill", "--out", str(tmp_path / "out"), *args), fragment)
+    assert not (tmp_path / "out").exists()  # nothing was made

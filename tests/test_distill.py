@@ -9,7 +9,7 @@ from tokenizers import pre_tokenizers
 
 from dyspec import generate
 from dyspec.corpus import read_sharegpt, sharegpt_sequences
-from dyspec.distill import collect_features, distill, load_sequences
+from dyspec.distill import batch_windows, collect_features, distill, load_sequences
 from dyspec.draft import DraftSession
 from dyspec.errors import DyspecError
 from dyspec.feature_draft import load_feature_draft
@@ -163,6 +163,39 @@ def test_distill_from_a_sharegpt_file(feature_pair, tmp_path):
     other = sharegpt_file(tmp_path / "other.json", [[("human", "a b"), ("gpt", "c")]] * 30)
     again = distill(pair, tmp_path / "out", steps=60, eval_every=30, **{**kwargs, "corpus": str(other)})
     assert sum(again["tokens"].values()) == 25 * 3
+
+
+def test_distill_mixes_corpora_with_a_held_out_split_each(feature_pair, tmp_path):
+    """Two corpora: each keeps its last sequences for held-out and its own features folder; the
+    report pools their held-out metrics by tokens."""
+    tok = tiny_tokenizer()
+    tok.backend_tokenizer.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    pair = dataclasses.replace(feature_pair, tokenizer=tok)
+    big = sharegpt_file(tmp_path / "big.json", [[("human", "a b a b"), ("gpt", "b a")]] * 40)
+    small = sharegpt_file(tmp_path / "small.json", [[("human", "c"), ("gpt", "c c")]] * 10)
+    kwargs = {"vocab_size": 3, "batch": 4, "window": 8, "heldout": 0.2, "steps": 20, "eval_every": 10}
+    report = distill(pair, tmp_path / "out", corpus=f"{big},{small}", num_prompts=[30, 6], **kwargs)
+    by_corpus = report["heldout_by_corpus"]
+    assert report["sequences"] == {"train": 24 + 4, "heldout": 6 + 2}
+    assert {k: v["tokens"] for k, v in by_corpus.items()} == {"big": 6 * 6, "small": 2 * 3}
+    assert by_corpus["big"]["top1_d1"] != by_corpus["small"]["top1_d1"]
+    expected = (by_corpus["big"]["top1_d1"] * 36 + by_corpus["small"]["top1_d1"] * 6) / 42
+    assert report["heldout"]["top1_d1"] == pytest.approx(expected)
+    assert sorted(p.name for p in (tmp_path / "out").glob("features-*")) == ["features-big", "features-small"]
+    for bad in ({"corpus": f"{big},{big}"}, {"corpus": f"{big},{small}", "num_prompts": [1, 2, 3]}):
+        with pytest.raises(DyspecError):
+            distill(pair, tmp_path / "bad", **{**kwargs, **bad})
+
+
+def test_every_batch_takes_an_equal_share_of_each_corpus():
+    corpora, orders = [list("abcdef"), list("xy")], [[5, 4, 3, 2, 1, 0], [1, 0]]
+    assert [batch_windows(corpora, orders, step, 3) for step in range(3)] == [
+        ["f", "e", "y"],
+        ["d", "c", "x"],
+        ["b", "a", "y"],
+    ]
+    # one corpus: the whole batch from its order, as before corpora could be mixed
+    assert batch_windows(corpora[:1], orders[:1], 1, 4) == ["b", "a", "f", "e"]
 
 
 def test_collect_features_in_bfloat16_stay_close_to_fp32(feature_pair, tmp_path):
