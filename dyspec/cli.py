@@ -43,8 +43,9 @@ def add_model_args(p: argparse.ArgumentParser, with_draft: bool = True) -> None:
         default=DEFAULT_DRAFT,
         help="as --target, or a folder made by `dyspec distill`, distilled (the one shipped for the target), "
         "int8 (the target with int8 layers, CPU), truncated:N (its first N layers), "
-        "self, or auto: int8 on CPU, else truncated:2; several, comma-separated (int8,distilled), are merged "
-        "into one tree by specinfer, other policies use the first (default: %(default)s)",
+        "self, or auto: int8 on CPU (fp32 target), else distilled where one ships, else truncated:2; several, "
+        "comma-separated (int8,distilled), are merged into one tree by specinfer, other policies use the first "
+        "(default: %(default)s)",
     )
     p.add_argument(
         "--precision",

@@ -28,9 +28,10 @@ transformers.utils.logging.disable_progress_bar()  # per-tensor load bars are no
 
 DEFAULT_TARGET = "smollm2-135m-instruct"
 DEFAULT_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
-# The default draft, until a distilled one ships: on a CPU the target itself with int8 Linear
-# layers (agrees with the fp32 target on ~90% of tokens at ~40% of its cost), elsewhere a stand-in,
-# the target's first 2 layers with its final norm and output layer, untrained (accepted rarely).
+# The default draft: on a CPU with an fp32 target, the target itself with int8 Linear layers (agrees
+# with the fp32 target on ~90% of tokens at ~40% of its cost); elsewhere the feature draft shipped
+# for the target, or where none ships a stand-in, the target's first 2 layers with its final norm
+# and output layer, untrained (accepted rarely).
 DEFAULT_DRAFT = "auto"
 STANDIN_DRAFT = "truncated:2"
 SHIPPED_DRAFTS = Path(__file__).with_name("drafts")  # feature drafts made by `dyspec distill`, per target
@@ -228,6 +229,13 @@ def check_same_vocab(target_tok: PreTrainedTokenizerBase, draft_tok: PreTrainedT
         )
 
 
+def shipped_draft(target: str) -> Path | None:
+    """The folder of the feature draft shipped for `target` (a name like the default's, not a path or
+    hub id), or None."""
+    folder = SHIPPED_DRAFTS / target
+    return folder if Path(target).name == target and is_feature_draft(folder) else None
+
+
 def _load_draft(
     name: str, target: str, target_model: PreTrainedModel, tokenizer, dev: torch.device, allow_download: bool
 ) -> PreTrainedModel:
@@ -236,8 +244,8 @@ def _load_draft(
     if name == "int8":
         return quantize_int8(truncated_copy(target_model, target_model.config.num_hidden_layers))
     if name == "distilled" or Path(name).is_dir() and is_feature_draft(Path(name)):
-        folder = SHIPPED_DRAFTS / target if name == "distilled" else Path(name)
-        if not is_feature_draft(folder):
+        folder = shipped_draft(target) if name == "distilled" else Path(name)
+        if folder is None:
             raise DyspecError(f"no distilled draft ships for target '{target}': make one with `dyspec distill`")
         return load_feature_draft(folder, target_model)
     if name.startswith("truncated:"):
@@ -258,13 +266,14 @@ def load_pair(
     allow_download: bool = False,
     precision: str = "auto",
 ) -> ModelPair:
-    """Load a target and a draft. `draft` is "auto" (int8 on a CPU that supports it, else
-    truncated:2), a model name as for the target, a folder made by `dyspec distill` (a feature
-    draft), `distilled` (the feature draft shipped for the target), `truncated:N` (the
-    target's first N layers, untrained), `int8` (the target with int8 Linear layers: a draft that
-    needs no training, for a target that runs at native precision), `self` (the target itself, for
-    testing), or None. Several drafts, comma-separated ("int8,distilled"), are merged into one tree
-    by `specinfer`; every other policy drafts with the first.
+    """Load a target and a draft. `draft` is "auto" (int8 on a CPU that supports it, for an fp32
+    target; else `distilled` where one ships for the target, else truncated:2), a model name as
+    for the target, a folder made by `dyspec distill` (a feature draft), `distilled` (the feature
+    draft shipped for the target), `truncated:N` (the target's first N layers, untrained), `int8`
+    (the target with int8 Linear layers: a draft that needs no training, for a target that runs at
+    native precision), `self` (the target itself, for testing), or None. Several drafts,
+    comma-separated ("int8,distilled"), are merged into one tree by `specinfer`; every other policy
+    drafts with the first.
     Hub ids load from the local cache unless `allow_download`. `precision` "auto" runs int8 Linear
     layers on a CPU; outputs are then exact with respect to that int8 model (see README)."""
     dev = pick_device(device)
@@ -272,7 +281,9 @@ def load_pair(
     names = [] if draft is None else [n.strip() for n in draft.split(",")]
     if "" in names:
         raise DyspecError(f"bad draft list '{draft}': names separated by single commas")
-    auto_draft = "int8" if dev.type == "cpu" and precision != "int8" and int8_available() else STANDIN_DRAFT
+    auto_draft = "distilled" if shipped_draft(target) else STANDIN_DRAFT
+    if dev.type == "cpu" and precision != "int8" and int8_available():
+        auto_draft = "int8"
     names = [auto_draft if n == "auto" else n for n in names]
     if "int8" in names:
         if precision == "int8":

@@ -13,7 +13,7 @@ from dyspec.distill import batch_windows, collect_features, distill, load_sequen
 from dyspec.draft import DraftSession
 from dyspec.errors import DyspecError
 from dyspec.feature_draft import load_feature_draft
-from dyspec.models import DEFAULT_TARGET, SHIPPED_DRAFTS
+from dyspec.models import DEFAULT_TARGET, SHIPPED_DRAFTS, shipped_draft
 from dyspec.tree import Tree
 
 from .conftest import PROMPTS
@@ -213,3 +213,11 @@ def test_shipped_distilled_draft_is_exact_on_the_default_target(pair_default):
         options = {"acceptance": [0.4, 0.1]} if policy == "sequoia" else {}
         r = generate(pair_default, PROMPTS[1], policy=policy, budget=budget, max_new_tokens=32, options=options)
         assert r.token_ids == generate(pair_default, PROMPTS[1], policy="ar", max_new_tokens=32).token_ids
+
+
+def test_only_a_plain_target_name_finds_a_shipped_draft():
+    """`distilled` and `auto` look in dyspec/drafts/ by the target's name: a path or hub id there
+    must not resolve to some folder outside it."""
+    assert shipped_draft(DEFAULT_TARGET) == SHIPPED_DRAFTS / DEFAULT_TARGET
+    assert shipped_draft(str(SHIPPED_DRAFTS / DEFAULT_TARGET)) is None  # a path, though a draft is there
+    assert shipped_draft("HuggingFaceTB/SmolLM2-135M-Instruct") is None

@@ -127,13 +127,13 @@ def test_auto_budget_is_exact_and_adapts(pair):
 
 @pytest.fixture(scope="module")
 def int8_pair():
-    """The fast path: int8 target, with the untrained stand-in draft."""
+    """The fast path: int8 target, with the feature draft shipped for it (`auto`)."""
     return load_pair(precision="int8")
 
 
 @pytest.mark.parametrize("policy", sorted(set(POLICIES) - {"ar"}))
 def test_int8_path_greedy_identity(int8_pair, policy):
-    assert int8_pair.precision == "int8" and int8_pair.draft_name == "truncated:2"
+    assert int8_pair.precision == "int8" and int8_pair.draft_name == "distilled"
     options = {
         "sequoia": {"acceptance": [0.3, 0.1, 0.05]},
         # no head ships for this pair; any head of the right width keeps the output exact
@@ -143,6 +143,13 @@ def test_int8_path_greedy_identity(int8_pair, policy):
         expected = generate(int8_pair, prompt, policy="ar", max_new_tokens=32).token_ids
         got = generate(int8_pair, prompt, policy=policy, budget=12, max_new_tokens=32, options=options).token_ids
         assert got == expected
+
+
+def test_int8_path_quantizes_an_independent_draft_and_stays_exact():
+    pair = load_pair(draft="truncated:2", precision="int8")
+    assert any(isinstance(m, Int8Linear) for m in pair.draft.modules())
+    expected = generate(pair, PROMPTS[0], policy="ar", max_new_tokens=32).token_ids
+    assert generate(pair, PROMPTS[0], policy="dyspec", budget=12, max_new_tokens=32).token_ids == expected
 
 
 def test_int8_tree_forward_is_bitwise_a_sequential_decode(int8_pair):
