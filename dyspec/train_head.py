@@ -35,9 +35,14 @@ def head_examples(
     and q(y) at T = 1 (the raw draft probability that the head is compared against)."""
     seq = prompt + response
     n0 = len(prompt) - 1  # logits row n0 predicts the first response token
-    target_logits = pair.target(torch.tensor([seq[:-1]], device=pair.device)).logits[0, n0:].float()
+    needs_features = getattr(pair.draft, "needs_features", False)
+    out = pair.target(torch.tensor([seq[:-1]], device=pair.device), output_hidden_states=needs_features)
+    target_logits = out.logits[0, n0:].float()
+    # A feature draft reads at each token the target's hidden state at the token before (zeros first).
+    h = out.hidden_states[-1][0] if needs_features else None
     draft = KVSession(pair.draft, keep_hidden=True)
-    draft_logits = draft.forward(seq[:-1])[n0:]
+    draft_logits = draft.forward(seq[:-1], features=None if h is None else torch.cat([torch.zeros_like(h[:1]), h[:-1]]))
+    draft_logits = draft_logits[n0:]
     hidden = draft.hidden[n0:]  # row i: the draft read seq[n0 + i]; we need it at the token after
     q, p = to_probs(draft_logits, temperature), to_probs(target_logits, temperature)
     y = sample_rows(q, 1, generator)[:, 0] if temperature > 0 else q.argmax(-1)
@@ -56,7 +61,8 @@ def head_examples(
         for j, i in enumerate(branch):
             visible[j, : n0 + i + 1] = True  # the real prefix up to the position y follows
             visible[j, cached + j] = True
-        draft.forward([int(y[i]) for i in branch], [n0 + i + 1 for i in branch], visible)
+        features = None if h is None else h[[n0 + i for i in branch]]  # y follows seq[n0 + i]
+        draft.forward([int(y[i]) for i in branch], [n0 + i + 1 for i in branch], visible, features=features)
         feature[branch] = draft.hidden.float()
     return {"hidden": feature, "label": label.cpu(), "q": q1.cpu()}
 

@@ -15,7 +15,7 @@ from dyspec.head import auc, head_for, load_head
 from dyspec.kv import KVSession
 from dyspec.train_head import head_examples, train_head
 
-from .tiny import tiny_head_file, tiny_pair
+from .tiny import tiny_feature_pair, tiny_head_file, tiny_pair
 
 
 @pytest.fixture(scope="module")
@@ -63,6 +63,26 @@ def test_head_examples_hidden_states_and_labels(pair, temperature):
             p = pair.target(torch.tensor([prefix])).logits[0, -1]
             assert ex["label"][i] == float(int(p.argmax()) == y)
     assert replaced > 0  # the branch path (y not the real token) was exercised
+
+
+def test_head_examples_feed_a_feature_draft_the_targets_features():
+    """A feature draft's hidden state at y is the one it has in the engine: each token reads the
+    target's hidden state at the token before (y, at its parent), not zeros."""
+    pair = tiny_feature_pair()
+    prompt, response = [0, 3, 1], [2, 2, 4, 1, 0, 3]
+    ex = head_examples(pair, prompt, response, 0.8, torch.Generator().manual_seed(1))
+    seq = prompt + response
+    replaced = 0
+    for i in range(len(response)):
+        prefix = seq[: len(prompt) + i]
+        h = pair.target(torch.tensor([prefix]), output_hidden_states=True).hidden_states[-1][0]
+        kv = KVSession(pair.draft, keep_hidden=True)
+        q1 = torch.softmax(kv.forward(prefix, features=torch.cat([torch.zeros_like(h[:1]), h[:-1]]))[-1], -1)
+        y = int((q1 == ex["q"][i]).nonzero()[0])
+        replaced += y != response[i]
+        kv.forward([y], features=h[-1:])
+        assert torch.allclose(ex["hidden"][i], kv.hidden[-1], atol=1e-5)
+    assert replaced > 0
 
 
 def test_train_head_saves_a_loadable_head_and_resumes(pair, tmp_path):
