@@ -173,7 +173,7 @@ def cmd_train_head(args: argparse.Namespace) -> None:
     report = train_head(
         pair,
         Path(args.out),
-        num_prompts=args.num_prompts[0] if len(args.num_prompts) == 1 else list(args.num_prompts),
+        num_prompts=args.num_prompts,
         max_new_tokens=args.max_new_tokens,
         temperature=args.temperature,
         epochs=args.epochs,

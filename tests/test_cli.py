@@ -104,3 +104,48 @@ def test_generate_json():
 def test_distill_bad_corpus_list_is_one_clear_line(tmp_path, args, fragment):
     assert_one_line_error(dyspec("distill", "--out", str(tmp_path / "out"), *args), fragment)
     assert not (tmp_path / "out").exists()  # nothing was made
+
+
+def test_train_head_and_distill_run_from_the_command_line(tmp_path):
+    """Both training commands end to end on a tiny pair: arguments reach the functions."""
+    tiny_model(0).save_pretrained(tmp_path / "tiny")
+    tiny_tokenizer().save_pretrained(tmp_path / "tiny")
+    tiny = str(tmp_path / "tiny")
+    head = dyspec(
+        "train-head",
+        "--target",
+        tiny,
+        "--draft",
+        tiny,
+        "--out",
+        str(tmp_path / "h"),
+        "--num-prompts",
+        "20",
+        "--max-new-tokens",
+        "6",
+        "--epochs",
+        "1",
+        "--device",
+        "cpu",
+    )
+    assert head.returncode == 0, head.stderr
+    assert (tmp_path / "h" / "head.safetensors").is_file()
+    distilled = dyspec(
+        "distill",
+        "--target",
+        tiny,
+        "--out",
+        str(tmp_path / "d"),
+        "--num-prompts",
+        "20",
+        "--max-new-tokens",
+        "6",
+        "--steps",
+        "2",
+        "--batch",
+        "2",
+        "--draft-vocab",
+        "4",
+    )
+    assert distilled.returncode == 0, distilled.stderr
+    assert json.loads(distilled.stdout)["settings"]["num_prompts"] == 20
