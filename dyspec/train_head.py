@@ -41,8 +41,8 @@ def head_examples(
     # A feature draft reads at each token the target's hidden state at the token before (zeros first).
     h = out.hidden_states[-1][0] if needs_features else None
     draft = KVSession(pair.draft, keep_hidden=True)
-    draft_logits = draft.forward(seq[:-1], features=None if h is None else torch.cat([torch.zeros_like(h[:1]), h[:-1]]))
-    draft_logits = draft_logits[n0:]
+    before = None if h is None else torch.cat([torch.zeros_like(h[:1]), h[:-1]])
+    draft_logits = draft.forward(seq[:-1], features=before)[n0:]
     hidden = draft.hidden[n0:]  # row i: the draft read seq[n0 + i]; we need it at the token after
     q, p = to_probs(draft_logits, temperature), to_probs(target_logits, temperature)
     y = sample_rows(q, 1, generator)[:, 0] if temperature > 0 else q.argmax(-1)
