@@ -28,7 +28,7 @@ from tqdm.auto import tqdm
 
 from dyspec.corpus import continuations, sharegpt_sequences, training_prompts
 from dyspec.errors import DyspecError
-from dyspec.feature_draft import FeatureDraft, save_feature_draft
+from dyspec.feature_draft import FeatureDraft, features_before, save_feature_draft
 from dyspec.models import ModelPair
 from dyspec.profile import forward_ms
 
@@ -94,7 +94,7 @@ def windows(seqs: list[tuple[torch.Tensor, torch.Tensor]], length: int) -> list[
     token F_prev; zeros before a sequence's first token)."""
     out = []
     for tokens, feats in seqs:
-        prev = torch.cat([torch.zeros_like(feats[:1]), feats[:-1]])
+        prev = features_before(feats)
         for s in range(0, len(tokens), length):
             out.append((tokens[s : s + length], feats[s : s + length], prev[s : s + length]))
     return out

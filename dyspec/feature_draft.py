@@ -128,6 +128,12 @@ class FeatureDraft(nn.Module):
         return SimpleNamespace(logits=logits, hidden_states=(feature,))
 
 
+def features_before(hidden: torch.Tensor) -> torch.Tensor:
+    """What each token of a sequence reads, given the target's hidden states at its tokens [L, H]:
+    the state at the token before, zeros for the first."""
+    return torch.cat([torch.zeros_like(hidden[:1]), hidden[:-1]])
+
+
 def save_feature_draft(draft: FeatureDraft, folder: Path, info: dict, dtype: torch.dtype = torch.float16) -> None:
     folder.mkdir(parents=True, exist_ok=True)
     tensors = {k: v.to(dtype).contiguous() for k, v in draft.state_dict().items()}

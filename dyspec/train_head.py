@@ -20,6 +20,7 @@ from tqdm.auto import tqdm
 
 from dyspec.corpus import continuations, training_prompts
 from dyspec.errors import DyspecError
+from dyspec.feature_draft import features_before
 from dyspec.head import AcceptanceHead, auc, save_head
 from dyspec.kv import KVSession
 from dyspec.models import ModelPair
@@ -38,11 +39,9 @@ def head_examples(
     needs_features = getattr(pair.draft, "needs_features", False)
     out = pair.target(torch.tensor([seq[:-1]], device=pair.device), output_hidden_states=needs_features)
     target_logits = out.logits[0, n0:].float()
-    # A feature draft reads at each token the target's hidden state at the token before (zeros first).
-    h = out.hidden_states[-1][0] if needs_features else None
+    h = out.hidden_states[-1][0] if needs_features else None  # what a feature draft reads
     draft = KVSession(pair.draft, keep_hidden=True)
-    before = None if h is None else torch.cat([torch.zeros_like(h[:1]), h[:-1]])
-    draft_logits = draft.forward(seq[:-1], features=before)[n0:]
+    draft_logits = draft.forward(seq[:-1], features=None if h is None else features_before(h))[n0:]
     hidden = draft.hidden[n0:]  # row i: the draft read seq[n0 + i]; we need it at the token after
     q, p = to_probs(draft_logits, temperature), to_probs(target_logits, temperature)
     y = sample_rows(q, 1, generator)[:, 0] if temperature > 0 else q.argmax(-1)
