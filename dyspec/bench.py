@@ -123,6 +123,7 @@ def _hf_run(
         "max_new_tokens": max_new_tokens,
         "do_sample": temperature > 0,
         "pad_token_id": pair.tokenizer.eos_token_id,
+        "eos_token_id": sorted(pair.stop_ids),
     }
     if temperature > 0:
         kwargs.update(temperature=temperature, top_k=None, top_p=None)

@@ -12,7 +12,7 @@ from pathlib import Path
 import torch
 from tqdm.auto import tqdm
 
-from dyspec.engine import encode_prompt
+from dyspec.engine import encode_prompt, until_stop
 from dyspec.errors import DyspecError
 from dyspec.models import ModelPair
 from dyspec.prompts import load_prompts, package_file
@@ -48,12 +48,16 @@ def continuations(pair: ModelPair, prompts: list[str], max_new_tokens: int, path
         mask = torch.tensor([[0] * (width - len(x)) + [1] * len(x) for x in ids], device=pair.device)
         with torch.inference_mode():
             out = pair.target.generate(
-                input_ids, attention_mask=mask, max_new_tokens=max_new_tokens, do_sample=False, pad_token_id=pad
+                input_ids,
+                attention_mask=mask,
+                max_new_tokens=max_new_tokens,
+                do_sample=False,
+                pad_token_id=pad,
+                eos_token_id=sorted(pair.stop_ids),
             )
         with open(path, "a", encoding="utf-8") as f:
             for x, row in zip(ids, out[:, width:].tolist()):
-                if tok.eos_token_id is not None and tok.eos_token_id in row:
-                    row = row[: row.index(tok.eos_token_id) + 1]
+                row = row[: until_stop(row, pair.stop_ids) or len(row)]
                 done.append({"prompt": x, "response": row})
                 f.write(json.dumps(done[-1]) + "\n")
         bar.update(len(ids))

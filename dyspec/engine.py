@@ -30,6 +30,12 @@ MAX_TEMPERATURE = 5.0
 Hook = Callable[[Event], None]
 
 
+def until_stop(tokens: list[int], stop_ids: frozenset[int]) -> int:
+    """How many of `tokens` to keep when one ends the generation (up to and including the first
+    stop token), or 0 when none does."""
+    return next((i + 1 for i, t in enumerate(tokens) if t in stop_ids), 0)
+
+
 def encode_prompt(pair: ModelPair, prompt: str | Sequence[int], chat: bool = True) -> list[int]:
     """Token ids of a prompt: a string goes through the tokenizer's chat template when it has one."""
     if not isinstance(prompt, str):
@@ -161,7 +167,6 @@ def stream(
         options = module.prepare(pair, temperature, auto.cap if auto else budget, options)
     device = pair.device
     generator = torch.Generator(device=device).manual_seed(seed)
-    eos = pair.tokenizer.eos_token_id
     multi_draft = getattr(module, "MULTI_DRAFT", False)
     drafts = [DraftSession(m, ids) for m in [pair.draft, *(pair.extra_drafts if multi_draft else [])]]
     source = drafts if multi_draft else drafts[0]  # what the policy drafts from
@@ -239,8 +244,8 @@ def stream(
         for draft in drafts:
             draft.commit(tree, accepted, next_token, target.hidden)
         emitted = [tree.tokens[i] for i in accepted] + [next_token]
-        if eos is not None and eos in emitted:
-            emitted = emitted[: emitted.index(eos) + 1]
+        if cut := until_stop(emitted, pair.stop_ids):
+            emitted = emitted[:cut]
             stop_reason = "eos"
         emitted = emitted[: max_new_tokens - len(out)]
         out += emitted

@@ -59,6 +59,16 @@ class ModelPair:
         return ",".join([self.draft_name, *self.extra_draft_names]) if self.draft_name else None
 
     @property
+    def stop_ids(self) -> frozenset[int]:
+        """Tokens that end a generation, those Hugging Face's generate stops at: the generation
+        config's EOS, which may be several (Llama 3 Instruct: <|end_of_text|> and <|eot_id|>) or not
+        the tokenizer's (transformers 5.17 reads <|im_start|> as the default target's GGUF tokenizer's
+        EOS), else the tokenizer's."""
+        config = getattr(self.target.generation_config, "eos_token_id", None)
+        ids = config if isinstance(config, list) else [self.tokenizer.eos_token_id if config is None else config]
+        return frozenset(int(t) for t in ids if t is not None)
+
+    @property
     def max_context(self) -> int:
         return int(getattr(self.target.config, "max_position_embeddings", 2048))
 

@@ -221,3 +221,19 @@ def test_auto_trees_end_with_the_answer(pair, steep_profile):
     merged = dataclasses.replace(pair, extra_drafts=[tiny_model(3)], extra_draft_names=["tiny-draft-2"])
     r = generate(merged, PROMPT, policy="specinfer", budget="auto", max_new_tokens=2)
     assert r.token_ids == generate(pair, PROMPT, policy="ar", max_new_tokens=2).token_ids
+
+
+def test_a_stop_token_of_the_generation_config_ends_generation():
+    """Hugging Face's generate stops at the generation config's EOS tokens (there may be several, and
+    not the tokenizer's); every policy stops where it does, with the stop token kept."""
+    pair = tiny_pair()
+    free = generate(pair, PROMPT, policy="ar", max_new_tokens=12).token_ids
+    stop = free[4]
+    pair.target.generation_config.eos_token_id = [stop, 99]
+    with torch.inference_mode():
+        hf = pair.target.generate(torch.tensor([PROMPT]), do_sample=False, max_new_tokens=12, pad_token_id=0)
+    expected = free[: free.index(stop) + 1]
+    assert hf[0, len(PROMPT) :].tolist() == expected
+    for policy in ("ar", "chain", "dyspec"):
+        r = generate(pair, PROMPT, policy=policy, budget=4, max_new_tokens=12)
+        assert r.token_ids == expected and r.stop_reason == "eos"
