@@ -17,7 +17,7 @@ import dyspec
 from dyspec import figures
 from dyspec.errors import DyspecError
 from dyspec.events import GenerationFinished, StepVerified
-from dyspec.models import DEFAULT_DRAFT, DEFAULT_TARGET
+from dyspec.models import DEFAULT_DRAFT, DEFAULT_TARGET, PRECISIONS
 from dyspec.policies import available_policies
 
 LIMITS = {"max_new_tokens": 256, "budget": 64, "prompt_chars": 4000, "temperature": 2.0}
@@ -212,7 +212,7 @@ def main() -> None:
     parser.add_argument("--target", default=DEFAULT_TARGET)
     parser.add_argument("--draft", default=DEFAULT_DRAFT)
     parser.add_argument("--device", default=None)
-    parser.add_argument("--precision", default="auto", choices=("auto", "native", "int8"))
+    parser.add_argument("--precision", default="auto", choices=PRECISIONS)
     parser.add_argument("--concurrency", type=int, default=1, help="generations at once; others wait in the queue")
     args = parser.parse_args()
     try:

@@ -7,7 +7,7 @@ import json
 import sys
 
 from dyspec.errors import DyspecError
-from dyspec.models import DEFAULT_DRAFT, DEFAULT_TARGET
+from dyspec.models import DEFAULT_DRAFT, DEFAULT_TARGET, PRECISIONS
 from dyspec.policies import parse_option
 
 
@@ -50,8 +50,9 @@ def add_model_args(p: argparse.ArgumentParser, with_draft: bool = True) -> None:
     p.add_argument(
         "--precision",
         default="auto",
-        choices=("auto", "native", "int8"),
-        help="auto: int8 Linear layers on CPU (fast path), native dtype elsewhere (default: auto)",
+        choices=PRECISIONS,
+        help="auto: int8 Linear layers on CPU (fast path), native dtype elsewhere (bf16 on GPU); "
+        "fp32: greedy outputs token-identical to autoregressive on a GPU too (default: auto)",
     )
 
 

@@ -46,7 +46,7 @@ class ModelPair:
     draft_name: str | None
     device: torch.device
     dtype: torch.dtype
-    precision: str = "native"  # "native" (dtype as loaded) or "int8" (int8 Linear layers, CPU)
+    precision: str = "native"  # "native" (bf16 on a GPU, fp32 on a CPU), "fp32", or "int8" (int8 Linear layers, CPU)
     extra_drafts: list[PreTrainedModel] = field(default_factory=list)  # merged by specinfer only
     extra_draft_names: list[str] = field(default_factory=list)
     # what `--budget auto` has learnt (dyspec.budget.AutoState), per policy, temperature and options:
@@ -106,11 +106,14 @@ def pick_dtype(device: torch.device) -> torch.dtype:
     return torch.bfloat16 if device.type == "cuda" else torch.float32
 
 
-PRECISIONS = ("auto", "native", "int8")
+PRECISIONS = ("auto", "native", "fp32", "int8")
 
 
 def pick_precision(precision: str, device: torch.device) -> str:
-    """ "auto": int8 Linear layers on a CPU (2-3x faster forwards, see dyspec.quant), else native."""
+    """ "auto": int8 Linear layers on a CPU (2-3x faster forwards, see dyspec.quant), else native:
+    bf16 on a GPU. "fp32" is native on a CPU; on a GPU it keeps greedy outputs token-identical to
+    autoregressive decoding, which bf16 does not quite (a tree forward rounds differently from a
+    one-token forward: README, "Exactness on a GPU")."""
     if precision not in PRECISIONS:
         raise DyspecError(f"precision must be one of {', '.join(PRECISIONS)}, got '{precision}'")
     if precision == "int8" and device.type != "cpu":
@@ -287,7 +290,6 @@ def load_pair(
     Hub ids load from the local cache unless `allow_download`. `precision` "auto" runs int8 Linear
     layers on a CPU; outputs are then exact with respect to that int8 model (see README)."""
     dev = pick_device(device)
-    dtype = pick_dtype(dev)
     names = [] if draft is None else [n.strip() for n in draft.split(",")]
     if "" in names:
         raise DyspecError(f"bad draft list '{draft}': names separated by single commas")
@@ -302,6 +304,7 @@ def load_pair(
             raise DyspecError("the int8 draft runs on a CPU only (fbgemm)")
         precision = "native"
     precision = pick_precision(precision, dev)
+    dtype = torch.float32 if precision == "fp32" else pick_dtype(dev)
     tokenizer = load_tokenizer(target, allow_download)
     target_model = load_model(target, dev, dtype, device_map, allow_download)
     drafts = [_load_draft(n, target, target_model, tokenizer, dev, allow_download) for n in names]

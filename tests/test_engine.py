@@ -6,6 +6,7 @@ import torch
 from dyspec import generate, stream
 from dyspec.engine import encode_prompt
 from dyspec.events import GenerationFinished, StepVerified, TreeExpanded
+from dyspec.head import shipped_head
 from dyspec.kv import KVSession
 from dyspec.models import load_pair
 from dyspec.policies import POLICIES
@@ -19,6 +20,7 @@ def ar_outputs(pair):
     return [generate(pair, p, policy="ar", max_new_tokens=48).token_ids for p in PROMPTS]
 
 
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the default device is the GPU")
 def test_default_pair_on_cpu(pair):
     """fp32 target (the GGUF's weights as they are) and its int8 copy as the draft."""
     assert pair.precision == "native" and pair.dtype == torch.float32 and pair.draft_name == "int8"
@@ -27,8 +29,9 @@ def test_default_pair_on_cpu(pair):
 def test_ar_matches_hf_generate(pair, ar_outputs):
     for prompt, ours in zip(PROMPTS, ar_outputs):
         ids = encode_prompt(pair, prompt)
-        hf = pair.target.generate(torch.tensor([ids]), do_sample=False, max_new_tokens=48)[0, len(ids) :].tolist()
-        assert ours == hf[: len(ours)] and (len(ours) == 48 or ours[-1] == pair.tokenizer.eos_token_id)
+        out = pair.target.generate(torch.tensor([ids], device=pair.device), do_sample=False, max_new_tokens=48)
+        hf = out[0, len(ids) :].tolist()
+        assert ours == hf[: len(ours)] and (len(ours) == 48 or ours[-1] in pair.stop_ids)
 
 
 GREEDY_CASES = [
@@ -44,13 +47,42 @@ GREEDY_CASES = [
 ]
 
 
+def needs_head(policy: str, options: dict) -> bool:
+    return policy == "specdecpp" or options.get("score") == "head"
+
+
 @pytest.mark.parametrize("policy,budget,options", GREEDY_CASES, ids=lambda x: str(x))
 def test_greedy_is_token_identical_to_ar(pair, ar_outputs, policy, budget, options):
+    if needs_head(policy, options) and not shipped_head(pair).is_file():
+        pytest.skip(f"no acceptance head ships for draft '{pair.draft_name}' (the GPU's default)")
     for prompt, expected in zip(PROMPTS, ar_outputs):
         r = generate(pair, prompt, policy=policy, budget=budget, max_new_tokens=48, options=options)
         assert r.token_ids == expected
 
 
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
+def test_bf16_parts_from_ar_only_at_near_ties():
+    """bf16 rounds a tree forward differently from a one-token forward, so a greedy policy may part
+    from autoregressive decoding where the target's top two logits (nearly) tie: bf16 logits near 20
+    are 0.125 apart, and ties are common. A logic error would part anywhere; measured partings were
+    at gaps of 0.375 at most (README, "Exactness on a GPU")."""
+    bf16 = load_pair(precision="native")
+    assert bf16.dtype == torch.bfloat16
+    cases = [case for case in GREEDY_CASES if not needs_head(case[0], case[2])]
+    for prompt in PROMPTS:
+        ar = generate(bf16, prompt, policy="ar", max_new_tokens=48).token_ids
+        ids = encode_prompt(bf16, prompt)
+        with torch.inference_mode():
+            logits = bf16.target(torch.tensor([ids + ar], device=bf16.device)).logits[0, len(ids) - 1 : -1]
+        top2 = logits.float().topk(2).values
+        gap = (top2[:, 0] - top2[:, 1]).tolist()
+        for policy, budget, options in cases:
+            got = generate(bf16, prompt, policy=policy, budget=budget, max_new_tokens=48, options=options).token_ids
+            parted = next((i for i, (a, b) in enumerate(zip(ar, got)) if a != b), None)
+            assert parted is None or gap[parted] <= 0.5, (policy, parted, gap[parted])
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the int8 draft runs on a CPU only")
 def test_merged_drafts_greedy_is_token_identical_to_ar(ar_outputs):
     """specinfer over the int8 draft and the shipped distilled (feature) draft in one tree."""
     merged = load_pair(draft="int8,distilled")
@@ -88,7 +120,7 @@ def test_tree_attention_matches_root_path_forwards(pair):
     with torch.inference_mode():
         for node in range(len(tree)):
             ids = prefix + [tree.tokens[i] for i in tree.path(node)]
-            plain = pair.target(torch.tensor([ids])).logits[0, -1].float()
+            plain = pair.target(torch.tensor([ids], device=pair.device)).logits[0, -1].float()
             torch.testing.assert_close(logits[node], plain, atol=1e-4, rtol=0)
 
 
@@ -107,7 +139,7 @@ def test_commit_keeps_accepted_path(pair):
     kv.commit([kv.length + i for i in (0, a, c)])
     nxt = kv.forward([282])[-1]
     with torch.inference_mode():
-        plain = pair.target(torch.tensor([prefix + [504, 6147, 282]])).logits[0, -1].float()
+        plain = pair.target(torch.tensor([prefix + [504, 6147, 282]], device=pair.device)).logits[0, -1].float()
     torch.testing.assert_close(nxt, plain, atol=1e-4, rtol=0)
 
 
