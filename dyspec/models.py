@@ -302,7 +302,8 @@ def load_pair(
             raise DyspecError("the int8 draft is the target quantized: use it with --precision native")
         if dev.type != "cpu":
             raise DyspecError("the int8 draft runs on a CPU only (fbgemm)")
-        precision = "native"
+        if precision == "auto":
+            precision = "native"  # the fp32 target that the int8 draft drafts for
     precision = pick_precision(precision, dev)
     dtype = torch.float32 if precision == "fp32" else pick_dtype(dev)
     tokenizer = load_tokenizer(target, allow_download)

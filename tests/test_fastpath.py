@@ -31,6 +31,7 @@ from dyspec.budget import (
     step_cap,
 )
 from dyspec.engine import encode_prompt
+from dyspec.errors import DyspecError
 from dyspec.events import StepVerified
 from dyspec.head import SHIPPED
 from dyspec.kv import KVSession
@@ -150,6 +151,15 @@ def test_int8_path_quantizes_an_independent_draft_and_stays_exact():
     assert any(isinstance(m, Int8Linear) for m in pair.draft.modules())
     expected = generate(pair, PROMPTS[0], policy="ar", max_new_tokens=32).token_ids
     assert generate(pair, PROMPTS[0], policy="dyspec", budget=12, max_new_tokens=32).token_ids == expected
+
+
+def test_fp32_precision_keeps_full_precision_layers():
+    """`--precision fp32`: the GPU's exact mode; on a CPU the fp32 target as loaded, no int8 layers."""
+    pair = load_pair(draft="distilled", precision="fp32")
+    assert pair.precision == "fp32" and pair.dtype == torch.float32
+    assert not any(isinstance(m, Int8Linear) for m in pair.target.modules())
+    with pytest.raises(DyspecError, match="auto, native, fp32, int8"):
+        load_pair(precision="fp16")
 
 
 def test_int8_tree_forward_is_bitwise_a_sequential_decode(int8_pair):
