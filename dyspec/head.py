@@ -43,7 +43,9 @@ class AcceptanceHead(nn.Module):
 
     @torch.inference_mode()
     def accept_prob(self, hidden: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
-        return torch.softmax(self.forward(hidden, q), dim=-1)[..., 1]
+        """On the head's device (it loads on the CPU; a draft on a GPU hands it a few rows a step)."""
+        device = self.out.weight.device
+        return torch.softmax(self.forward(hidden.to(device), q.to(device)), dim=-1)[..., 1]
 
 
 def pair_key(pair: ModelPair) -> str:

@@ -113,7 +113,7 @@ def pick_precision(precision: str, device: torch.device) -> str:
     """ "auto": int8 Linear layers on a CPU (2-3x faster forwards, see dyspec.quant), else native:
     bf16 on a GPU. "fp32" is native on a CPU; on a GPU it keeps greedy outputs token-identical to
     autoregressive decoding, which bf16 does not quite (a tree forward rounds differently from a
-    one-token forward: README, "Exactness on a GPU")."""
+    one-token forward: README, "On a GPU")."""
     if precision not in PRECISIONS:
         raise DyspecError(f"precision must be one of {', '.join(PRECISIONS)}, got '{precision}'")
     if precision == "int8" and device.type != "cpu":
