@@ -52,7 +52,7 @@ def head_examples(
     is_branch = y != torch.tensor(response, device=y.device)
     is_branch[-1] = True
     same, branch = (~is_branch).nonzero()[:, 0], is_branch.nonzero()[:, 0].tolist()
-    feature = torch.empty(len(y), hidden.shape[1])
+    feature = torch.empty(len(y), hidden.shape[1], device=hidden.device)
     feature[same] = hidden[same + 1].float()
     if branch:
         cached = draft.cached
@@ -63,7 +63,7 @@ def head_examples(
         features = None if h is None else h[[n0 + i for i in branch]]  # y follows seq[n0 + i]
         draft.forward([int(y[i]) for i in branch], [n0 + i + 1 for i in branch], visible, features=features)
         feature[branch] = draft.hidden.float()
-    return {"hidden": feature, "label": label.cpu(), "q": q1.cpu()}
+    return {"hidden": feature.cpu(), "label": label.cpu(), "q": q1.cpu()}
 
 
 def _loss(logits: torch.Tensor, label: torch.Tensor, reject_weight: float) -> torch.Tensor:
