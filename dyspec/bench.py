@@ -166,12 +166,18 @@ def parse_policy_spec(spec: str) -> tuple[str, dict]:
         raise DyspecError(f"bad policy spec '{spec}' ({e}): use NAME:OPTION=VALUE, e.g. specdecpp:h=0.3") from None
 
 
+def rotated(items: list, k: int) -> list:
+    """`items` started from its k-th (mod its length)."""
+    k %= max(1, len(items))
+    return items[k:] + items[:k]
+
+
 def run_bench(
     pair: ModelPair, config: BenchConfig, out: Path, resume: bool = False, progress: bool = True
 ) -> list[dict]:
     """Run every combination not yet in `out` (with `resume`), appending one record per run, in one
     pass over the prompts per seed. Within each (prompt, temperature, seed), `ar` runs first so
-    every other run has its reference.
+    every other run has its reference; the others follow in an order rotated from group to group.
     A policy may carry its own options (`parse_policy_spec`), on top of `config.options`."""
     specs = {}
     for spec in config.policies:
@@ -193,14 +199,22 @@ def run_bench(
         (r["prompt_id"], r["temperature"], r["seed"]): r["tokens_per_s"] for r in records if r["policy"] == "ar"
     }
     specs.setdefault("ar", ("ar", {}))
-    order = ["ar", *[spec for spec in specs if spec != "ar"]]
+    runs = [
+        (spec, budget)
+        for spec in specs
+        if spec != "ar"
+        for budget in ([1] if specs[spec][0] in ("ar", "hf") else config.budgets)
+    ]
     # one pass over the prompts per seed: `auto`, which learns across generations, never meets the
-    # same prompt twice in a row, and at T = 0, where seeds only repeat, passes are repeated measurements
+    # same prompt twice in a row, and at T = 0, where seeds only repeat, passes are repeated measurements.
+    # After `ar`, each group starts one run further along the list, so a machine whose speed drifts
+    # within a group favours no setting (on an H100, `auto`, last in every group, had the slowest
+    # target forwards: a fixed order cannot tell that from a property of `auto`).
+    groups = itertools.product(config.seeds, prompts, config.temperatures)
     jobs = [
         (pid, prompt, temperature, seed, *specs[spec], budget)
-        for seed, (pid, prompt), temperature in itertools.product(config.seeds, prompts, config.temperatures)
-        for spec in order
-        for budget in ([1] if specs[spec][0] in ("ar", "hf") else config.budgets)
+        for g, (seed, (pid, prompt), temperature) in enumerate(groups)
+        for spec, budget in [("ar", 1), *rotated(runs, g)]
     ]
     versions = {m: version(m) for m in ("dyspec", "torch", "transformers")}
     for pid, prompt, temperature, seed, policy, opts, budget in tqdm(jobs, desc="bench", disable=not progress):

@@ -41,13 +41,18 @@ def test_bench_smoke_and_resume(pair, tmp_path):
     assert "speedup vs ar" in html and "Draft probability vs acceptance" in html
 
 
-def test_one_pass_over_the_prompts_per_seed(pair, tmp_path):
-    config = BenchConfig(num_prompts=2, policies=("ar", "chain"), budgets=(2,), seeds=(0, 1), max_new_tokens=2)
+def test_one_pass_over_the_prompts_per_seed_ar_first_then_a_rotated_order(pair, tmp_path):
+    config = BenchConfig(num_prompts=2, policies=("ar", "chain"), budgets=(1, 2, 3), seeds=(0, 1), max_new_tokens=2)
     records = run_bench(pair, config, tmp_path / "results.jsonl", progress=False)
-    order = [(r["seed"], r["prompt_id"], r["policy"]) for r in records]
-    prompts = [pid for seed, pid, policy in order if seed == 0 and policy == "ar"]
+    order = [(r["seed"], r["prompt_id"], r["policy"], r["budget"]) for r in records]
+    prompts = [pid for seed, pid, policy, _ in order if seed == 0 and policy == "ar"]
     assert len(set(prompts)) == 2
-    assert order == [(seed, pid, policy) for seed in (0, 1) for pid in prompts for policy in ("ar", "chain")]
+    budgets = [(1, 2, 3), (2, 3, 1), (3, 1, 2), (1, 2, 3)]  # each group starts one run further on
+    assert order == [
+        (seed, pid, policy, budget)
+        for (seed, pid), rotated in zip([(s, p) for s in (0, 1) for p in prompts], budgets)
+        for policy, budget in [("ar", 1), *[("chain", b) for b in rotated]]
+    ]
 
 
 def test_policy_specs_carry_options():
