@@ -382,10 +382,14 @@ def auto_update(
     draft_ms: float,
     verify_ms: float,
     target_ms: dict[int, float],
+    timed: bool = True,
 ) -> None:
     """Learn from the verified (cut) tree and its nodes' bins: acceptance counts per bin, tokens per
     ms, how verification's measured ms compares with the saved profile `target_ms`, and the ms a
-    step spends beyond its draft and target forwards (`draft_ms`: this step's draft forwards)."""
+    step spends beyond its draft and target forwards (`draft_ms`: this step's draft forwards).
+    Not `timed`: a generation's first step, whose times carry one-off costs (in a fresh process
+    24 ms beyond its forwards, against 1-3 ms later, which priced every node out and stopped the
+    drafting for two answers), teaches acceptance only."""
     if bins:  # old evidence fades as new evidence comes, not in steps that verified no node
         for table in ("reached", "accepted", "depth_reached", "depth_accepted"):
             setattr(state, table, [TABLE_DECAY * x for x in getattr(state, table)])
@@ -398,6 +402,8 @@ def auto_update(
                 d = min(tree.depths[s], DEPTHS) - 1
                 state.depth_reached[d] += 1
                 state.depth_accepted[d] += s in on_path
+    if not timed:
+        return
     state.rate = _decayed(state.rate, emitted / step_ms)
     state.ms_scale = _decayed(state.ms_scale, verify_ms / interpolate_ms(target_ms, len(tree)))
     rest_ms = step_ms - draft_ms - verify_ms

@@ -253,7 +253,10 @@ def stream(
         target_s, draft_s = t3 - t2, _seconds(drafts) - seconds0  # the catch-up included
         if auto:
             step_ms = 1000 * (time.perf_counter() - t0)
-            auto_update(auto, tree, bins, accepted, len(emitted), step_ms, 1000 * draft_s, 1000 * target_s, target_ms)
+            timed = step > 0  # a first step's times carry one-off costs
+            auto_update(
+                auto, tree, bins, accepted, len(emitted), step_ms, 1000 * draft_s, 1000 * target_s, target_ms, timed
+            )
 
         texts = _texts(pair, tree.tokens)
         starts = [1, *tree.growth[:-1]]

@@ -204,6 +204,19 @@ def test_trees_sized_by_the_answers_end_leave_the_cap_and_probes_alone(pair, cos
     assert (state.cap, state.probe_after, state.drafted, state.idle) == (8, PROBE_AFTER, 0, 0)
 
 
+def test_a_generations_first_step_teaches_auto_acceptance_not_times(pair, steep_profile):
+    """A generation's first step carries one-off costs (in a fresh process, 24 ms beyond its
+    forwards against 1-3 ms later, which priced every node out and stopped the drafting), so `auto`
+    learns from it what was accepted but not what steps cost; later steps teach both."""
+    pair.auto_states.clear()
+    generate(pair, PROMPT, policy="chain", budget="auto", max_new_tokens=1)
+    state = pair.auto_states[("chain", 0.0, "[]")]
+    assert sum(state.reached) > 0
+    assert (state.rate, state.ms_scale, state.tree_rest_ms, state.root_rest_ms) == (None, None, None, None)
+    generate(pair, PROMPT, policy="chain", budget="auto", max_new_tokens=4)
+    assert state.rate is not None and state.ms_scale is not None
+
+
 def test_auto_trees_end_with_the_answer(pair, steep_profile):
     """Under `auto` no node is deeper than the tokens left less the bonus token, and those last,
     shorter trees leave the cap as it was: they say nothing of the next answer's trees."""
@@ -212,10 +225,12 @@ def test_auto_trees_end_with_the_answer(pair, steep_profile):
     steps = []
     r = generate(pair, PROMPT, policy="chain", budget="auto", max_new_tokens=5, hooks=[steps.append])
     assert r.token_ids == generate(pair, PROMPT, policy="ar", max_new_tokens=5).token_ids
-    left = 5
+    left, depths = 5, []
     for step in (s for s in steps if isinstance(s, StepVerified)):
-        assert max(step.depths) == min(8, max(1, left - 1))
+        depths.append((max(step.depths), min(8, max(1, left - 1))))
         left -= len(step.emitted)
+    # the first tree reaches the bound (its steps price nodes alike); later cuts weigh learnt rates
+    assert depths[0][0] == depths[0][1] and all(depth <= bound for depth, bound in depths)
     assert state.cap == 8 and sum(state.reached) > 0
     # specinfer over two merged drafts needs a node from each, even where 1 token is left to draft
     merged = dataclasses.replace(pair, extra_drafts=[tiny_model(3)], extra_draft_names=["tiny-draft-2"])
