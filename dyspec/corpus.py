@@ -37,7 +37,7 @@ def continuations(pair: ModelPair, prompts: list[str], max_new_tokens: int, path
     file `path` as they come, so an interrupted run resumes where it stopped (a file with more, from
     a larger run, gives its first len(prompts))."""
     done = [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
-    tok = pair.tokenizer
+    tok, stop_ids = pair.tokenizer, pair.stop_ids
     pad = next(t for t in (tok.pad_token_id, tok.eos_token_id, 0) if t is not None)
     todo = prompts[len(done) :]
     bar = tqdm(total=len(prompts), initial=len(done), desc="target continuations", unit="prompt")
@@ -53,11 +53,11 @@ def continuations(pair: ModelPair, prompts: list[str], max_new_tokens: int, path
                 max_new_tokens=max_new_tokens,
                 do_sample=False,
                 pad_token_id=pad,
-                eos_token_id=sorted(pair.stop_ids),
+                eos_token_id=sorted(stop_ids),
             )
         with open(path, "a", encoding="utf-8") as f:
             for x, row in zip(ids, out[:, width:].tolist()):
-                row = row[: until_stop(row, pair.stop_ids) or len(row)]
+                row = row[: until_stop(row, stop_ids) or len(row)]
                 done.append({"prompt": x, "response": row})
                 f.write(json.dumps(done[-1]) + "\n")
         bar.update(len(ids))

@@ -167,6 +167,7 @@ def stream(
         options = module.prepare(pair, temperature, auto.cap if auto else budget, options)
     device = pair.device
     generator = torch.Generator(device=device).manual_seed(seed)
+    stop_ids = pair.stop_ids
     multi_draft = getattr(module, "MULTI_DRAFT", False)
     drafts = [DraftSession(m, ids) for m in [pair.draft, *(pair.extra_drafts if multi_draft else [])]]
     source = drafts if multi_draft else drafts[0]  # what the policy drafts from
@@ -244,7 +245,7 @@ def stream(
         for draft in drafts:
             draft.commit(tree, accepted, next_token, target.hidden)
         emitted = [tree.tokens[i] for i in accepted] + [next_token]
-        if cut := until_stop(emitted, pair.stop_ids):
+        if cut := until_stop(emitted, stop_ids):
             emitted = emitted[:cut]
             stop_reason = "eos"
         emitted = emitted[: max_new_tokens - len(out)]
