@@ -61,9 +61,11 @@ class DraftSession:
         return self.kv.hidden
 
     def seconds_to_build(self, n: int) -> float:
-        """Draft seconds this step spent before node n + 1 could exist: the forwards issued while the
-        tree had at most n drafted nodes."""
-        return sum(t for size, t in self.calls if size <= n + 1)
+        """Draft seconds this step spent before node n could exist: the forwards issued while the tree
+        had fewer than n drafted nodes (a forward issued at tree size s adds nodes s and up). Counting
+        the forward issued at n nodes too priced each smaller tree one forward dearer, so the last
+        node built looked free of draft time and `--budget auto` grew a chain it should not have."""
+        return sum(t for size, t in self.calls if size <= n)
 
     def catch_up(self) -> None:
         """Feed the draft, in one forward, the committed tokens it has not seen but the root: the
