@@ -21,7 +21,8 @@ METHOD = 2  # how `forward_ms` measures: a change makes saved profiles stale (`p
 
 
 def forward_ms(model: PreTrainedModel, sizes=DEFAULT_SIZES, context: int = 100, repeats: int = 9) -> dict[int, float]:
-    """Median wall milliseconds of a tree-attention forward of n tokens after `context` cached tokens.
+    """Median wall milliseconds of a forward of n tokens after `context` cached tokens, with a tree
+    mask for n > 1 as the engine sends it.
     Sizes take turns within each round, so a slow spell of a shared machine hits all of them alike."""
     g = torch.Generator().manual_seed(0)
     vocab = model.config.vocab_size
