@@ -271,6 +271,23 @@ def markdown_table(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def auto_table(records: list[dict], rows: list[dict]) -> str:
+    """`auto` against the best fixed budget, paired (`figures.auto_vs_fixed`); empty without both."""
+    compared = figures.auto_vs_fixed(records, rows)
+    if not compared:
+        return ""
+    lines = [
+        "| dataset | policy | T | best fixed budget | pairs | auto / best fixed (speed) | 95% interval |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for c in compared:
+        lines.append(
+            f"| {c['dataset']} | {c['policy']} | {c['temperature']:g} | {c['best_fixed']} | {c['pairs']} | "
+            f"{c['ratio']:.3f} | {c['low']:.3f}-{c['high']:.3f} |"
+        )
+    return "\n".join(lines)
+
+
 def write_report(records: list[dict], path: Path, profile: dict | None = None) -> None:
     rows = figures.summarize(records)
     engine = [r for r in records if r["policy"] not in HF_POLICIES]
@@ -284,7 +301,7 @@ def write_report(records: list[dict], path: Path, profile: dict | None = None) -
     figs.append(figures.accept_length_figure(engine))
     parts = [pio.to_html(f, full_html=False, include_plotlyjs=(i == 0)) for i, f in enumerate(figs)]
     meta = records[0] if records else {}
-    table = html.escape(markdown_table(rows))
+    table = html.escape("\n\n".join(t for t in (markdown_table(rows), auto_table(records, rows)) if t))
     page = (
         "<!doctype html><html><head><meta charset='utf-8'><title>dyspec bench</title></head><body>"
         f"<h1>dyspec bench</h1><p>target {meta.get('target')}, draft {meta.get('draft')}, "

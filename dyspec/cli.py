@@ -120,7 +120,7 @@ def _csv(kind):
 def cmd_bench(args: argparse.Namespace) -> None:
     from pathlib import Path
 
-    from dyspec.bench import BenchConfig, markdown_table, run_bench, write_report
+    from dyspec.bench import BenchConfig, auto_table, markdown_table, run_bench, write_report
     from dyspec.figures import summarize
     from dyspec.models import load_pair
     from dyspec.profile import measure_profile
@@ -142,7 +142,10 @@ def cmd_bench(args: argparse.Namespace) -> None:
     profile = measure_profile(pair) if args.profile else None
     report = out.with_suffix(".html")
     write_report(records, report, profile)
-    print(markdown_table(summarize(records)))
+    rows = summarize(records)
+    print(markdown_table(rows))
+    if compared := auto_table(records, rows):
+        print(f"\n{compared}")
     print(f"records: {out}  report: {report}", file=sys.stderr)
 
 

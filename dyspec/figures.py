@@ -4,6 +4,8 @@ web app and the bench report, so that all show the same pictures. Imports no eng
 from __future__ import annotations
 
 import html
+import math
+import statistics
 from collections import defaultdict
 
 import plotly.graph_objects as go
@@ -77,6 +79,43 @@ def summarize(records: list[dict]) -> list[dict]:
             }
         )
     return rows
+
+
+def auto_vs_fixed(records: list[dict], rows: list[dict]) -> list[dict]:
+    """For each (dataset, policy, temperature) run with `--budget auto` and fixed budgets: `auto`'s
+    speed over the best fixed budget's (by `summarize`'s speedup, else tokens/s), paired by prompt
+    and seed (time per token of each pair), as the geometric mean ratio and its 95% interval. On a
+    shared CPU one pass moves by a few percent, so a single speedup cannot say which is faster."""
+    fixed = defaultdict(list)
+    for row in rows:
+        if row["budget"] != "auto":
+            fixed[row["dataset"], row["policy"], row["temperature"]].append(row)
+    time_per_token = defaultdict(dict)  # (dataset, policy, T, budget) -> (prompt, seed) -> seconds
+    for r in records:
+        run = (r["dataset"], policy_label(r), r["temperature"], r["budget"])
+        time_per_token[run][r["prompt_id"], r["seed"]] = r["wall_s"] / max(r["new_tokens"], 1)
+    out = []
+    for key, candidates in sorted(fixed.items(), key=lambda kv: str(kv[0])):
+        best = max(candidates, key=lambda row: row["speedup"] or row["tokens_per_s"])
+        auto, other = time_per_token[(*key, "auto")], time_per_token[(*key, best["budget"])]
+        logs = [math.log(other[pair] / t) for pair, t in auto.items() if pair in other]
+        if len(logs) < 2:
+            continue
+        mean, half = statistics.mean(logs), 1.96 * statistics.stdev(logs) / math.sqrt(len(logs))
+        dataset, policy, temperature = key
+        out.append(
+            {
+                "dataset": dataset,
+                "policy": policy,
+                "temperature": temperature,
+                "best_fixed": best["budget"],
+                "pairs": len(logs),
+                "ratio": math.exp(mean),
+                "low": math.exp(mean - half),
+                "high": math.exp(mean + half),
+            }
+        )
+    return out
 
 
 def speedup_figure(rows: list[dict], metric: str = "speedup"):

@@ -1,6 +1,7 @@
 import json
 
 import jsonschema
+import pytest
 
 from dyspec.bench import SCHEMA, BenchConfig, read_records, record_key, run_bench, write_report
 
@@ -75,3 +76,37 @@ def test_policy_specs_carry_options():
     ]
     rows = {r["policy"]: r["speedup"] for r in summarize(records)}
     assert rows == {"ar": 1.0, "specdecpp:h=0.3": 2.0, "specdecpp:h=0.7": 4.0}
+
+
+def test_auto_is_compared_with_the_best_fixed_budget_per_prompt_and_seed():
+    from dyspec.bench import auto_table
+    from dyspec.figures import auto_vs_fixed, summarize
+
+    def record(policy, budget, prompt, wall_s, new_tokens=10):
+        return {
+            "dataset": "mtbench",
+            "policy": policy,
+            "options": {},
+            "budget": budget,
+            "temperature": 0.6,
+            "prompt_id": prompt,
+            "seed": 0,
+            "wall_s": wall_s,
+            "new_tokens": new_tokens,
+            "target_forwards": new_tokens,
+            "tree_nodes": 0,
+        }
+
+    # budget 1 is the best fixed one; auto is 1.25x and 1.5x as fast per token on the two prompts
+    # (on the second it stopped at 5 tokens: per token, not per answer), and has a run budget 1 lacks
+    records = [record("ar", 1, p, 2.0) for p in ("a", "b")]
+    records += [record("chain", 4, p, 3.0) for p in ("a", "b")] + [record("chain", 1, p, 1.5) for p in ("a", "b")]
+    records += [record("chain", "auto", "a", 1.2), record("chain", "auto", "b", 0.5, new_tokens=5)]
+    records += [record("chain", "auto", "c", 0.1)]
+    rows = summarize(records)
+    (c,) = auto_vs_fixed(records, rows)
+    assert c["best_fixed"] == 1 and c["pairs"] == 2
+    assert c["ratio"] == pytest.approx((1.25 * 1.5) ** 0.5)
+    assert c["low"] < 1.25 < 1.5 < c["high"]
+    assert "| mtbench | chain | 0.6 | 1 | 2 |" in auto_table(records, rows)
+    assert auto_table(records, [r for r in rows if r["budget"] == "auto"]) == ""
