@@ -11,6 +11,7 @@ from __future__ import annotations
 import html
 import itertools
 import json
+import math
 import os
 import time
 from collections import Counter
@@ -272,7 +273,8 @@ def markdown_table(rows: list[dict]) -> str:
 
 
 def auto_table(records: list[dict], rows: list[dict]) -> str:
-    """`auto` against the best fixed budget, paired (`figures.auto_vs_fixed`); empty without both."""
+    """`auto` against the best fixed budget, paired (`figures.auto_vs_fixed`; no interval below
+    `figures.MIN_PAIRS` pairs); empty without both."""
     compared = figures.auto_vs_fixed(records, rows)
     if not compared:
         return ""
@@ -281,9 +283,10 @@ def auto_table(records: list[dict], rows: list[dict]) -> str:
         "|---|---|---|---|---|---|---|",
     ]
     for c in compared:
+        interval = "-" if math.isnan(c["low"]) else f"{c['low']:.3f}-{c['high']:.3f}"
         lines.append(
             f"| {c['dataset']} | {c['policy']} | {c['temperature']:g} | {c['best_fixed']} | {c['pairs']} | "
-            f"{c['ratio']:.3f} | {c['low']:.3f}-{c['high']:.3f} |"
+            f"{c['ratio']:.3f} | {interval} |"
         )
     return "\n".join(lines)
 
