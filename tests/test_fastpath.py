@@ -1,12 +1,13 @@
 """The CPU fast path (int8 Linear layers) and --budget auto."""
 
+import copy
 import dataclasses
 
 import pytest
 import torch
 from torch import nn
 
-from dyspec import generate
+from dyspec import attention, generate
 from dyspec.attention import rowwise_attention
 from dyspec.budget import (
     BINS,
@@ -36,11 +37,12 @@ from dyspec.events import StepVerified
 from dyspec.kv import KVSession
 from dyspec.models import load_pair
 from dyspec.policies import POLICIES
-from dyspec.quant import Int8Linear, quantize_int8
+from dyspec.quant import Int8Linear, SharedInputInt8, quantize_int8
 from dyspec.tree import Tree
 from dyspec.verify import verify_sampled
 
 from .conftest import PROMPTS
+from .tiny import tiny_model
 
 
 def test_int8_linear_is_batch_invariant_and_close_to_fp32():
@@ -87,6 +89,44 @@ def test_quantize_int8_replaces_every_linear():
     quantize_int8(model)
     assert not any(isinstance(m, nn.Linear) for m in model.modules())
     assert sum(isinstance(m, Int8Linear) for m in model.modules()) == 2
+
+
+@pytest.mark.parametrize("bias", [False, True])
+def test_quantize_int8_fuses_layers_that_share_an_input_bitwise(bias):
+    """q/k/v and gate/up become one int8 GEMM each; the model computes bitwise what one int8 layer
+    per Linear computes, on a prefill and on tree forwards of several sizes."""
+    model = tiny_model(0, layers=2)
+    model.config.attention_bias = bias
+    if bias:  # a Qwen2-style attention: q, k and v with biases (o without)
+        for layer in model.model.layers:
+            for name in ("q_proj", "k_proj", "v_proj"):
+                old = getattr(layer.self_attn, name)
+                new = nn.Linear(old.in_features, old.out_features, bias=True)
+                setattr(layer.self_attn, name, new)
+    one_by_one = copy.deepcopy(model)
+    for module in list(one_by_one.modules()):
+        for name, child in list(module.named_children()):
+            if isinstance(child, nn.Linear):
+                setattr(module, name, Int8Linear(child))
+    quantize_int8(model)
+    assert sum(isinstance(m, SharedInputInt8) for m in model.modules()) == 4
+    assert sum(isinstance(m, Int8Linear) for m in model.modules()) == 2 * 4 + 1
+    for m in (model, one_by_one):
+        m.set_attn_implementation(attention.NAME)
+    sessions = [KVSession(model), KVSession(one_by_one)]
+    g = torch.Generator().manual_seed(1)
+    prefix = torch.randint(5, (20,), generator=g).tolist()
+    for kv in sessions:
+        kv.forward(prefix)
+        kv.length = kv.cached
+    for n in (1, 3, 8):
+        tokens = torch.randint(5, (n,), generator=g).tolist()
+        visible = torch.ones(n, 20 + n, dtype=torch.bool).tril(20) if n > 1 else None
+        fused, separate = (kv.forward(tokens, list(range(20, 20 + n)), visible) for kv in sessions)
+        assert torch.equal(fused, separate)
+        for kv in sessions:
+            kv.commit([])
+    assert all(m._last[0] is None for m in model.modules() if isinstance(m, SharedInputInt8))
 
 
 def test_interpolate_and_best_prefix():
