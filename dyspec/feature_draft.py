@@ -22,6 +22,7 @@ from torch import nn
 from transformers import PreTrainedModel
 
 from dyspec.errors import DyspecError
+from dyspec.quant import Int8Linear, quantize_int8
 
 CONFIG_NAME = "feature_draft.json"
 WEIGHTS_NAME = "feature_draft.safetensors"
@@ -48,15 +49,16 @@ class FeatureDraft(nn.Module):
         self.borrowed = SimpleNamespace(
             embed=target.get_input_embeddings(),
             head=target.get_output_embeddings().weight.detach()[vocab.long()].clone(),
+            int8_head=None,  # the output rows as an Int8Linear (`quantize_int8`)
         )
 
     @property
     def device(self) -> torch.device:
-        return self.fc.weight.device
+        return self.vocab.device
 
     @property
     def dtype(self) -> torch.dtype:
-        return self.fc.weight.dtype
+        return next(self.layer.parameters()).dtype  # its norms' weights, also in an int8 draft
 
     def init_from_target(self, target: PreTrainedModel) -> None:
         """Start as the identity on the feature: the target's last layer with its two output
@@ -74,10 +76,27 @@ class FeatureDraft(nn.Module):
             self.fc.weight.zero_()
             self.fc.weight[:, :H] = torch.eye(H)
 
+    def quantize_int8(self) -> None:
+        """The CPU fast path (`--precision int8`): the decoder layer and the output rows in int8.
+        On a 2-core AMD EPYC with AVX-512 a draft forward went from 4.8 to 1.5 ms at one token and
+        from 8.2 to 1.7 ms at two (fp32 GEMMs of a few rows are slow there), and `chain` at budget
+        1 made 1.343 tokens per target forward either way (10 MT-Bench prompts, T = 0). Exactness
+        never depends on the draft."""
+        # not `fc`: its input row is [feature, embedding], whose halves differ ~30x in scale, and one
+        # int8 scale per row left the embedding a few levels (top-1 agreement with the fp32 draft
+        # 0.81 with it in int8, 0.95 without)
+        quantize_int8(self.layer)
+        head = nn.utils.skip_init(nn.Linear, self.config.hidden_size, len(self.vocab), bias=False)
+        with torch.no_grad():
+            head.weight.copy_(self.borrowed.head)
+        self.borrowed.int8_head = Int8Linear(head)
+
     def subset_logits(self, feature: torch.Tensor) -> torch.Tensor:
         """Logits over `vocab` only, [..., len(vocab)], through the target's output rows. Features are
         the target's final hidden states as Hugging Face returns them (after the final norm), so the
         output layer applies directly."""
+        if self.borrowed.int8_head is not None:
+            return self.borrowed.int8_head(feature)
         return feature @ self.borrowed.head.T.to(feature.dtype)
 
     def predict(

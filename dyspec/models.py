@@ -21,7 +21,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, P
 
 from dyspec import attention
 from dyspec.errors import DyspecError
-from dyspec.feature_draft import is_feature_draft, load_feature_draft
+from dyspec.feature_draft import FeatureDraft, is_feature_draft, load_feature_draft
 from dyspec.quant import int8_available, quantize_int8
 
 transformers.utils.logging.disable_progress_bar()  # per-tensor load bars are noise for models this size
@@ -316,11 +316,13 @@ def load_pair(
                 f"{target_model.config.vocab_size}: they must be equal"
             )
     if precision == "int8":
-        # A feature draft is a single small layer: it stays at native precision.
         models = [m for m in (target_model, *drafts) if isinstance(m, PreTrainedModel)]
         for model in {id(m): m for m in models}.values():
             quantize_int8(model)
             model.set_attn_implementation(attention.NAME)
+        for model in drafts:
+            if isinstance(model, FeatureDraft):
+                model.quantize_int8()
     return ModelPair(
         target_model,
         drafts[0] if drafts else None,
