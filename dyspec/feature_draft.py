@@ -54,11 +54,11 @@ class FeatureDraft(nn.Module):
 
     @property
     def device(self) -> torch.device:
-        return self.vocab.device
+        return self.fc.weight.device
 
     @property
     def dtype(self) -> torch.dtype:
-        return next(self.layer.parameters()).dtype  # its norms' weights, also in an int8 draft
+        return self.fc.weight.dtype
 
     def init_from_target(self, target: PreTrainedModel) -> None:
         """Start as the identity on the feature: the target's last layer with its two output
