@@ -27,9 +27,8 @@ draft forward's nodes only where everything built paid, less often where growing
 (`set_next_cap`). Where not even one node pays against a step that runs no draft, the cap is 0:
 steps are autoregressive, with a probe tree now and then (`step_cap`). The engine also bounds each
 tree by the tokens the answer has left. The saved profile t(n) is scaled by what verification
-measured in recent steps, and at the sizes verified pulled to what they measured (`priced_ms`): a
-shared machine's speed drifts, a profile taken under load overstates t(1) and so favours big
-trees, and a lumpy one can make a size look almost free.
+measured in recent steps: a shared machine's speed drifts, and a profile taken under load
+overstates t(1) and so favours big trees.
 """
 
 from __future__ import annotations
@@ -165,8 +164,6 @@ class AutoState:
     depth_accepted: list[float] = field(default_factory=lambda: [0.0] * DEPTHS)
     rate: float | None = None  # decayed tokens per ms of the steps so far
     ms_scale: float | None = None  # decayed ratio of measured verification ms to the saved profile's
-    # per forward size n (root included): decayed count of timed verifications and their total ms
-    verified: dict[int, list[float]] = field(default_factory=dict)
     # decayed ms of a step beyond its draft and target forwards (sampling, verification, cache
     # commits), in steps that drafted and in steps that did not (`drafting_ms`)
     tree_rest_ms: float | None = None
@@ -302,7 +299,7 @@ def auto_tree(
     the policy's tree at a smaller cap is about the most valuable part of this one (DySpec, which
     grows by these estimates under auto, `bin_rates`; DySpec's threshold build, whose threshold is
     1 / cap)."""
-    target_ms = priced_ms(state, target_ms)
+    target_ms = {n: ms * (state.ms_scale or 1.0) for n, ms in target_ms.items()}
     bins = node_bins(tree, sampled)
     values = estimates(bin_rates(state, sampled), tree, bins)
     if sampled:
@@ -329,25 +326,6 @@ def auto_tree(
         plan_next_cap(state, order, ranked, target_ms, build_ms, per_forward, built=len(tree) - 1)
     pruned, old_ids = tree.subtree(keep)
     return pruned, old_ids, [bins[i - 1] for i in keep]
-
-
-def priced_ms(state: AutoState, target_ms: dict[int, float]) -> dict[int, float]:
-    """t(n) as `auto` prices it: the saved profile scaled by recent verification times
-    (`ms_scale`) and, at each size this state verified, pulled to what it measured there (decayed
-    timings plus PRIOR pseudo-timings at the scaled profile, so a size not verified for a while
-    returns to the profile), made non-decreasing in n. A profile is a few medians on a machine whose
-    speed drifts: one of this CPU's put t(4) 0.2 ms above t(2) where verifying 3 tokens cost 3.6 ms
-    more than 2, a chain's second node looked almost free, and `chain` under `auto` at T = 0.6 built
-    1.6 nodes a step where one paid best (0.88x of budget 1's speed)."""
-    scale = state.ms_scale or 1.0
-    points = {n: ms * scale for n, ms in target_ms.items()}
-    for n, (count, total) in state.verified.items():
-        points[n] = (total + PRIOR * scale * interpolate_ms(target_ms, n)) / (count + PRIOR)
-    priced, top = {}, 0.0
-    for n in sorted(points):
-        top = max(top, points[n])
-        priced[n] = top
-    return priced
 
 
 def drafting_ms(state: AutoState) -> tuple[float, float]:
@@ -428,10 +406,6 @@ def auto_update(
         return
     state.rate = _decayed(state.rate, emitted / step_ms)
     state.ms_scale = _decayed(state.ms_scale, verify_ms / interpolate_ms(target_ms, len(tree)))
-    for timings in state.verified.values():
-        timings[0], timings[1] = TABLE_DECAY * timings[0], TABLE_DECAY * timings[1]
-    count, total = state.verified.setdefault(len(tree), [0.0, 0.0])
-    state.verified[len(tree)] = [count + 1, total + verify_ms]
     rest_ms = step_ms - draft_ms - verify_ms
     if draft_ms > 0:
         state.tree_rest_ms = _decayed(state.tree_rest_ms, rest_ms)

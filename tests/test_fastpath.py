@@ -26,7 +26,6 @@ from dyspec.budget import (
     next_auto_cap,
     node_bins,
     position_values,
-    priced_ms,
     sampled_keep,
     set_next_cap,
     slot_keys,
@@ -379,25 +378,6 @@ def test_an_unsure_sampled_step_stops_drafting_only_if_one_node_might_pay(accept
     state = AutoState(reached=reached_counts, accepted=accepted_counts)
     auto_tree(state, tree, True, {1: 10.0, 2: 10.5}, lambda n: 4.0, 4.0, per_forward=1)
     assert state.cap == cap
-
-
-def test_auto_prices_a_tree_size_by_what_verifying_it_measured():
-    """A profile that puts t(3) at t(2) makes a chain's second node (q 0.35 after 0.95: worth 0.33)
-    look almost free, and the cut keeps it. Once verifying 3 tokens has measured 19 ms against 11
-    for 2, it no longer pays (2.28 tokens / 19.7 ms < 1.95 / 13 ms). A size not verified for a
-    while drifts back to the profile, and priced t(n) never falls as n grows."""
-    tree = Tree.root(0, "deterministic")
-    tree.add(tree.add(0, 1, 0.95), 2, 0.35)
-    profile = {1: 10.0, 2: 11.0, 4: 11.2}
-    assert auto_tree(AutoState(), tree, False, profile, lambda n: 1.0 * n, 2.0, per_forward=1)[1] == [0, 1, 2]
-    state = AutoState(verified={2: [10.0, 110.0], 3: [10.0, 190.0]})
-    assert auto_tree(state, tree, False, profile, lambda n: 1.0 * n, 2.0, per_forward=1)[1] == [0, 1]
-    priced = priced_ms(state, profile)
-    assert priced[2] == 11.0 and priced[3] == pytest.approx((190 + 2 * 11.1) / 12) and priced[4] == priced[3]
-    for _ in range(100):  # steps that verify other sizes
-        auto_update(state, Tree.root(0, "deterministic"), [], [], 1, 12.0, 0.0, 10.0, profile)
-    fade = 0.95**100  # TABLE_DECAY a step
-    assert priced_ms(state, profile)[3] == pytest.approx((190 * fade + 2 * 11.1) / (10 * fade + 2))
 
 
 def test_auto_cut_with_chosen_children_keeps_the_most_valuable_nodes():
