@@ -26,7 +26,7 @@ def int8_available() -> bool:
     """fbgemm's quantized ops are deprecated in PyTorch; where a build lacks them, precision "auto"
     falls back to native and "int8" says so."""
     try:
-        Int8Linear(nn.Linear(8, 8, bias=False))(torch.zeros(1, 8))
+        Int8Linear(torch.zeros(8, 8))(torch.zeros(1, 8))
         return True
     except (RuntimeError, AttributeError, NotImplementedError):
         return False
@@ -41,17 +41,19 @@ def _has_vnni() -> bool:
 
 
 class Int8Linear(nn.Module):
-    def __init__(self, linear: nn.Linear):
+    """x @ weight.T + bias with int8 weights and per-token int8 activations; weight [out, in]."""
+
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None):
         super().__init__()
-        w = linear.weight.detach().float()
-        self.in_features, self.out_features = linear.in_features, linear.out_features
+        w = weight.detach().float()
+        self.out_features, self.in_features = w.shape
         scale = (w.abs().amax(dim=1).clamp_min(1e-12) / 127).double()
         zero = torch.zeros(self.out_features, dtype=torch.long)
         with warnings.catch_warnings():  # the qint8 tensor API is deprecated; see int8_available()
             warnings.simplefilter("ignore", UserWarning)
             qweight = torch.quantize_per_channel(w, scale, zero, 0, torch.qint8)
             self._packed = torch.ops.quantized.linear_prepack(qweight, None)
-        self.bias = linear.bias
+        self.bias = bias
         pin = torch.zeros(1, self.in_features)
         pin[0, 0], pin[0, 1] = 1.0, -1.0
         self.register_buffer("pin", pin, persistent=False)
@@ -79,13 +81,10 @@ class SharedInputInt8(nn.Module):
 
     def __init__(self, linears: list[nn.Linear]):
         super().__init__()
-        has_bias, out_features = linears[0].bias is not None, sum(lin.out_features for lin in linears)
-        fused = nn.utils.skip_init(nn.Linear, linears[0].in_features, out_features, has_bias)
-        with torch.no_grad():
-            fused.weight.copy_(torch.cat([lin.weight for lin in linears]))
-            if has_bias:
-                fused.bias.copy_(torch.cat([lin.bias for lin in linears]))
-        self.linear = Int8Linear(fused)
+        bias = None
+        if linears[0].bias is not None:
+            bias = nn.Parameter(torch.cat([lin.bias.detach() for lin in linears]), requires_grad=False)
+        self.linear = Int8Linear(torch.cat([lin.weight.detach() for lin in linears]), bias)
         self.parts = len(linears)
         self._last: tuple = (None, None, 0)  # input, output, parts served
 
@@ -131,5 +130,5 @@ def quantize_int8(model: nn.Module) -> nn.Module:
         _fuse_shared_input(module)
         for child_name, child in list(module.named_children()):
             if isinstance(child, nn.Linear):
-                setattr(module, child_name, Int8Linear(child))
+                setattr(module, child_name, Int8Linear(child.weight, child.bias))
     return model

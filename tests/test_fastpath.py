@@ -49,7 +49,7 @@ from .tiny import tiny_model
 def test_int8_linear_is_batch_invariant_and_close_to_fp32():
     torch.manual_seed(0)
     linear = nn.Linear(64, 96, bias=True)
-    q = Int8Linear(linear)
+    q = Int8Linear(linear.weight, linear.bias)
     x = torch.randn(9, 64) * torch.logspace(-2, 2, 9)[:, None]  # rows of very different scales
     batch = q(x)
     for i in range(len(x)):
@@ -108,7 +108,7 @@ def test_quantize_int8_fuses_layers_that_share_an_input_bitwise(bias):
     for module in list(one_by_one.modules()):
         for name, child in list(module.named_children()):
             if isinstance(child, nn.Linear):
-                setattr(module, name, Int8Linear(child))
+                setattr(module, name, Int8Linear(child.weight, child.bias))
     quantize_int8(model)
     assert sum(isinstance(m, SharedInputInt8) for m in model.modules()) == 4
     assert sum(isinstance(m, Int8Linear) for m in model.modules()) == 2 * 4 + 1
