@@ -27,6 +27,7 @@ class DraftSession:
         self.kv = KVSession(model, keep_hidden=True) if model is not None else None
         self.needs_features = bool(getattr(model, "needs_features", False))
         self.pending = list(prompt)  # committed tokens not in the draft cache yet; the root is last
+        self.context = list(prompt)  # every committed token; the root is last (what `lookup` copies from)
         self.pending_features: torch.Tensor | None = None  # [len(pending), H], feature drafts only
         self.node_features: dict[int, torch.Tensor] = {}  # tree node -> the draft's predicted feature
         self.slot_of: dict[int, int] = {}  # tree node -> cache slot, for nodes forwarded this step
@@ -131,5 +132,6 @@ class DraftSession:
         if self.kv is not None and self.slot_of:
             self.kv.commit([self.slot_of[node] for node in accepted[:seen]])
         self.pending += [tree.tokens[node] for node in accepted[seen:]] + [next_token]
+        self.context += [tree.tokens[node] for node in accepted] + [next_token]
         self.slot_of = {}
         self.calls = []

@@ -43,6 +43,7 @@ GREEDY_CASES = [
     ("dyspec-threshold", 16, {}),
     ("eagle2", 16, {}),
     ("specdecpp", 8, {}),  # the head shipped for the default pair; other options: test_exact_tiny
+    ("lookup", 8, {"min_ngram": 1, "fallback": 1}),
 ]
 
 

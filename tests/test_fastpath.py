@@ -178,6 +178,7 @@ def test_int8_path_greedy_identity(int8_pair, policy):
     options = {
         "sequoia": {"acceptance": [0.3, 0.1, 0.05]},
         "specdecpp": {"min_k": 1},  # the head shipped for this pair
+        "lookup": {"min_ngram": 1, "fallback": 1},
     }.get(policy, {})
     for prompt in PROMPTS[:2]:
         expected = generate(int8_pair, prompt, policy="ar", max_new_tokens=32).token_ids

@@ -8,7 +8,7 @@ import torch
 
 from dyspec.budget import BINS
 from dyspec.errors import DyspecError
-from dyspec.policies import dyspec, dyspec_threshold, eagle2, specinfer
+from dyspec.policies import dyspec, dyspec_threshold, eagle2, lookup, specinfer
 from dyspec.sequoia import optimal_tree, tree_score
 from dyspec.tree import Tree
 
@@ -212,3 +212,46 @@ def test_sequoia_dp_matches_brute_force(budget, depth, a):
     for p in parents[1:]:
         depths.append(depths[p] + 1)
     assert max(depths) <= depth
+
+
+def brute_copied(context, ngram, min_ngram, k):
+    """What `lookup.copied` should return, by trying every earlier start for every n."""
+    for n in range(ngram, min_ngram - 1, -1):
+        starts = [i for i in range(len(context) - n) if n < len(context) and context[i : i + n] == context[-n:]]
+        if starts:
+            return context[starts[-1] + n : starts[-1] + n + k]
+    return []
+
+
+def test_lookup_copies_after_the_latest_longest_match():
+    context = [5, 6, 7, 9, 2, 6, 7, 8, 1, 5, 6, 7]
+    assert lookup.copied(context, 3, 2, 2) == [9, 2]  # [5, 6, 7] at 0, over [6, 7] at 5
+    assert lookup.copied(context, 2, 2, 3) == [8, 1, 5]  # the latest [6, 7]
+    assert lookup.copied(context, 3, 2, 9) == context[3:]  # up to the end of the context
+    assert lookup.copied([1, 2, 3, 4], 3, 1, 4) == []
+    g = torch.Generator().manual_seed(0)
+    for _ in range(300):
+        context = torch.randint(3, (int(torch.randint(1, 12, (), generator=g)),), generator=g).tolist()
+        for ngram, min_ngram, k in ((3, 2, 4), (2, 1, 2), (4, 1, 8)):
+            assert lookup.copied(context, ngram, min_ngram, k) == brute_copied(context, ngram, min_ngram, k)
+
+
+class Context:
+    """What `lookup` reads of a draft session: the committed tokens, and no draft model."""
+
+    def __init__(self, context):
+        self.context, self.kv = context, None
+
+
+def test_lookup_builds_a_deterministic_chain():
+    tree = lookup.build(Context([3, 1, 2, 0, 3, 1]), 1, 4, 0.7, torch.Generator())
+    assert tree.tokens == [1, 2, 0, 3, 1] and tree.parents == [-1, 0, 1, 2, 3]
+    assert tree.sampling == "deterministic" and tree.draft_probs == [1.0] * 5 and tree.growth == [5]
+    empty = lookup.build(Context([3, 1, 2]), 2, 4, 0.0, torch.Generator())
+    assert empty.size == 0 and empty.growth == []
+
+
+@pytest.mark.parametrize("options", [{"min_ngram": 3, "ngram": 2}, {"min_ngram": 0}, {"fallback": -1}])
+def test_lookup_rejects_bad_options(options):
+    with pytest.raises(DyspecError):
+        lookup.build(Context([1, 2, 1]), 2, 4, 0.0, torch.Generator(), **options)

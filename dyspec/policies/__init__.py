@@ -19,7 +19,7 @@ import json
 from types import ModuleType
 
 from dyspec.errors import DyspecError
-from dyspec.policies import ar, chain, dyspec, dyspec_threshold, eagle2, sequoia, specdecpp, specinfer
+from dyspec.policies import ar, chain, dyspec, dyspec_threshold, eagle2, lookup, sequoia, specdecpp, specinfer
 
 POLICIES: dict[str, ModuleType] = {
     "ar": ar,
@@ -30,6 +30,7 @@ POLICIES: dict[str, ModuleType] = {
     "dyspec-threshold": dyspec_threshold,
     "eagle2": eagle2,
     "specdecpp": specdecpp,
+    "lookup": lookup,
 }
 
 
