@@ -32,7 +32,7 @@ CASES = [
     ("eagle2", {"topk": 2, "depth": 2}),
     ("specdecpp", {"h": 0.5, "min_k": 1}),  # a random head: K varies with the hidden state
     ("dyspec", {"score": "head", "batch": 1}),  # the random head's predictions shape the tree
-    ("lookup", {"min_ngram": 1}),  # copied tokens, one-hot proposals
+    ("lookup", {"min_ngram": 1, "fallback": 0}),  # copied tokens only, one-hot proposals
     ("lookup", {"min_ngram": 2, "fallback": 2}),  # a chain from the draft where nothing matches
 ]
 FEATURE_CASES = [("chain", {}), ("dyspec", {})]  # a feature draft that cannot propose every token

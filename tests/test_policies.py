@@ -236,11 +236,12 @@ def test_lookup_copies_after_the_latest_longest_match():
             assert lookup.copied(context, ngram, min_ngram, k) == brute_copied(context, ngram, min_ngram, k)
 
 
-class Context:
-    """What `lookup` reads of a draft session: the committed tokens, and no draft model."""
+class Context(SyntheticDraft):
+    """What `lookup` reads of a draft session: the committed tokens, and a draft model (`kv`) or none."""
 
-    def __init__(self, context):
-        self.context, self.kv = context, None
+    def __init__(self, context, kv=None):
+        super().__init__()
+        self.context, self.kv = context, kv
 
 
 def test_lookup_builds_a_deterministic_chain():
@@ -249,6 +250,16 @@ def test_lookup_builds_a_deterministic_chain():
     assert tree.sampling == "deterministic" and tree.draft_probs == [1.0] * 5 and tree.growth == [5]
     empty = lookup.build(Context([3, 1, 2]), 2, 4, 0.0, torch.Generator())
     assert empty.size == 0 and empty.growth == []
+
+
+def test_lookup_falls_back_to_the_draft_only_where_nothing_matches():
+    draft = Context([3, 1, 2], kv="a draft")
+    tree = lookup.build(draft, 2, 4, 0.0, torch.Generator(), fallback=2)
+    assert tree.size == 2 and tree.sampling == "iid" and draft.forwards == 2
+    assert tree.tokens[1] == int(path_logits((2,)).argmax())  # the draft's chain, as `chain` builds it
+    draft = Context([3, 1, 2, 3, 1], kv="a draft")
+    tree = lookup.build(draft, 1, 4, 0.0, torch.Generator(), fallback=2)
+    assert tree.tokens == [1, 2, 3, 1] and draft.forwards == 0
 
 
 @pytest.mark.parametrize("options", [{"min_ngram": 3, "ngram": 2}, {"min_ngram": 0}, {"fallback": -1}])

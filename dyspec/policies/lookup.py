@@ -8,7 +8,8 @@ accepted tokens per match, at no draft cost. 1-grams matched on half the steps b
 A copied token is a proposal chosen, not sampled: its q is one-hot, and at T > 0 it is verified as
 such (`verify_sampled`, "deterministic"), so outputs keep the target's distribution. Where
 nothing matches, the step drafts `fallback` tokens as a chain from the draft model, when one is
-loaded (the feature draft's one node a step is what pays on a CPU), or none.
+loaded (the feature draft's one node a step is what pays on a CPU), or none: `fallback=0` is
+plain prompt lookup.
 """
 
 import torch
@@ -41,7 +42,7 @@ def build(
     *,
     ngram: int = 3,
     min_ngram: int = 2,
-    fallback: int = 0,
+    fallback: int = 1,
 ) -> Tree:
     if not 1 <= min_ngram <= ngram:
         raise DyspecError(f"lookup needs 1 <= min_ngram <= ngram, got min_ngram={min_ngram}, ngram={ngram}")
