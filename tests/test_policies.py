@@ -230,8 +230,9 @@ def test_lookup_copies_after_the_latest_longest_match():
     assert lookup.copied(context, 3, 2, 9) == context[3:]  # up to the end of the context
     assert lookup.copied([1, 2, 3, 4], 3, 1, 4) == []
     g = torch.Generator().manual_seed(0)
-    for _ in range(300):
-        context = torch.randint(3, (int(torch.randint(1, 12, (), generator=g)),), generator=g).tolist()
+    ids = torch.tensor([0, 1, 256, 65536, 65792, 49151])  # byte patterns that also match across ids
+    for _ in range(600):
+        context = ids[torch.randint(len(ids), (int(torch.randint(1, 14, (), generator=g)),), generator=g)].tolist()
         for ngram, min_ngram, k in ((3, 2, 4), (2, 1, 2), (4, 1, 8)):
             assert lookup.copied(context, ngram, min_ngram, k) == brute_copied(context, ngram, min_ngram, k)
 

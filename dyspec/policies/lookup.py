@@ -12,6 +12,8 @@ loaded (the feature draft's one node a step is what pays on a CPU), or none: `fa
 plain prompt lookup.
 """
 
+from array import array
+
 import torch
 
 from dyspec.draft import DraftSession
@@ -24,12 +26,16 @@ NEEDS_DRAFT = False
 
 def copied(context: list[int], ngram: int, min_ngram: int, k: int) -> list[int]:
     """Up to k tokens that followed the latest earlier occurrence of the context's last n tokens, for
-    the largest n in ngram..min_ngram that has one; [] if none does."""
+    the largest n in ngram..min_ngram that has one; [] if none does. The search runs over the
+    tokens as 4-byte words with `bytes.rfind` (C speed: a Python loop took 0.8 ms a step over 4,000
+    tokens), keeping only matches that start on a word."""
+    data = array("i", context).tobytes()
     for n in range(min(ngram, len(context) - 1), min_ngram - 1, -1):
-        suffix = context[-n:]
-        for i in range(len(context) - n - 1, -1, -1):
-            if context[i : i + n] == suffix:
-                return context[i + n : i + n + k]
+        suffix, end = data[-4 * n :], 4 * (len(context) - 1)  # an occurrence that ends before the last token
+        while (at := data.rfind(suffix, 0, end)) >= 0:
+            if at % 4 == 0:
+                return context[at // 4 + n : at // 4 + n + k]
+            end = at + 4 * n - 1
     return []
 
 
