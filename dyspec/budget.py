@@ -139,6 +139,7 @@ DECAY = 0.8  # weight of earlier steps' tokens per ms: it follows the text withi
 TABLE_DECAY = 0.95  # weight of earlier steps' acceptance counts: ~20 steps of evidence
 PRIOR = 2.0  # pseudo-nodes per bin, accepted at the bin's prior rate (`bin_rates`)
 DEPTHS = 4  # depths whose first children learn their own rate (`position_values`), the last and deeper pooled
+COPY = 2 * BINS  # the bin of tokens copied from the context (`lookup`): no draft probability, a rate of their own
 
 
 @dataclass
@@ -155,10 +156,10 @@ class AutoState:
     grow_after: int = 1  # steps in a row in which everything built paid before the cap grows
     paid: int = 0  # steps in a row in which everything built paid
     grew: bool = False  # the cap for the next tree is more than the last tree's size worth building
-    # per bin (`node_bins`): decayed counts of nodes whose parent verification reached, and of those
-    # it accepted
-    reached: list[float] = field(default_factory=lambda: [0.0] * 2 * BINS)
-    accepted: list[float] = field(default_factory=lambda: [0.0] * 2 * BINS)
+    # per bin (`node_bins`, and COPY): decayed counts of nodes whose parent verification reached, and
+    # of those it accepted
+    reached: list[float] = field(default_factory=lambda: [0.0] * (COPY + 1))
+    accepted: list[float] = field(default_factory=lambda: [0.0] * (COPY + 1))
     # the same per depth (1 .. DEPTHS, deeper pooled), for nodes of the first group (`group_rates`)
     depth_reached: list[float] = field(default_factory=lambda: [0.0] * DEPTHS)
     depth_accepted: list[float] = field(default_factory=lambda: [0.0] * DEPTHS)
@@ -230,10 +231,11 @@ def bin_rates(state: AutoState, sampled: bool) -> list[float]:
     centre for chosen children (a calibrated draft), and for sampled children the rate measured so
     far over the bin's group (first children, later siblings), itself starting at 1/2. The bin
     centre would keep sampled first children with a flat q (key near 0) at ~0.05, so the cut drops
-    them, verification never reaches them, and the bin never learns otherwise. Every rate is <= 1
-    in floating point too (accepted <= reached, prior <= 1), so a node is worth no more than its
-    parent."""
+    them, verification never reaches them, and the bin never learns otherwise. Copied tokens (COPY)
+    start at 1/2. Every rate is <= 1 in floating point too (accepted <= reached, prior <= 1), so a
+    node is worth no more than its parent."""
     priors = group_rates(state) if sampled else [(b + 0.5) / BINS for b in range(BINS)] * 2  # upper half unused
+    priors.append(0.5)
     return [(a + PRIOR * m) / (r + PRIOR) for a, r, m in zip(state.accepted, state.reached, priors)]
 
 
@@ -291,6 +293,7 @@ def auto_tree(
     per_forward: int,
     grows_by_values: bool = False,
     sets_cap: bool = True,
+    copied: bool = False,
 ) -> tuple[Tree, list[int], list[int]]:
     """This step's tree cut to size, the old id of each kept node and the kept nodes' bins; with
     `sets_cap`, sets the next step's cap (not for a tree sized by the answer's end: it says nothing
@@ -298,9 +301,10 @@ def auto_tree(
     draft ms this tree took; `per_forward`: nodes the draft added per forward; `grows_by_values`:
     the policy's tree at a smaller cap is about the most valuable part of this one (DySpec, which
     grows by these estimates under auto, `bin_rates`; DySpec's threshold build, whose threshold is
-    1 / cap)."""
+    1 / cap); `copied`: the nodes are tokens copied from the context (`lookup`), valued at the rate
+    learnt for copies (COPY), which is not the draft's."""
     target_ms = {n: ms * (state.ms_scale or 1.0) for n, ms in target_ms.items()}
-    bins = node_bins(tree, sampled)
+    bins = [COPY] * tree.size if copied else node_bins(tree, sampled)
     values = estimates(bin_rates(state, sampled), tree, bins)
     if sampled:
         rate = state.rate if state.rate is not None else 1 / interpolate_ms(target_ms, 1)

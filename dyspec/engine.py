@@ -172,6 +172,7 @@ def stream(
     drafts = [DraftSession(m, ids) for m in [pair.draft, *(pair.extra_drafts if multi_draft else [])]]
     source = drafts if multi_draft else drafts[0]  # what the policy drafts from
     learns = auto is not None and getattr(module, "AUTO_RATES", False)  # the policy grows by auto's rates
+    free = auto is not None and getattr(module, "FREE_NODES", False)  # it adds nodes that need no draft forward
     grows_by_values = getattr(module, "GROWS_BY_VALUE", False)  # a smaller cap builds the best part of a tree
     target = KVSession(pair.target, keep_hidden=any(d.needs_features for d in drafts))
 
@@ -192,21 +193,28 @@ def stream(
             break
         t0, seconds0, forwards0 = time.perf_counter(), _seconds(drafts), _forwards(drafts)
         cap = step_cap(auto) if auto else budget
-        if auto and cap:  # a node deeper than the tokens left, less the bonus token, is worth nothing
-            cap = min(cap, max(len(drafts), max_new_tokens - len(out) - 1))  # a node per merged draft
+        left = max_new_tokens - len(out) - 1  # a node deeper than this (less the bonus token) is worth nothing
+        if auto and cap:
+            cap = min(cap, max(len(drafts), left))  # a node per merged draft
         if auto and cap and module.NEEDS_DRAFT and skipped:  # so that auto prices the tree alone
             for draft in drafts:
                 draft.catch_up()
             skipped = False
         draft_s0, draft_f0 = _seconds(drafts), _forwards(drafts)
-        if cap == 0:  # under auto no tree paid for its draft time: an autoregressive step
-            tree, bins, skipped = Tree.root(root), [], True
+        bins = []
+        if cap == 0 and not free:  # under auto no tree paid for its draft time: an autoregressive step
+            tree, skipped = Tree.root(root), True
             auto.idle += 1
         else:
             learnt = {"auto_rates": bin_rates(auto, sampled=True)} if learns else {}
+            if free:  # copies cost no draft time: the cut sizes them, not the cap learnt from draft trees
+                learnt["free_budget"] = max(1, min(AUTO_CAP, left))
             tree = module.build(source, root, cap, temperature, generator, **options, **learnt)
         tree_draft_s = _seconds(drafts) - draft_s0  # the draft's time for this tree alone
-        if auto and cap:
+        copied = free and _forwards(drafts) == draft_f0  # copies (or nothing): the draft built no tree
+        if copied:
+            auto.idle += 1
+        if auto and (cap or free):
             sampled = temperature > 0 and tree.sampling != "deterministic"
             forwards = max(1, _forwards(drafts) - draft_f0)
             build_ms = _build_ms(module, drafts, options, tree_draft_s, forwards)
@@ -219,7 +227,8 @@ def stream(
                 1000 * tree_draft_s,
                 -(-tree.size // forwards),
                 grows_by_values and sampled,
-                sets_cap=cap >= auto.cap,  # else the tree was sized by the answer's end
+                sets_cap=cap >= auto.cap and not copied,  # else the tree was sized by the answer's end
+                copied=copied,
             )
             for draft in drafts:
                 draft.relabel(old_ids)

@@ -8,7 +8,7 @@ import torch
 from scipy.stats import chisquare
 
 from dyspec import generate
-from dyspec.budget import PROBE_AFTER, AutoState
+from dyspec.budget import COPY, PROBE_AFTER, AutoState
 from dyspec.draft import DraftSession
 from dyspec.events import StepVerified
 from dyspec.kv import KVSession
@@ -177,6 +177,34 @@ def test_auto_budget_samples_target_distribution(pair, exact, steep_profile):
     """End to end through the engine's cut (children drawn without replacement, nodes dropped with
     their later siblings); `test_auto_budget_at_t_above_0_ignores_the_drawn_token` is the sharp test."""
     check_distribution(pair, exact, "dyspec", {}, budget="auto")
+
+
+@pytest.fixture
+def flat_profile(pair, tmp_path, monkeypatch):
+    """A tree node costs a hundredth of a one-token forward: nodes pay unless they are unlikely."""
+    save_profile(pair, tmp_path, monkeypatch, lambda n: 10.0 + 0.1 * n)
+
+
+def test_auto_lookup_samples_target_distribution(pair, exact, flat_profile):
+    """Copies cut by depth (their values) and one-node draft chains where nothing matches."""
+    check_distribution(pair, exact, "lookup", {"min_ngram": 1, "fallback": 1}, budget="auto")
+
+
+def test_auto_sizes_lookups_copies_apart_from_the_drafts_cap(pair, flat_profile):
+    """Copies cost no draft time: under `auto`, lookup copies past the cap learnt from draft trees
+    (that cap bounds its fallback alone), copy steps leave that cap alone, and copies learn their
+    own acceptance rate (COPY), not the draft's. The tiny target's answer alternates two tokens,
+    so each copy is the 2 tokens after the latest match."""
+    options = {"min_ngram": 1, "fallback": 0}
+    pair.auto_states.clear()
+    state = pair.auto_states["lookup", 0.0, repr(sorted(options.items()))] = AutoState(cap=1)
+    steps = []
+    kwargs = {"max_new_tokens": 40, "options": options, "hooks": [steps.append]}
+    r = generate(pair, PROMPT, policy="lookup", budget="auto", **kwargs)
+    assert r.token_ids == generate(pair, PROMPT, policy="ar", max_new_tokens=40).token_ids
+    sizes = [len(s.tokens) - 1 for s in steps if isinstance(s, StepVerified)]
+    assert max(sizes) == 2 and all(s.draft_forwards == 0 for s in steps if isinstance(s, StepVerified))
+    assert state.cap == 1 and state.reached[COPY] > 0 and sum(state.reached[:COPY]) == 0
 
 
 def test_auto_drafts_nothing_where_no_tree_pays(pair, costly_profile):

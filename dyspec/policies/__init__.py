@@ -8,6 +8,9 @@
     AUTO_RATES: bool   (optional: build() takes `auto_rates`, what `--budget auto` learnt)
     GROWS_BY_VALUE: bool   (optional: the tree at a smaller budget is about the most valuable part
         of a bigger one, so under `--budget auto` the next cap follows the nodes the cut kept)
+    FREE_NODES: bool   (optional: build() takes `free_budget`, how many nodes it may add that need
+        no draft forward (lookup's copies); under `--budget auto` the tokens left bound those, not
+        the cap learnt from draft trees, and the engine's cut sizes them)
 
 To add a policy, write such a module and register it here.
 """
@@ -50,7 +53,7 @@ def available_policies(pair) -> list[str]:
     ]
 
 
-ENGINE_SET = {"auto_rates"}  # `build` arguments the engine sets (under `--budget auto`), never a user
+ENGINE_SET = {"auto_rates", "free_budget"}  # `build` arguments the engine sets (under `--budget auto`), never a user
 
 
 def policy_options(name: str) -> dict:

@@ -9,7 +9,9 @@ A copied token is a proposal chosen, not sampled: its q is one-hot, and at T > 0
 such (`verify_sampled`, "deterministic"), so outputs keep the target's distribution. Where
 nothing matches, the step drafts `fallback` tokens as a chain from the draft model, when one is
 loaded (the feature draft's one node a step is what pays on a CPU), or none: `fallback=0` is
-plain prompt lookup.
+plain prompt lookup. Under `--budget auto` the budget bounds the fallback alone: copies cost no
+draft time, so the engine asks for up to `free_budget` of them and cuts them to what pays at the
+acceptance rate it learns for copies.
 """
 
 from array import array
@@ -22,6 +24,7 @@ from dyspec.policies.chain import build as chain_build
 from dyspec.tree import Tree
 
 NEEDS_DRAFT = False
+FREE_NODES = True
 
 
 def copied(context: list[int], ngram: int, min_ngram: int, k: int) -> list[int]:
@@ -49,13 +52,14 @@ def build(
     ngram: int = 3,
     min_ngram: int = 2,
     fallback: int = 1,
+    free_budget: int | None = None,
 ) -> Tree:
     if not 1 <= min_ngram <= ngram:
         raise DyspecError(f"lookup needs 1 <= min_ngram <= ngram, got min_ngram={min_ngram}, ngram={ngram}")
     if fallback < 0:
         raise DyspecError(f"fallback must be >= 0 draft tokens, got {fallback}")
-    tokens = copied(draft.context, ngram, min_ngram, budget)
-    if not tokens and fallback and draft.kv is not None:
+    tokens = copied(draft.context, ngram, min_ngram, budget if free_budget is None else free_budget)
+    if not tokens and fallback and budget and draft.kv is not None:
         return chain_build(draft, root, min(fallback, budget), temperature, generator)
     tree = Tree.root(root, sampling="deterministic")
     for token in tokens:
