@@ -125,6 +125,9 @@ def cmd_bench(args: argparse.Namespace) -> None:
     from dyspec.models import load_pair
     from dyspec.profile import measure_profile
 
+    out = Path(args.out)
+    if out.is_dir():
+        raise DyspecError(f"--out {out} is a folder; give a file for the records, such as {out / 'results.jsonl'}")
     options = dict(args.option)
     config = BenchConfig(
         dataset=args.dataset,
@@ -137,7 +140,6 @@ def cmd_bench(args: argparse.Namespace) -> None:
         options={p: options for p in args.policies} if options else None,
     )
     pair = load_pair(args.target, args.draft, args.device, allow_download=args.allow_download, precision=args.precision)
-    out = Path(args.out)
     records = run_bench(pair, config, out, resume=args.resume)
     profile = measure_profile(pair) if args.profile else None
     report = out.with_suffix(".html")

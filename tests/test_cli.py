@@ -48,6 +48,11 @@ def test_bad_input_is_one_clear_line(args, fragment):
     assert_one_line_error(dyspec("generate", "--prompt", "hi", *args), fragment)
 
 
+def test_bench_out_must_be_a_file(tmp_path):
+    """A folder given for the records failed with a traceback after the models had loaded."""
+    assert_one_line_error(dyspec("bench", "--out", str(tmp_path)), "is a folder", "results.jsonl")
+
+
 def test_prompt_longer_than_context():
     assert_one_line_error(dyspec("generate", "--prompt", "word " * 9000, "--max-new-tokens", "4"), "context")
 
