@@ -211,8 +211,8 @@ def stream(
                 learnt["free_budget"] = max(1, min(AUTO_CAP, left))
             tree = module.build(source, root, cap, temperature, generator, **options, **learnt)
         tree_draft_s = _seconds(drafts) - draft_s0  # the draft's time for this tree alone
-        copied = free and _forwards(drafts) == draft_f0  # copies (or nothing): the draft built no tree
-        if copied:
+        undrafted = free and _forwards(drafts) == draft_f0  # copies, or nothing: the draft built no tree
+        if undrafted:
             auto.idle += 1
         if auto and (cap or free):
             sampled = temperature > 0 and tree.sampling != "deterministic"
@@ -227,8 +227,8 @@ def stream(
                 1000 * tree_draft_s,
                 -(-tree.size // forwards),
                 grows_by_values and sampled,
-                sets_cap=cap >= auto.cap and not copied,  # else the tree was sized by the answer's end
-                copied=copied,
+                sets_cap=cap >= auto.cap and not undrafted,  # else the tree was sized by the answer's end
+                copied=tree.extra["match"] if undrafted and tree.size else 0,
             )
             for draft in drafts:
                 draft.relabel(old_ids)

@@ -193,8 +193,7 @@ def test_auto_lookup_samples_target_distribution(pair, exact, flat_profile):
 def test_auto_sizes_lookups_copies_apart_from_the_drafts_cap(pair, flat_profile):
     """Copies cost no draft time: under `auto`, lookup copies past the cap learnt from draft trees
     (that cap bounds its fallback alone), copy steps leave that cap alone, and copies learn their
-    own acceptance rate (COPY), not the draft's. The tiny target's answer alternates two tokens,
-    so each copy is the 2 tokens after the latest match."""
+    own acceptance rates (`copy_bin`), not the draft's."""
     options = {"min_ngram": 1, "fallback": 0}
     pair.auto_states.clear()
     state = pair.auto_states["lookup", 0.0, repr(sorted(options.items()))] = AutoState(cap=1)
@@ -203,8 +202,8 @@ def test_auto_sizes_lookups_copies_apart_from_the_drafts_cap(pair, flat_profile)
     r = generate(pair, PROMPT, policy="lookup", budget="auto", **kwargs)
     assert r.token_ids == generate(pair, PROMPT, policy="ar", max_new_tokens=40).token_ids
     sizes = [len(s.tokens) - 1 for s in steps if isinstance(s, StepVerified)]
-    assert max(sizes) == 2 and all(s.draft_forwards == 0 for s in steps if isinstance(s, StepVerified))
-    assert state.cap == 1 and state.reached[COPY] > 0 and sum(state.reached[:COPY]) == 0
+    assert max(sizes) > 1 and all(s.draft_forwards == 0 for s in steps if isinstance(s, StepVerified))
+    assert state.cap == 1 and sum(state.reached[COPY:]) > 0 and sum(state.reached[:COPY]) == 0
 
 
 def test_auto_drafts_nothing_where_no_tree_pays(pair, costly_profile):

@@ -19,6 +19,7 @@ from dyspec.budget import (
     auto_update,
     best_prefix_size,
     bin_rates,
+    copy_bin,
     drafting_ms,
     estimates,
     hull_ms,
@@ -299,6 +300,22 @@ def test_estimates_learn_acceptance_per_bin():
     assert state.ms_scale == pytest.approx(2.0)  # verifying 3 tokens took 60 ms, the profile says 30
 
 
+def test_copy_steps_and_drafting_steps_fade_only_their_own_evidence():
+    """`lookup` copies on ~1 step in 10: its copy rates, faded by every step, stayed at their prior."""
+    state = AutoState()
+    tree = Tree.root(0, "deterministic")
+    tree.add(0, 1, 0.95)
+    profile = {1: 10.0, 4: 40.0}
+    auto_update(state, tree, [copy_bin(3)], [1], 2, 30.0, 0.0, 20.0, profile)
+    auto_update(state, tree, node_bins(tree, sampled=False), [1], 2, 30.0, 5.0, 20.0, profile)
+    assert state.reached[copy_bin(3)] == 1.0 and state.reached[9] == 1.0 and state.depth_reached[0] == 1.0
+    auto_update(state, tree, [copy_bin(3)], [], 1, 30.0, 0.0, 20.0, profile)
+    assert state.reached[copy_bin(3)] == 1.95 and state.accepted[copy_bin(3)] == 0.95
+    assert state.reached[9] == 1.0 and state.depth_reached[0] == 1.0
+    auto_update(state, tree, node_bins(tree, sampled=False), [], 1, 30.0, 5.0, 20.0, profile)
+    assert state.reached[9] == 1.95 and state.depth_reached[0] == 1.95 and state.reached[copy_bin(3)] == 1.95
+
+
 def test_next_auto_cap_is_a_little_more_than_what_paid():
     assert [next_auto_cap(n, 1) for n in (0, 3, 8, 16, 63)] == [1, 4, 9, 17, 64]  # a chain: one node more
     assert next_auto_cap(8, 4) == 12 and next_auto_cap(8, 0) == 9  # one more draft forward's nodes
@@ -397,6 +414,24 @@ def test_auto_cut_with_chosen_children_keeps_the_most_valuable_nodes():
     # verification measured 100x cheaper than the profile: next to 10 ms of drafting, every node pays
     state.ms_scale = 0.01
     assert auto_tree(state, tree, False, profile, lambda n: 10.0, 10.0, per_forward=2)[1] == [0, 1, 2, 3, 4]
+
+
+def test_auto_cuts_copies_by_the_rate_learnt_for_their_match_length():
+    """Copies after a 2-token match were accepted 0.3 of the time, after 3 or more 0.9: the same
+    chain of 8 copies is cut to 1 or kept whole, by its match, and leaves the cap alone."""
+    tree = Tree.root(0, "deterministic")
+    for token in range(1, 9):
+        tree.add(tree.size, token, 1.0)
+    state = AutoState(cap=5)
+    state.reached[copy_bin(2)], state.accepted[copy_bin(2)] = 100.0, 30.0
+    state.reached[copy_bin(3)], state.accepted[copy_bin(3)] = 100.0, 90.0
+    profile = {1: 10.0, 2: 11.0, 64: 74.0}  # 1 ms a node
+    for match, kept in ((2, 1), (3, 8)):
+        pruned, old_ids, bins = auto_tree(
+            state, tree, False, profile, lambda n: 0.0, 0.0, 8, sets_cap=False, copied=match
+        )
+        assert pruned.size == kept and bins == [copy_bin(match)] * kept and state.cap == 5
+    assert copy_bin(1) < copy_bin(2) < copy_bin(3) == copy_bin(4) - 1 == copy_bin(9) - 1
 
 
 @pytest.mark.parametrize("grows_by_values,cap", [(True, 3), (False, 10)])

@@ -215,20 +215,26 @@ def test_sequoia_dp_matches_brute_force(budget, depth, a):
 
 
 def brute_copied(context, ngram, min_ngram, k):
-    """What `lookup.copied` should return, by trying every earlier start for every n."""
+    """What `lookup.copied` should return, by trying every earlier start for every n and extending
+    the context one copied token at a time."""
     for n in range(ngram, min_ngram - 1, -1):
         starts = [i for i in range(len(context) - n) if n < len(context) and context[i : i + n] == context[-n:]]
         if starts:
-            return context[starts[-1] + n : starts[-1] + n + k]
-    return []
+            extended = list(context)
+            while len(extended) < len(context) + k:
+                extended.append(extended[starts[-1] + n + len(extended) - len(context)])
+            return extended[len(context) :], n
+    return [], 0
 
 
 def test_lookup_copies_after_the_latest_longest_match():
     context = [5, 6, 7, 9, 2, 6, 7, 8, 1, 5, 6, 7]
-    assert lookup.copied(context, 3, 2, 2) == [9, 2]  # [5, 6, 7] at 0, over [6, 7] at 5
-    assert lookup.copied(context, 2, 2, 3) == [8, 1, 5]  # the latest [6, 7]
-    assert lookup.copied(context, 3, 2, 9) == context[3:]  # up to the end of the context
-    assert lookup.copied([1, 2, 3, 4], 3, 1, 4) == []
+    assert lookup.copied(context, 3, 2, 2) == ([9, 2], 3)  # [5, 6, 7] at 0, over [6, 7] at 5
+    assert lookup.copied(context, 2, 2, 3) == ([8, 1, 5], 2)  # the latest [6, 7]
+    assert lookup.copied(context, 3, 2, 9) == (context[3:], 3)  # up to the end of the context
+    assert lookup.copied(context, 3, 2, 11) == (context[3:] + [9, 2], 3)  # and on, as a loop of 9
+    assert lookup.copied([1, 2, 1, 2], 3, 1, 5) == ([1, 2, 1, 2, 1], 2)
+    assert lookup.copied([1, 2, 3, 4], 3, 1, 4) == ([], 0)
     g = torch.Generator().manual_seed(0)
     ids = torch.tensor([0, 1, 256, 65536, 65792, 49151])  # byte patterns that also match across ids
     for _ in range(600):
@@ -260,7 +266,7 @@ def test_lookup_falls_back_to_the_draft_only_where_nothing_matches():
     assert tree.tokens[1] == int(path_logits((2,)).argmax())  # the draft's chain, as `chain` builds it
     draft = Context([3, 1, 2, 3, 1], kv="a draft")
     tree = lookup.build(draft, 1, 4, 0.0, torch.Generator(), fallback=2)
-    assert tree.tokens == [1, 2, 3, 1] and draft.forwards == 0
+    assert tree.tokens == [1, 2, 3, 1, 2] and tree.extra == {"match": 2} and draft.forwards == 0
 
 
 @pytest.mark.parametrize("options", [{"min_ngram": 3, "ngram": 2}, {"min_ngram": 0}, {"fallback": -1}])

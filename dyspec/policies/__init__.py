@@ -9,8 +9,9 @@
     GROWS_BY_VALUE: bool   (optional: the tree at a smaller budget is about the most valuable part
         of a bigger one, so under `--budget auto` the next cap follows the nodes the cut kept)
     FREE_NODES: bool   (optional: build() takes `free_budget`, how many nodes it may add that need
-        no draft forward (lookup's copies); under `--budget auto` the tokens left bound those, not
-        the cap learnt from draft trees, and the engine's cut sizes them)
+        no draft forward (lookup's copies, with the length of the match they follow in
+        `tree.extra["match"]`); under `--budget auto` the tokens left bound those, not the cap
+        learnt from draft trees, and the engine's cut sizes them)
 
 To add a policy, write such a module and register it here.
 """
