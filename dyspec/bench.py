@@ -1,6 +1,7 @@
 """`dyspec bench`: policies x budgets x temperatures x seeds over real prompt sets, every policy
 measured side by side with autoregressive decoding (`ar`) and Hugging Face's own generation (`hf`,
-plain `model.generate`; `hf-assisted`, `generate(assistant_model=draft)`) on the same prompts.
+plain `model.generate`; `hf-assisted`, `generate(assistant_model=draft)`; `hf-lookup`,
+`generate(prompt_lookup_num_tokens=budget)`) on the same prompts.
 
 One JSON record per run, appended to a JSONL file as a single write (a crash leaves at most one
 partial last line, which `--resume` ignores); an HTML report with plotly charts at the end.
@@ -32,7 +33,7 @@ from dyspec.models import ModelPair
 from dyspec.policies import parse_option
 from dyspec.prompts import load_prompts
 
-HF_POLICIES = ("hf", "hf-assisted")
+HF_POLICIES = ("hf", "hf-assisted", "hf-lookup")
 SCHEMA = json.loads((Path(__file__).with_name("bench_schema.json")).read_text())
 
 
@@ -116,9 +117,10 @@ def _engine_run(
 def _hf_run(
     pair: ModelPair, prompt: str, policy: str, budget: int, temperature: float, seed: int, max_new_tokens: int
 ) -> dict:
-    """Hugging Face generation on the same prompt: plain, or assisted by the draft with a constant
+    """Hugging Face generation on the same prompt: plain; assisted by the draft with a constant
     schedule of `budget` drafted tokens per step (num_assistant_tokens_schedule="constant"), or HF's
-    adaptive "heuristic" schedule (starting at 4) for budget "auto"."""
+    adaptive "heuristic" schedule (starting at 4) for budget "auto"; or HF's prompt lookup of
+    `budget` tokens after a match of up to 3 (as `lookup`), for "auto" its default of 10."""
     ids = torch.tensor([encode_prompt(pair, prompt)], device=pair.device)
     kwargs = {
         "max_new_tokens": max_new_tokens,
@@ -136,6 +138,8 @@ def _hf_run(
             num_assistant_tokens_schedule=schedule,
             assistant_confidence_threshold=0.0,
         )
+    if policy == "hf-lookup":
+        kwargs.update(prompt_lookup_num_tokens=10 if budget == "auto" else budget, max_matching_ngram_size=3)
     torch.manual_seed(seed)
     t = time.perf_counter()
     out = pair.target.generate(ids, **kwargs)

@@ -232,7 +232,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--policies",
         type=_csv(str),
         default=("ar", "chain", "dyspec", "hf-assisted"),
-        help="comma-separated; besides the engine's policies: hf (model.generate), hf-assisted; "
+        help="comma-separated; besides the engine's policies: hf (model.generate), hf-assisted, hf-lookup; "
         "a policy may carry options, e.g. specdecpp:h=0.3",
     )
     b.add_argument("--budgets", type=_csv(_budget), default=(4, 8, 16), help="comma-separated; 'auto' allowed")

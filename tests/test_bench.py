@@ -11,12 +11,12 @@ def test_bench_smoke_and_resume(pair, tmp_path):
     config = BenchConfig(
         dataset="mtbench",
         num_prompts=2,
-        policies=("ar", "chain", "dyspec", "hf", "hf-assisted"),
+        policies=("ar", "chain", "dyspec", "hf", "hf-assisted", "hf-lookup"),
         budgets=(4,),
         max_new_tokens=16,
     )
     records = run_bench(pair, config, out, progress=False)
-    assert len(records) == 2 * 5
+    assert len(records) == 2 * 6
     for r in read_records(out):
         jsonschema.validate(r, SCHEMA)
     ar = {r["prompt_id"]: r for r in records if r["policy"] == "ar"}
@@ -33,7 +33,7 @@ def test_bench_smoke_and_resume(pair, tmp_path):
     lines = out.read_text().splitlines()
     out.write_text("\n".join(lines[:-1]) + "\n" + lines[-1][:20])
     resumed = run_bench(pair, config, out, resume=True, progress=False)
-    assert len(resumed) == 2 * 5
+    assert len(resumed) == 2 * 6
     assert [record_key(json.loads(line)) for line in out.read_text().splitlines()] == [record_key(r) for r in records]
 
     report = tmp_path / "report.html"
