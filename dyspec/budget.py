@@ -241,8 +241,8 @@ def bin_rates(state: AutoState, sampled: bool) -> list[float]:
     far over the bin's group (first children, later siblings), itself starting at 1/2. The bin
     centre would keep sampled first children with a flat q (key near 0) at ~0.05, so the cut drops
     them, verification never reaches them, and the bin never learns otherwise. Copied tokens
-    (`copy_bin`) start at 1/2. Every rate is <= 1 in floating point too (accepted <= reached, prior <= 1), so a
-    node is worth no more than its parent."""
+    (`copy_bin`) start at 1/2. Every rate is <= 1 in floating point too (accepted <= reached,
+    prior <= 1), so a node is worth no more than its parent."""
     priors = group_rates(state) if sampled else [(b + 0.5) / BINS for b in range(BINS)] * 2  # upper half unused
     priors += [0.5] * MATCHES
     return [(a + PRIOR * m) / (r + PRIOR) for a, r, m in zip(state.accepted, state.reached, priors)]
@@ -408,10 +408,11 @@ def auto_update(
     # the draft's bins not in copy steps nor the copies' in drafting steps (`lookup` copies on ~1
     # step in 10, and its copy rates, decayed every step, stayed near their prior)
     if bins:
-        kind = slice(COPY, None) if bins[0] >= COPY else slice(0, COPY)
+        copies = bins[0] >= COPY
+        kind = slice(COPY, None) if copies else slice(0, COPY)
         for table in (state.reached, state.accepted):
             table[kind] = [TABLE_DECAY * x for x in table[kind]]
-        if kind.start == 0:
+        if not copies:
             for table in (state.depth_reached, state.depth_accepted):
                 table[:] = [TABLE_DECAY * x for x in table]
     on_path = {0, *accepted}
