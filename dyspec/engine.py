@@ -303,7 +303,7 @@ def stream(
                 overhead_s=overhead_s,
                 tree_build_s=t1 - t0 - draft_s,
                 draft_forwards=_forwards(drafts) - forwards0,
-                extra=getattr(tree, "extra", {}),
+                extra=tree.extra,
             ),
             hooks,
         )

@@ -268,8 +268,9 @@ def tree_figure(step, upto: int | None = None, title: str | None = None) -> go.F
                 + "<extra></extra>",
             )
         )
+    made = f"copied after a {step.extra['match']}-token match" if step.extra.get("match") else "drafted"
     fig.update_layout(
-        title=title or f"step {step.step}: {len(step.tokens) - 1} drafted, {len(step.accepted)} accepted",
+        title=title or f"step {step.step}: {len(step.tokens) - 1} {made}, {len(step.accepted)} accepted",
         xaxis={"title": "depth", "dtick": 1},
         yaxis={"visible": False},
         height=420,

@@ -7,7 +7,7 @@ import pytest
 import torch
 from scipy.stats import chisquare
 
-from dyspec import generate
+from dyspec import figures, generate
 from dyspec.budget import COPY, PROBE_AFTER, AutoState
 from dyspec.draft import DraftSession
 from dyspec.events import StepVerified
@@ -201,8 +201,10 @@ def test_auto_sizes_lookups_copies_apart_from_the_drafts_cap(pair, flat_profile)
     kwargs = {"max_new_tokens": 40, "options": options, "hooks": [steps.append]}
     r = generate(pair, PROMPT, policy="lookup", budget="auto", **kwargs)
     assert r.token_ids == generate(pair, PROMPT, policy="ar", max_new_tokens=40).token_ids
-    sizes = [len(s.tokens) - 1 for s in steps if isinstance(s, StepVerified)]
-    assert max(sizes) > 1 and all(s.draft_forwards == 0 for s in steps if isinstance(s, StepVerified))
+    verified = [s for s in steps if isinstance(s, StepVerified)]
+    assert max(len(s.tokens) - 1 for s in verified) > 1 and all(s.draft_forwards == 0 for s in verified)
+    copy = next(s for s in verified if len(s.tokens) > 1)  # the views say what a copy followed
+    assert "copied after a" in figures.tree_figure(copy).layout.title.text and copy.extra["match"] >= 1
     assert state.cap == 1 and sum(state.reached[COPY:]) > 0 and sum(state.reached[:COPY]) == 0
 
 

@@ -406,10 +406,12 @@ def test_auto_cut_with_chosen_children_keeps_the_most_valuable_nodes():
     tree.add(0, 2, 0.05)
     tree.add(0, 3, 0.05)
     d = tree.add(a, 4, 0.95)
+    tree.extra = {"predicted_acceptance": [0.1, 0.2, 0.3, 0.4], "note": "kept"}  # per node lists follow the cut
     profile = {1: 10.0, 3: 12.0, 5: 30.0}
     state = AutoState()
     pruned, old_ids, bins = auto_tree(state, tree, False, profile, lambda n: 10.0, 10.0, per_forward=2)
     assert old_ids == [0, a, d] and pruned.parents == [-1, 0, 1] and bins == [9, 9]
+    assert pruned.extra == {"predicted_acceptance": [0.1, 0.4], "note": "kept"}
     assert state.cap == 2  # worth 2 of the 4 built: no room to grow
     # verification measured 100x cheaper than the profile: next to 10 ms of drafting, every node pays
     state.ms_scale = 0.01

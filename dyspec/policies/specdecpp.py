@@ -36,7 +36,7 @@ def build(
     head: str | None = None,
 ) -> Tree:
     """Draft K tokens, min_k <= K <= min(max_k, budget). `tree.extra["predicted_acceptance"][i]` is
-    the head's prediction for node i + 1 (the last node has none when K reached its bound)."""
+    the head's prediction for node i + 1 (None for the last node when K reached its bound)."""
     if not 0 < h < 1:
         raise DyspecError(f"h must be between 0 and 1, got {h}")
     if not 1 <= min_k <= max_k:
@@ -45,7 +45,7 @@ def build(
         raise DyspecError("specdecpp needs an acceptance head (the `head` option, or one shipped for the pair)")
     acceptance_head, _ = load_head(head)
     tree = Tree.root(root, sampling="iid")
-    predicted: list[float] = []
+    predicted: list[float | None] = []
     survive = 1.0  # predicted chance that every token drafted so far is accepted
     q_last = torch.ones(())  # the draft's probability (T = 1) of the last drafted token
     for node in range(min(max_k, budget)):
@@ -57,5 +57,5 @@ def build(
                 break
         extend(tree, node, logits, temperature, generator)
         q_last = torch.softmax(logits.float(), dim=-1)[tree.tokens[-1]]
-    tree.extra = {"predicted_acceptance": predicted}
+    tree.extra = {"predicted_acceptance": predicted + [None] * (tree.size - len(predicted))}
     return tree
