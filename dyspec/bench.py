@@ -120,7 +120,7 @@ def _hf_run(
     """Hugging Face generation on the same prompt: plain; assisted by the draft with a constant
     schedule of `budget` drafted tokens per step (num_assistant_tokens_schedule="constant"), or HF's
     adaptive "heuristic" schedule (starting at 4) for budget "auto"; or HF's prompt lookup of
-    `budget` tokens after a match of up to 3 (as `lookup`), for "auto" its default of 10."""
+    `budget` tokens after a match of up to 6 tokens (as `lookup`), for "auto" its default of 10."""
     ids = torch.tensor([encode_prompt(pair, prompt)], device=pair.device)
     kwargs = {
         "max_new_tokens": max_new_tokens,
@@ -139,7 +139,7 @@ def _hf_run(
             assistant_confidence_threshold=0.0,
         )
     if policy == "hf-lookup":
-        kwargs.update(prompt_lookup_num_tokens=10 if budget == "auto" else budget, max_matching_ngram_size=3)
+        kwargs.update(prompt_lookup_num_tokens=10 if budget == "auto" else budget, max_matching_ngram_size=6)
     torch.manual_seed(seed)
     t = time.perf_counter()
     out = pair.target.generate(ids, **kwargs)

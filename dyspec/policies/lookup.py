@@ -54,7 +54,7 @@ def build(
     temperature: float,
     generator: torch.Generator,
     *,
-    ngram: int = 3,
+    ngram: int = 6,
     min_ngram: int = 2,
     fallback: int = 1,
     free_budget: int | None = None,
