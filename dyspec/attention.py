@@ -11,6 +11,10 @@ BLOCK keys, through batched matmuls and a softmax in which every row is its own 
 reduction: a row's result depends on its own keys and padded length only, never on which rows
 share the call. Rows are grouped by padded length, so a tree forward makes one or two calls per
 layer (the first version made one SDPA call per row and cost 1.6x t(1) at 8 tokens).
+
+Hugging Face builds no mask for an attention name it does not know, so a padded batch (batched
+`generate`, as `dyspec.corpus.continuations` runs it) would attend to its padding: `padding_mask`
+gives such a batch SDPA's mask.
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ from __future__ import annotations
 import torch
 from transformers import AttentionInterface
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
+from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, sdpa_mask
 
 NAME = "dyspec_rowwise"
 BLOCK = 64
@@ -81,4 +86,13 @@ def rowwise_attention(module, query, key, value, attention_mask, dropout=0.0, sc
     return out[None], None
 
 
+def padding_mask(batch_size: int, *args, attention_mask: torch.Tensor | None = None, **kwargs) -> torch.Tensor | None:
+    """SDPA's boolean mask [B, 1, q, kv] for inputs with padding; else None (causal), which every
+    forward of one unpadded sequence gets, as before this mask was registered."""
+    if attention_mask is None or bool(attention_mask.all()):
+        return None
+    return sdpa_mask(batch_size, *args, attention_mask=attention_mask, **kwargs)
+
+
 AttentionInterface.register(NAME, rowwise_attention)
+ALL_MASK_ATTENTION_FUNCTIONS.register(NAME, padding_mask)

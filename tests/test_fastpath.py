@@ -541,3 +541,20 @@ def test_sampled_first_children_and_later_siblings_learn_apart():
     sure.q[0] = torch.tensor([0.9, 0.1])
     sure.add(0, 0, 0.9)
     assert node_bins(sure, sampled=True) == [8] and estimates(bin_rates(state, sampled=True), sure, [8])[0] > 0.9
+
+
+def test_a_padded_batch_under_rowwise_attention_does_not_attend_to_its_padding():
+    """Batched `generate` (the target's continuations for `distill`, `train-head`, `fit-copy`) pads
+    on the left. Hugging Face builds no mask for an attention name it does not know, so under the
+    int8 path's attention every padded sequence read its padding: answers of 1 to 13 tokens, or other
+    answers than the model's, from the first token on."""
+    model = tiny_model(0, layers=2)
+    model.set_attn_implementation(attention.NAME)
+    short, long = [3, 1, 2], [0, 4, 1, 3, 2, 2]
+    batch = torch.tensor([[0] * (len(long) - len(short)) + short, long])
+    mask = torch.tensor([[0] * (len(long) - len(short)) + [1] * len(short), [1] * len(long)])
+    with torch.inference_mode():
+        padded = model(batch, attention_mask=mask, position_ids=(mask.cumsum(-1) - 1).clamp_min(0)).logits
+        for row, seq in enumerate((short, long)):
+            alone = model(torch.tensor([seq])).logits[0]
+            torch.testing.assert_close(padded[row, -len(seq) :], alone, atol=1e-5, rtol=1e-5)
