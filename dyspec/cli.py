@@ -210,9 +210,35 @@ def cmd_distill(args: argparse.Namespace) -> None:
         seed=args.seed,
         corpus=args.corpus,
         features_dtype=None if args.features_dtype == "float32" else getattr(torch, args.features_dtype),
+        copy_prompts=args.copy_prompts,
     )
     print(json.dumps(report, indent=2))
     print(f"draft: {Path(args.out) / 'draft'} (use it with --draft PATH)", file=sys.stderr)
+
+
+def cmd_fit_copy(args: argparse.Namespace) -> None:
+    from pathlib import Path
+
+    from dyspec.distill import answer_sequences, copy_eval, fit_copy
+    from dyspec.feature_draft import is_feature_draft
+    from dyspec.models import load_pair, shipped_draft
+    from dyspec.prompts import load_prompts
+
+    folder = shipped_draft(args.target) if args.draft == "distilled" else Path(args.draft)
+    if folder is None or not is_feature_draft(folder):
+        raise DyspecError(f"--draft must be a folder made by `dyspec distill`, or distilled; got '{args.draft}'")
+    pair = load_pair(
+        args.target, str(folder), args.device, allow_download=args.allow_download, precision=args.precision
+    )
+    out, n = Path(args.out), args.max_new_tokens
+    report = fit_copy(pair, folder, out / f"continuations-{n}.jsonl", args.num_prompts, n)
+    if args.eval:  # prompts never fitted on: a measuring set's, e.g. MT-Bench's
+        prompts = [text for _, text in load_prompts(args.eval, args.eval_prompts)]
+        name = Path(args.eval).stem
+        sequences = answer_sequences(pair, prompts, n, out / f"eval-{name}-{n}.jsonl")
+        report["eval"] = {"dataset": args.eval, **copy_eval(pair, sequences, report["weights"])}
+    print(json.dumps(report, indent=2))
+    print(f"copy weights stored in {folder}", file=sys.stderr)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -285,8 +311,23 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--batch", type=int, default=16, help="windows of 128 tokens per step")
     d.add_argument("--lr", type=float, default=5e-4)
     d.add_argument("--seed", type=int, default=0)
+    d.add_argument(
+        "--copy-prompts",
+        type=int,
+        default=160,
+        help="training prompts whose target answers fit the draft's copy weights (0: the draft never copies)",
+    )
     add_model_args(d, with_draft=False)
     d.set_defaults(func=cmd_distill)
+
+    fc = sub.add_parser("fit-copy", help="fit how much a feature draft copies from its context's repeats")
+    fc.add_argument("--out", required=True, help="folder for the target's answers it fits on (resumes)")
+    fc.add_argument("--num-prompts", type=int, default=160, help="Arena-Hard and IFEval prompts to continue")
+    fc.add_argument("--max-new-tokens", type=int, default=96, help="length of each target continuation")
+    fc.add_argument("--eval", help="also report agreement on a prompt set never fitted on (mtbench, gsm8k, humaneval)")
+    fc.add_argument("--eval-prompts", type=int, default=20, help="prompts of --eval to answer")
+    add_model_args(fc)
+    fc.set_defaults(func=cmd_fit_copy, draft="distilled")
 
     th = sub.add_parser("train-head", help="train a SpecDec++ acceptance head for a target and draft")
     th.add_argument("--out", required=True, help="folder for data, checkpoints and head.safetensors (resumes)")

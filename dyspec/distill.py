@@ -19,6 +19,7 @@ from __future__ import annotations
 import json
 import math
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import torch
@@ -26,14 +27,18 @@ from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 from tqdm.auto import tqdm
 
+from dyspec.copying import MATCHES, copied
 from dyspec.corpus import continuations, sharegpt_sequences, training_prompts
 from dyspec.errors import DyspecError
-from dyspec.feature_draft import FeatureDraft, features_before, save_feature_draft
+from dyspec.feature_draft import CONFIG_NAME, FeatureDraft, features_before, load_feature_draft, save_feature_draft
+from dyspec.kv import KVSession
 from dyspec.models import ModelPair
 from dyspec.profile import forward_ms
+from dyspec.sampling import to_probs
 
 SHARD = 32  # sequences per feature shard
 REG_WEIGHT = 0.1
+COPY_GRID = [i / 20 for i in range(20)]  # the copy weights `fit_copy_weights` tries (< 1: see copying.mix)
 
 
 @torch.inference_mode()
@@ -196,13 +201,15 @@ def distill(
     eval_every: int = 100,
     corpus: str = "continuations",
     features_dtype: torch.dtype | None = None,
+    copy_prompts: int = 160,
 ) -> dict:
     """Train a feature draft for `pair.target` in `out` (data, checkpoints and the result in
-    `out/draft`, resumable at every stage) and return the report. `corpus` is one of corpus_texts'
-    or several, comma-separated ("continuations,sharegpt"), with `num_prompts` one count for all or
-    one per corpus; each corpus keeps its own held-out split (its last sequences) and gives an
-    equal share of every batch, so a small corpus of the target's own answers is not drowned by a
-    large one. `features_dtype` see collect_features."""
+        `out/draft`, resumable at every stage) and return the report. `corpus` is one of corpus_texts'
+        or several, comma-separated ("continuations,sharegpt"), with `num_prompts` one count for all or
+        one per corpus; each corpus keeps its own held-out split (its last sequences) and gives an
+        equal share of every batch, so a small corpus of the target's own answers is not drowned by a
+        large one. `features_dtype` see collect_features. Then the draft's copy weights are fitted on the
+    target's answers to `copy_prompts` training prompts (`fit_copy`; 0: none, the draft never copies)."""
     corpora = corpus.split(",")
     counts = [num_prompts] * len(corpora) if isinstance(num_prompts, int) else list(num_prompts)
     labels = [c if c in ("continuations", "sharegpt") else Path(c).stem for c in corpora]
@@ -212,6 +219,8 @@ def distill(
         raise DyspecError(f"bad corpus list '{corpus}': each corpus once, separated by single commas")
     if not 0 < heldout < 1:
         raise DyspecError(f"held-out fraction must be between 0 and 1, got {heldout}")
+    if copy_prompts and copy_prompts < 5:
+        raise DyspecError(f"fitting copy weights needs at least 5 prompts (or 0 for none), got {copy_prompts}")
     if steps < 0 or batch < len(corpora) or window < 2:
         raise DyspecError("steps must be >= 0, batch >= the number of corpora and window >= 2")
     t_start = time.perf_counter()
@@ -309,5 +318,100 @@ def distill(
         "seconds": round(time.perf_counter() - t_start, 1),
     }
     save_feature_draft(draft, out / "draft", report)
+    if copy_prompts:
+        saved = replace(pair, draft=load_feature_draft(out / "draft", pair.target))
+        answers = out / "continuations.jsonl"  # shared with the corpus of that name
+        report["copy"] = fit_copy(saved, out / "draft", answers, copy_prompts, max_new_tokens, prompts)
     (out / "report.json").write_text(json.dumps(report, indent=2))
+    return report
+
+
+Row = tuple[int, bool, bool, float, float]  # one position: match length, copy right, draft right, q(copy), max q
+
+
+def copy_agrees(row: Row, weight: float) -> bool:
+    """Whether the argmax of the copying draft's mixture (dyspec.copying.mix, T = 1) is the target's token."""
+    n, copy_right, draft_right, q_copy, q_max = row
+    return copy_right if n and weight + (1 - weight) * q_copy > (1 - weight) * q_max else draft_right
+
+
+def copy_agreement(rows: list[Row], weights: list[float]) -> float:
+    """Top-1 agreement with the target of the copying draft with `weights` (all 0: the draft alone)."""
+    return sum(copy_agrees(r, weights[min(r[0], MATCHES) - 1] if r[0] else 0.0) for r in rows) / max(len(rows), 1)
+
+
+def fit_copy_weights(rows: list[Row]) -> list[float]:
+    """Per match length, the weight whose mixture agrees with the target most often (the smallest such)."""
+    weights = []
+    for n in range(1, MATCHES + 1):
+        group = [r for r in rows if min(r[0], MATCHES) == n]
+        weights.append(max(COPY_GRID, key=lambda w: (sum(copy_agrees(r, w) for r in group), -w)))
+    return weights
+
+
+@torch.inference_mode()
+def copy_rows(pair: ModelPair, sequences: list[tuple[int, list[int]]]) -> list[Row]:
+    """`fit_copy_weights`' rows at every answer position of (prompt length, prompt + answer)
+    sequences: target and draft teacher-forced over each (the draft reads the target's real
+    features), the target's argmax as the label."""
+    rows = []
+    for prompt_len, ids in tqdm(sequences, desc="copy statistics", unit="sequence"):
+        out = pair.target(torch.tensor([ids], device=pair.device), output_hidden_states=True)
+        features = features_before(out.hidden_states[-1][0])
+        q = to_probs(KVSession(pair.draft).forward(ids, features=features), 1.0)
+        labels, guesses, q_max = out.logits[0].argmax(-1).tolist(), q.argmax(-1).tolist(), q.amax(-1).tolist()
+        for j in range(prompt_len - 1, len(ids) - 1):  # position j predicts token j + 1
+            tokens, n = copied(ids[: j + 1], MATCHES, 1, 1)
+            copy = tokens[0] if n else -1
+            q_copy = float(q[j, copy]) if n else 0.0
+            rows.append((n, copy == labels[j], guesses[j] == labels[j], q_copy, q_max[j]))
+    return rows
+
+
+def answer_sequences(
+    pair: ModelPair, prompts: list, max_new_tokens: int, answers_file: Path
+) -> list[tuple[int, list[int]]]:
+    """(prompt length, prompt + the target's greedy answer) for each prompt with a non-empty answer,
+    the answers generated into the JSONL `answers_file` (resumable)."""
+    answers_file.parent.mkdir(parents=True, exist_ok=True)
+    answers = continuations(pair, prompts, max_new_tokens, answers_file)
+    return [(len(a["prompt"]), a["prompt"] + a["response"]) for a in answers if a["response"]]
+
+
+def copy_eval(pair: ModelPair, sequences: list[tuple[int, list[int]]], weights: list[float]) -> dict:
+    """Top-1 agreement with the target over the answer tokens of `sequences`, teacher-forced, of
+    the draft alone and of it copying with `weights`."""
+    rows = copy_rows(pair, sequences)
+    return {
+        "positions": len(rows),
+        "agreement": {"draft": copy_agreement(rows, [0.0] * MATCHES), "copying": copy_agreement(rows, weights)},
+    }
+
+
+def fit_copy(
+    pair: ModelPair,
+    folder: Path,
+    answers_file: Path,
+    num_prompts: int = 160,
+    max_new_tokens: int = 96,
+    prompts: list | None = None,
+) -> dict:
+    """Fit the copy weights (dyspec.copying) of the feature draft in `folder`, loaded as
+    `pair.draft`, on the target's greedy answers to `num_prompts` training prompts (or `prompts`;
+    generated into the JSONL `answers_file`, resumable; the last fifth held out from the fit for the
+    report's agreement), and store them in its config."""
+    config = folder / CONFIG_NAME
+    if not config.is_file():
+        raise DyspecError(f"{folder} is not a feature draft made by `dyspec distill` (no {CONFIG_NAME})")
+    if num_prompts < 5:
+        raise DyspecError(f"fitting copy weights needs at least 5 prompts, got {num_prompts}")
+    if not getattr(pair.draft, "needs_features", False):
+        raise DyspecError("copy weights are fitted for a feature draft: load one as the pair's draft")
+    sequences = answer_sequences(pair, training_prompts(pair, prompts, num_prompts), max_new_tokens, answers_file)
+    n_test = max(1, len(sequences) // 5)
+    weights = fit_copy_weights(copy_rows(pair, sequences[:-n_test]))
+    report = {"weights": weights, "prompts": len(sequences), **copy_eval(pair, sequences[-n_test:], weights)}
+    info = json.loads(config.read_text())
+    config.write_text(json.dumps({**info, "copy_weights": weights, "copy_fit": report}, indent=2))
+    pair.draft.copy_weights = weights
     return report

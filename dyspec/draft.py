@@ -9,6 +9,9 @@ A feature-conditioned draft (dyspec.feature_draft) also reads, with each token, 
 state at the token before it: `pending_features` holds those for the pending tokens. Inside a tree
 it reads its own predicted feature at the parent instead; after verification it forgets its tree
 nodes and reads the accepted path again with the target's real features (as EAGLE does).
+
+A draft with `copy_weights` (a feature draft fitted by `dyspec distill`) copies: each node's
+distribution gets the token that followed the latest repeat of its context (dyspec.copying).
 """
 
 from __future__ import annotations
@@ -18,14 +21,17 @@ import time
 import torch
 from transformers import PreTrainedModel
 
+from dyspec.copying import copy_token, mix
 from dyspec.kv import KVSession, sync
 from dyspec.tree import Tree
 
 
 class DraftSession:
-    def __init__(self, model: PreTrainedModel | None, prompt: list[int]):
+    def __init__(self, model: PreTrainedModel | None, prompt: list[int], temperature: float = 0.0):
         self.kv = KVSession(model, keep_hidden=True) if model is not None else None
         self.needs_features = bool(getattr(model, "needs_features", False))
+        self.copy_weights = getattr(model, "copy_weights", None)
+        self.temperature = temperature  # the mixture with copies is taken at it (dyspec.copying.mix)
         self.pending = list(prompt)  # committed tokens not in the draft cache yet; the root is last
         self.context = list(prompt)  # every committed token; the root is last (what `lookup` copies from)
         self.pending_features: torch.Tensor | None = None  # [len(pending), H], feature drafts only
@@ -45,11 +51,16 @@ class DraftSession:
             zeros = torch.zeros(1, self.kv.model.config.hidden_size, device=self.kv.device)
             self.pending_features = zeros if hidden is None else torch.cat([zeros, hidden])
 
-    def _timed_forward(self, tree: Tree, *args, **kwargs) -> torch.Tensor:
+    @torch.inference_mode()
+    def _timed_forward(self, tree: Tree, nodes: list[int], *args, **kwargs) -> torch.Tensor:
         if self.kv is None:
             raise RuntimeError("this policy needs a draft model, and none is loaded")
         t = time.perf_counter()
         logits = self.kv.forward(*args, **kwargs)
+        for i, node in enumerate(nodes if self.copy_weights else []):
+            token, weight = copy_token(self.context + [tree.tokens[a] for a in tree.path(node)], self.copy_weights)
+            if weight:
+                logits[i] = mix(logits[i], token, weight, self.temperature)
         sync(self.kv.device)
         elapsed = time.perf_counter() - t
         self.seconds += elapsed
@@ -89,7 +100,7 @@ class DraftSession:
         Node 0 (the root) comes alone, first, once per step; every other node's ancestors are the
         root, nodes forwarded earlier this step, or nodes earlier in `nodes`."""
         if nodes == [0]:
-            logits = self._timed_forward(tree, self.pending, last_only=True, features=self.pending_features)
+            logits = self._timed_forward(tree, nodes, self.pending, last_only=True, features=self.pending_features)
             self.kv.length = self.kv.cached
             self.pending = []
             if self.needs_features:
@@ -108,7 +119,7 @@ class DraftSession:
         if self.needs_features:
             features = torch.stack([self.node_features[tree.parents[node]] for node in nodes])
         tokens = [tree.tokens[node] for node in nodes]
-        logits = self._timed_forward(tree, tokens, positions, visible, features=features)
+        logits = self._timed_forward(tree, nodes, tokens, positions, visible, features=features)
         self.slot_of.update((node, start + i) for i, node in enumerate(nodes))
         if self.needs_features:
             self.node_features.update(zip(nodes, self.hidden))

@@ -169,7 +169,7 @@ def stream(
     generator = torch.Generator(device=device).manual_seed(seed)
     stop_ids = pair.stop_ids
     multi_draft = getattr(module, "MULTI_DRAFT", False)
-    drafts = [DraftSession(m, ids) for m in [pair.draft, *(pair.extra_drafts if multi_draft else [])]]
+    drafts = [DraftSession(m, ids, temperature) for m in [pair.draft, *(pair.extra_drafts if multi_draft else [])]]
     source = drafts if multi_draft else drafts[0]  # what the policy drafts from
     learns = auto is not None and getattr(module, "AUTO_RATES", False)  # the policy grows by auto's rates
     free = auto is not None and getattr(module, "FREE_NODES", False)  # it adds nodes that need no draft forward

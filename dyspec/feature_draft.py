@@ -21,6 +21,7 @@ from safetensors.torch import load_file, save_file
 from torch import nn
 from transformers import PreTrainedModel
 
+from dyspec.copying import MATCHES
 from dyspec.errors import DyspecError
 from dyspec.quant import Int8Linear, quantize_int8
 
@@ -30,6 +31,7 @@ WEIGHTS_NAME = "feature_draft.safetensors"
 
 class FeatureDraft(nn.Module):
     needs_features = True
+    copy_weights: list[float] | None = None  # per match length (dyspec.copying), fitted by `dyspec distill`
 
     def __init__(self, target: PreTrainedModel, vocab: torch.Tensor):
         super().__init__()
@@ -162,6 +164,13 @@ def is_feature_draft(folder: Path) -> bool:
     return (folder / CONFIG_NAME).is_file()
 
 
+def check_copy_weights(weights: list | None, folder: Path) -> list[float] | None:
+    """A draft's copy weights (dyspec.copying) as its config stores them: none, or one per match length in [0, 1)."""
+    if weights is not None and (len(weights) != MATCHES or not all(0 <= w < 1 for w in weights)):
+        raise DyspecError(f"{folder / CONFIG_NAME}: copy_weights must be {MATCHES} numbers in [0, 1), got {weights}")
+    return weights
+
+
 def load_feature_draft(folder: Path, target: PreTrainedModel) -> FeatureDraft:
     """A draft saved by `dyspec distill`, attached to `target` (whose embedding and output it reads)."""
     info = json.loads((folder / CONFIG_NAME).read_text())
@@ -174,4 +183,5 @@ def load_feature_draft(folder: Path, target: PreTrainedModel) -> FeatureDraft:
         )
     draft = FeatureDraft(target, tensors.pop("vocab"))
     draft.load_state_dict({k: v.to(target.dtype) for k, v in tensors.items()})
+    draft.copy_weights = check_copy_weights(info.get("copy_weights"), folder)
     return draft.to(target.device).eval()

@@ -151,6 +151,24 @@ def test_train_head_and_distill_run_from_the_command_line(tmp_path):
         "2",
         "--draft-vocab",
         "4",
+        "--copy-prompts",
+        "10",
     )
     assert distilled.returncode == 0, distilled.stderr
-    assert json.loads(distilled.stdout)["settings"]["num_prompts"] == 20
+    report = json.loads(distilled.stdout)
+    assert report["settings"]["num_prompts"] == 20 and report["copy"]["prompts"] == 10
+    # the copy weights fitted again, on more answers, by the command that does only that
+    draft = tmp_path / "d" / "draft"
+    out = str(tmp_path / "c")
+    args = ("--draft", str(draft), "--out", out, "--num-prompts", "12", "--eval", "mtbench", "--eval-prompts", "3")
+    fitted = dyspec("fit-copy", "--target", tiny, *args)
+    assert fitted.returncode == 0, fitted.stderr
+    refit = json.loads(fitted.stdout)
+    assert refit["prompts"] == 12 and len(refit["weights"]) == 6
+    assert refit["eval"]["dataset"] == "mtbench" and refit["eval"]["positions"] > 0
+    assert json.loads((draft / "feature_draft.json").read_text())["copy_weights"] == refit["weights"]
+
+
+def test_fit_copy_needs_a_feature_draft(tmp_path):
+    assert_one_line_error(dyspec("fit-copy", "--out", str(tmp_path), "--draft", "int8"), "--draft must be", "int8")
+    assert_one_line_error(dyspec("fit-copy", "--out", str(tmp_path), "--num-prompts", "2"), "at least 5 prompts")

@@ -8,6 +8,7 @@ import torch
 from tokenizers import pre_tokenizers
 
 from dyspec import generate
+from dyspec.copying import MATCHES
 from dyspec.corpus import read_sharegpt, sharegpt_sequences
 from dyspec.distill import batch_windows, collect_features, distill, load_sequences
 from dyspec.draft import DraftSession
@@ -95,6 +96,10 @@ def test_distill_heldout_loss_falls_and_the_draft_loads(feature_pair, tmp_path):
     assert 0 <= report["heldout"]["alpha_d1"] <= 1 and report["draft_vocab"] == 4
     draft = load_feature_draft(tmp_path / "draft", pair.target)
     assert len(draft.vocab) == 4
+    # the copy weights, fitted on the target's answers to the same prompts, are saved with the draft
+    copy = report["copy"]
+    assert copy["prompts"] == 30 and copy["positions"] > 0 and draft.copy_weights == copy["weights"]
+    assert len(copy["weights"]) == MATCHES and all(0 <= w <= 1 for w in copy["weights"])
     trained = dataclasses.replace(pair, draft=draft)
     ar = generate(trained, PROMPT, policy="ar", max_new_tokens=20).token_ids
     assert generate(trained, PROMPT, policy="dyspec", budget=6, max_new_tokens=20).token_ids == ar
@@ -155,8 +160,10 @@ def test_distill_from_a_sharegpt_file(feature_pair, tmp_path):
     convs = [[("human", words[i]), ("gpt", words[i + 1])] for i in range(0, 60, 2)]
     path = sharegpt_file(tmp_path / "sg.json", convs)
     kwargs = {"vocab_size": 4, "batch": 4, "window": 8, "heldout": 0.2, "corpus": str(path), "num_prompts": 25}
+    kwargs["copy_prompts"] = 0  # no copy weights: the draft never copies
     report = distill(pair, tmp_path / "out", steps=60, eval_every=30, **kwargs)
     assert sum(report["sequences"].values()) == 25 and report["settings"]["corpus"] == str(path)
+    assert "copy" not in report and load_feature_draft(tmp_path / "out" / "draft", pair.target).copy_weights is None
     assert sum(report["tokens"].values()) == 25 * 16
     assert report["heldout"]["loss"] < report["heldout_untrained"]["loss"]
     # Another corpus in the same folder: its features are computed anew, not read from the old shard.
@@ -174,6 +181,7 @@ def test_distill_mixes_corpora_with_a_held_out_split_each(feature_pair, tmp_path
     big = sharegpt_file(tmp_path / "big.json", [[("human", "a b a b"), ("gpt", "b a")]] * 40)
     small = sharegpt_file(tmp_path / "small.json", [[("human", "c"), ("gpt", "c c")]] * 10)
     kwargs = {"vocab_size": 3, "batch": 4, "window": 8, "heldout": 0.2, "steps": 20, "eval_every": 10}
+    kwargs["copy_prompts"] = 0
     report = distill(pair, tmp_path / "out", corpus=f"{big},{small}", num_prompts=[30, 6], **kwargs)
     by_corpus = report["heldout_by_corpus"]
     assert report["sequences"] == {"train": 24 + 4, "heldout": 6 + 2}

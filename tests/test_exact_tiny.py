@@ -9,6 +9,7 @@ from scipy.stats import chisquare
 
 from dyspec import figures, generate
 from dyspec.budget import COPY, PROBE_AFTER, AutoState
+from dyspec.copying import MATCHES
 from dyspec.draft import DraftSession
 from dyspec.events import StepVerified
 from dyspec.kv import KVSession
@@ -71,6 +72,14 @@ def test_policy_samples_target_distribution(pair, exact, head, policy, options):
 @pytest.mark.parametrize("policy,options", FEATURE_CASES, ids=lambda x: str(x))
 def test_feature_draft_samples_target_distribution(feature_pair, exact, policy, options):
     check_distribution(feature_pair, exact, policy, options)
+
+
+@pytest.mark.parametrize("policy,options", FEATURE_CASES, ids=lambda x: str(x))
+def test_a_copying_draft_samples_target_distribution(exact, policy, options):
+    """q mixed with the copied token (dyspec.copying), which may be one the draft cannot propose."""
+    pair = tiny_feature_pair()
+    pair.draft.copy_weights = [0.5] * MATCHES
+    check_distribution(pair, exact, policy, options)
 
 
 def test_merged_drafts_sample_target_distribution(feature_pair, exact):

@@ -214,35 +214,6 @@ def test_sequoia_dp_matches_brute_force(budget, depth, a):
     assert max(depths) <= depth
 
 
-def brute_copied(context, ngram, min_ngram, k):
-    """What `lookup.copied` should return, by trying every earlier start for every n and extending
-    the context one copied token at a time."""
-    for n in range(ngram, min_ngram - 1, -1):
-        starts = [i for i in range(len(context) - n) if n < len(context) and context[i : i + n] == context[-n:]]
-        if starts:
-            extended = list(context)
-            while len(extended) < len(context) + k:
-                extended.append(extended[starts[-1] + n + len(extended) - len(context)])
-            return extended[len(context) :], n
-    return [], 0
-
-
-def test_lookup_copies_after_the_latest_longest_match():
-    context = [5, 6, 7, 9, 2, 6, 7, 8, 1, 5, 6, 7]
-    assert lookup.copied(context, 3, 2, 2) == ([9, 2], 3)  # [5, 6, 7] at 0, over [6, 7] at 5
-    assert lookup.copied(context, 2, 2, 3) == ([8, 1, 5], 2)  # the latest [6, 7]
-    assert lookup.copied(context, 3, 2, 9) == (context[3:], 3)  # up to the end of the context
-    assert lookup.copied(context, 3, 2, 11) == (context[3:] + [9, 2], 3)  # and on, as a loop of 9
-    assert lookup.copied([1, 2, 1, 2], 3, 1, 5) == ([1, 2, 1, 2, 1], 2)
-    assert lookup.copied([1, 2, 3, 4], 3, 1, 4) == ([], 0)
-    g = torch.Generator().manual_seed(0)
-    ids = torch.tensor([0, 1, 256, 65536, 65792, 49151])  # byte patterns that also match across ids
-    for _ in range(600):
-        context = ids[torch.randint(len(ids), (int(torch.randint(1, 14, (), generator=g)),), generator=g)].tolist()
-        for ngram, min_ngram, k in ((3, 2, 4), (2, 1, 2), (4, 1, 8)):
-            assert lookup.copied(context, ngram, min_ngram, k) == brute_copied(context, ngram, min_ngram, k)
-
-
 class Context(SyntheticDraft):
     """What `lookup` reads of a draft session: the committed tokens, and a draft model (`kv`) or none."""
 

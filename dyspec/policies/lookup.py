@@ -15,10 +15,9 @@ acceptance rate it learns for copies after matches of their length (`budget.copy
 the first token after a 2-token match, 0.95 after 6 or more).
 """
 
-from array import array
-
 import torch
 
+from dyspec.copying import copied
 from dyspec.draft import DraftSession
 from dyspec.errors import DyspecError
 from dyspec.policies.chain import build as chain_build
@@ -26,25 +25,6 @@ from dyspec.tree import Tree
 
 NEEDS_DRAFT = False
 FREE_NODES = True
-
-
-def copied(context: list[int], ngram: int, min_ngram: int, k: int) -> tuple[list[int], int]:
-    """k tokens that followed the latest earlier occurrence of the context's last n tokens, for the
-    largest n in ngram..min_ngram that has one, and n; ([], 0) if none does. Where the occurrence
-    is less than k tokens back, the copy runs to the end of the context and on as the repeat it
-    found (a loop of that period), as a small target's loops go on. The search runs over the
-    tokens as 4-byte words with `bytes.rfind` (C speed: a Python loop took 0.8 ms a step over 4,000
-    tokens), keeping only matches that start on a word."""
-    data = array("i", context).tobytes()
-    for n in range(min(ngram, len(context) - 1), min_ngram - 1, -1):
-        suffix, end = data[-4 * n :], 4 * (len(context) - 1)  # an occurrence that ends before the last token
-        while (at := data.rfind(suffix, 0, end)) >= 0:
-            if at % 4 == 0:
-                start = at // 4 + n
-                period = len(context) - start
-                return [context[start + i % period] for i in range(k)], n
-            end = at + 4 * n - 1
-    return [], 0
 
 
 def build(

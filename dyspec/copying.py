@@ -1,0 +1,65 @@
+"""Copying from the context's repeats: what `lookup` proposes, and what a copying draft mixes in.
+
+A small target repeats its prompt and itself: on its greedy answers to 20 MT-Bench prompts, 13% of
+the tokens follow a 6-token repeat of the context, and there the token that followed the repeat is
+the target's next token 95% of the time, where the feature draft agrees with the target on 49%.
+A copying draft adds that token to the draft's distribution q with a weight w_n fitted per match
+length n (1 to 6+):
+
+    q' = (1 - w_n) q + w_n [x = copied token]
+
+q' is a distribution like any draft's: policies draw from it and verification tests against it,
+so outputs keep the target's distribution. `fit_copy` fits the weights for a feature draft on the
+target's own answers to training prompts (dyspec.distill) and stores them with the draft
+(`copy_weights`).
+"""
+
+from __future__ import annotations
+
+import math
+from array import array
+
+import torch
+
+MATCHES = 6  # weights for matches of 1 to 5 tokens, and 6 or more
+
+
+def copied(context: list[int], ngram: int, min_ngram: int, k: int) -> tuple[list[int], int]:
+    """k tokens that followed the latest earlier occurrence of the context's last n tokens, for the
+    largest n in ngram..min_ngram that has one, and n; ([], 0) if none does. Where the occurrence
+    is less than k tokens back, the copy runs to the end of the context and on as the repeat it
+    found (a loop of that period), as a small target's loops go on. The search runs over the
+    tokens as 4-byte words with `bytes.rfind` (C speed: a Python loop took 0.8 ms a step over 4,000
+    tokens), keeping only matches that start on a word."""
+    data = array("i", context).tobytes()
+    for n in range(min(ngram, len(context) - 1), min_ngram - 1, -1):
+        suffix, end = data[-4 * n :], 4 * (len(context) - 1)  # an occurrence that ends before the last token
+        while (at := data.rfind(suffix, 0, end)) >= 0:
+            if at % 4 == 0:
+                start = at // 4 + n
+                period = len(context) - start
+                return [context[start + i % period] for i in range(k)], n
+            end = at + 4 * n - 1
+    return [], 0
+
+
+def mix(logits: torch.Tensor, token: int, weight: float, temperature: float) -> torch.Tensor:
+    """Logits [V] whose distribution at `temperature` is (1 - weight) q + weight on `token`, q being
+    the draft's at that temperature (0 <= weight < 1). At temperature 0 (proposals chosen by argmax,
+    valued at T = 1) the mixture is taken at T = 1: its argmax is the copy where weight +
+    (1 - weight) q(token) beats (1 - weight) max q. Only the copy's logit changes: scaling every
+    other token's probability by 1 - weight is the normaliser's work (one logsumexp, where a softmax,
+    a log and three more passes over the vocabulary took ~0.1 ms a node on a CPU)."""
+    tau = temperature if temperature > 0 else 1.0
+    logits = logits.float()
+    log_z = torch.logsumexp(logits / tau, -1)
+    q_token = torch.exp(logits[token] / tau - log_z)
+    mixed = logits.clone()
+    mixed[token] = tau * (torch.log((1 - weight) * q_token + weight) - math.log1p(-weight) + log_z)
+    return mixed
+
+
+def copy_token(context: list[int], weights: list[float]) -> tuple[int, float]:
+    """The token a copying draft mixes in after `context`, and its weight (0 where nothing repeats)."""
+    tokens, n = copied(context, MATCHES, 1, 1)
+    return (tokens[0], weights[n - 1]) if n else (-1, 0.0)
