@@ -63,3 +63,16 @@ def copy_token(context: list[int], weights: list[float]) -> tuple[int, float]:
     """The token a copying draft mixes in after `context`, and its weight (0 where nothing repeats)."""
     tokens, n = copied(context, MATCHES, 1, 1)
     return (tokens[0], weights[n - 1]) if n else (-1, 0.0)
+
+
+def mix_along(
+    logits: torch.Tensor, seq: list[int], start: int, weights: list[float], temperature: float
+) -> torch.Tensor:
+    """A copying draft's logits [L, V] along a teacher-forced sequence: row i, read after
+    seq[: start + i + 1], mixed with that context's copy as the engine mixes a node's."""
+    mixed = logits.clone()
+    for i in range(len(logits)):
+        token, weight = copy_token(seq[: start + i + 1], weights)
+        if weight:
+            mixed[i] = mix(logits[i], token, weight, temperature)
+    return mixed

@@ -18,6 +18,7 @@ import torch
 from safetensors.torch import load_file, save_file
 from tqdm.auto import tqdm
 
+from dyspec.copying import mix_along
 from dyspec.corpus import continuations, training_prompts
 from dyspec.errors import DyspecError
 from dyspec.feature_draft import features_before
@@ -33,7 +34,8 @@ def head_examples(
 ) -> dict[str, torch.Tensor]:
     """Training examples from one sequence: for every response token position, the draft's hidden
     state at a draft-sampled y on the real prefix, the soft label min(1, p(y)/q(y)) at `temperature`,
-    and q(y) at T = 1 (the raw draft probability that the head is compared against)."""
+    and q(y) at T = 1 (the raw draft probability that the head is compared against); a copying
+    draft's q is the mixture with its copies (dyspec.copying)."""
     seq = prompt + response
     n0 = len(prompt) - 1  # logits row n0 predicts the first response token
     needs_features = getattr(pair.draft, "needs_features", False)
@@ -42,6 +44,8 @@ def head_examples(
     h = out.hidden_states[-1][0] if needs_features else None  # what a feature draft reads
     draft = KVSession(pair.draft, keep_hidden=True)
     draft_logits = draft.forward(seq[:-1], features=None if h is None else features_before(h))[n0:]
+    if weights := getattr(pair.draft, "copy_weights", None):  # a copying draft's q, as the engine's
+        draft_logits = mix_along(draft_logits, seq, n0, weights, temperature)
     hidden = draft.hidden[n0:]  # row i: the draft read seq[n0 + i]; we need it at the token after
     q, p = to_probs(draft_logits, temperature), to_probs(target_logits, temperature)
     y = sample_rows(q, 1, generator)[:, 0] if temperature > 0 else q.argmax(-1)

@@ -11,6 +11,7 @@ from dyspec import generate
 from dyspec.copying import MATCHES, copied, copy_token, mix
 from dyspec.distill import copy_agreement, fit_copy_weights
 from dyspec.draft import DraftSession
+from dyspec.errors import DyspecError
 from dyspec.feature_draft import CONFIG_NAME, load_feature_draft, save_feature_draft
 from dyspec.sampling import to_probs
 from dyspec.tree import Tree
@@ -130,3 +131,7 @@ def test_a_feature_draft_saves_and_loads_its_copy_weights(tmp_path):
     loaded = dataclasses.replace(pair, draft=load_feature_draft(tmp_path, pair.target))
     assert loaded.draft.copy_weights == [0.5] * MATCHES
     assert DraftSession(loaded.draft, [0, 1]).copy_weights == [0.5] * MATCHES
+    for bad in ([0.5] * (MATCHES - 1), [1.0] * MATCHES, [-0.1] + [0.0] * (MATCHES - 1)):
+        config.write_text(json.dumps({**json.loads(config.read_text()), "copy_weights": bad}))
+        with pytest.raises(DyspecError, match="copy_weights must be 6 numbers in"):
+            load_feature_draft(tmp_path, pair.target)

@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from dyspec import figures, generate, stream
+from dyspec.copying import MATCHES, mix_along
 from dyspec.errors import DyspecError
 from dyspec.events import StepVerified
 from dyspec.head import auc, head_for, load_head
@@ -88,6 +89,22 @@ def test_head_examples_feed_a_feature_draft_the_targets_features():
         kv.forward([y], features=h[-1:])
         assert torch.allclose(ex["hidden"][i], kv.hidden[-1], atol=1e-5)
     assert replaced > 0
+
+
+def test_head_examples_of_a_copying_draft_read_its_mixture():
+    """With copy weights, q(y) and y are the copying draft's (dyspec.copying), as in the engine."""
+    pair = tiny_feature_pair()
+    prompt, response = [0, 3, 1], [2, 0, 3, 1, 4, 0, 3]
+    seq, n0 = prompt + response, len(prompt) - 1
+    plain = head_examples(pair, prompt, response, 0.0, torch.Generator())
+    weights = [0.6] * MATCHES
+    pair.draft.copy_weights = weights
+    copying = head_examples(pair, prompt, response, 0.0, torch.Generator())
+    h = pair.target(torch.tensor([seq[:-1]]), output_hidden_states=True).hidden_states[-1][0]
+    raw = KVSession(pair.draft).forward(seq[:-1], features=torch.cat([torch.zeros_like(h[:1]), h[:-1]]))[n0:]
+    q1 = torch.softmax(mix_along(raw, seq, n0, weights, 0.0), -1)
+    torch.testing.assert_close(copying["q"], q1.max(-1).values)  # at T = 0, y is the mixture's argmax
+    assert not torch.allclose(plain["q"], copying["q"])
 
 
 def test_train_head_saves_a_loadable_head_and_resumes(pair, tmp_path):
