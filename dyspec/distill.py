@@ -204,12 +204,13 @@ def distill(
     copy_prompts: int = 160,
 ) -> dict:
     """Train a feature draft for `pair.target` in `out` (data, checkpoints and the result in
-        `out/draft`, resumable at every stage) and return the report. `corpus` is one of corpus_texts'
-        or several, comma-separated ("continuations,sharegpt"), with `num_prompts` one count for all or
-        one per corpus; each corpus keeps its own held-out split (its last sequences) and gives an
-        equal share of every batch, so a small corpus of the target's own answers is not drowned by a
-        large one. `features_dtype` see collect_features. Then the draft's copy weights are fitted on the
-    target's answers to `copy_prompts` training prompts (`fit_copy`; 0: none, the draft never copies)."""
+    `out/draft`, resumable at every stage) and return the report. `corpus` is one of corpus_texts'
+    or several, comma-separated ("continuations,sharegpt"), with `num_prompts` one count for all or
+    one per corpus; each corpus keeps its own held-out split (its last sequences) and gives an
+    equal share of every batch, so a small corpus of the target's own answers is not drowned by a
+    large one. `features_dtype` see collect_features. Then the draft's copy weights are fitted on
+    the target's answers to `copy_prompts` training prompts (`fit_copy`; 0: none, the draft never
+    copies)."""
     corpora = corpus.split(",")
     counts = [num_prompts] * len(corpora) if isinstance(num_prompts, int) else list(num_prompts)
     labels = [c if c in ("continuations", "sharegpt") else Path(c).stem for c in corpora]
