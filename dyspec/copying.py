@@ -18,19 +18,20 @@ from __future__ import annotations
 
 import math
 from array import array
+from collections.abc import Sequence
 
 import torch
 
 MATCHES = 6  # weights for matches of 1 to 5 tokens, and 6 or more
 
 
-def copied(context: list[int], ngram: int, min_ngram: int, k: int) -> tuple[list[int], int]:
+def copied(context: Sequence[int], ngram: int, min_ngram: int, k: int) -> tuple[list[int], int]:
     """k tokens that followed the latest earlier occurrence of the context's last n tokens, for the
     largest n in ngram..min_ngram that has one, and n; ([], 0) if none does. Where the occurrence
     is less than k tokens back, the copy runs to the end of the context and on as the repeat it
     found (a loop of that period), as a small target's loops go on. The search runs over the
     tokens as 4-byte words with `bytes.rfind` (C speed: a Python loop took 0.8 ms a step over 4,000
-    tokens), keeping only matches that start on a word."""
+    tokens), keeping only matches that start on a word. An int array is read without converting."""
     data = array("i", context).tobytes()
     for n in range(min(ngram, len(context) - 1), min_ngram - 1, -1):
         suffix, end = data[-4 * n :], 4 * (len(context) - 1)  # an occurrence that ends before the last token
@@ -59,7 +60,7 @@ def mix(logits: torch.Tensor, token: int, weight: float, temperature: float) -> 
     return mixed
 
 
-def copy_token(context: list[int], weights: list[float]) -> tuple[int, float]:
+def copy_token(context: Sequence[int], weights: list[float]) -> tuple[int, float]:
     """The token a copying draft mixes in after `context`, and its weight (0 where nothing repeats)."""
     tokens, n = copied(context, MATCHES, 1, 1)
     return (tokens[0], weights[n - 1]) if n else (-1, 0.0)
