@@ -21,10 +21,11 @@ nodes of a big tree borrow the acceptance of the few likely ones.
 The draft time of this step is spent by the cut, so it counts in full for every n; the next
 step's cap follows the n worth *building*, counting the draft forwards the first n nodes needed
 and what a drafting step spends beyond its forwards (`drafting_ms`), over the kept nodes for a
-policy whose smaller trees are the best part of its bigger ones (DySpec, its threshold build), and
-for other policies over every node valued by its position alone (`position_values`). It grows by one
+policy whose smaller trees are the best part of its bigger ones (DySpec, its threshold build, with
+children sampled), and otherwise over every node valued by its position alone (`position_values`),
+never below the shortest chain that would pay (`least_paying_chain`). It grows by one
 draft forward's nodes only where everything built paid, less often where growing did not pay
-(`set_next_cap`). Where not even one node pays against a step that runs no draft, the cap is 0:
+(`set_next_cap`). Where no chain pays against a step that runs no draft, the cap is 0:
 steps are autoregressive, with a probe tree now and then (`step_cap`). The engine also bounds each
 tree by the tokens the answer has left. The saved profile t(n) is scaled by what verification
 measured in recent steps: a shared machine's speed drifts, and a profile taken under load
@@ -138,6 +139,7 @@ BINS = 10
 DECAY = 0.8  # weight of earlier steps' tokens per ms: it follows the text within a few steps
 TABLE_DECAY = 0.95  # weight of earlier steps' acceptance counts: ~20 steps of evidence
 PRIOR = 2.0  # pseudo-nodes per bin, accepted at the bin's prior rate (`bin_rates`)
+STOP_EVIDENCE = 8.0  # first children reached (decayed) before they may lower the stop's bound (`plan_next_cap`)
 DEPTHS = 4  # depths whose first children learn their own rate (`position_values`), the last and deeper pooled
 COPY = 2 * BINS  # the first bin of tokens copied from the context (`lookup`), one per match length (`copy_bin`)
 MATCHES = 4  # match lengths with a bin of their own, the last and longer pooled
@@ -179,11 +181,12 @@ def step_cap(state: AutoState) -> int:
     return state.cap or (state.probe_cap if state.idle >= state.probe_after else 0)
 
 
-def set_next_cap(state: AutoState, worth: int, room: int, stop: bool, paid: bool = True) -> None:
-    """The next step's cap: the size worth building, `room` more once `grow_after` steps in a row
-    paid in full (`paid`: everything built paid, so more might), or with `stop` (not even one node
-    pays for the draft forwards it needs, against a step that runs no draft at all) 0: then no step
-    drafts but a probe. Growing is a bet of one draft forward: where the grown tree did not pay in
+def set_next_cap(state: AutoState, worth: int, room: int, stop: bool, paid: bool = True, least: int = 1) -> None:
+    """The next step's cap: the size worth building (at least `least`, the smallest chain that
+    might pay: `least_paying_chain`), `room` more once `grow_after` steps in a row paid in full
+    (`paid`: everything built paid, so more might), or with `stop` (no chain pays for the draft
+    forwards it needs, against a step that runs no draft at all) 0: then no step drafts but a
+    probe. Growing is a bet of one draft forward: where the grown tree did not pay in
     full, the next bet waits twice as many steps (up to GROW_MAX); where it did, the next comes at
     once. Room every step made a draft whose second node never paid build two nodes a step
     (DySpec at T = 0.6 with the distilled draft: 1.9 draft forwards a step, 1.00x of `ar` where
@@ -199,24 +202,25 @@ def set_next_cap(state: AutoState, worth: int, room: int, stop: bool, paid: bool
     if state.grew:
         state.paid = 0
     if not stop:
-        state.cap = next_auto_cap(worth, room) if state.grew else max(1, worth)
+        state.cap = next_auto_cap(worth, room) if state.grew else max(1, least, worth)
         return
     state.probe_after = PROBE_AFTER if state.drafted > PROBE_AFTER else min(PROBE_MAX, 2 * state.probe_after)
     state.cap, state.probe_cap, state.drafted = 0, next_auto_cap(0, room), 0
 
 
 def node_bins(tree: Tree, sampled: bool) -> list[int]:
-    """Each drafted node's bin: of its draft probability when children were chosen; when they were
-    sampled, of its slot key, BINS bins up for a later sibling (nothing here reads a node's own
-    token). A sampled first child is accepted with chance sum min(p, q), whatever q's shape (a
-    self-draft's: 0.8-0.99 in every key bin), a later sibling only after a rejection (0.00-0.11 in
-    the bins that hold 97% of them); in shared bins, where later siblings are most of the low keys,
-    unsure first children were priced like them and the cut dropped the main path. A cut keeps a
-    kept node's bin."""
-    if not sampled:
-        return [slot_bin(k, later=False) for k in tree.draft_probs[1:]]
+    """Each drafted node's bin: of its draft probability when children were chosen, of its slot key
+    when they were sampled (nothing here reads a sampled node's own token), BINS bins up for a
+    later sibling. A sampled first child is accepted with chance sum min(p, q), whatever q's shape
+    (a self-draft's: 0.8-0.99 in every key bin), a later sibling only after a rejection (0.00-0.11
+    in the bins that hold 97% of them); in shared bins, where later siblings are most of the low
+    keys, unsure first children were priced like them and the cut dropped the main path. Chosen
+    children split the same way, so that the first children's pooled rate (`first_rate_bound`)
+    is a chain's: pooled with DySpec's wide layers of unlikely siblings at T = 0 it read ~0.3 for
+    the int8 draft, whose top token is accepted ~0.9 of the time, and drafting stopped. A cut
+    keeps a kept node's bin."""
     bins, parents = [], set()
-    for s, key in enumerate(slot_keys(tree), start=1):
+    for s, key in enumerate(slot_keys(tree) if sampled else tree.draft_probs[1:], start=1):
         bins.append(slot_bin(key, later=tree.parents[s] in parents))
         parents.add(tree.parents[s])
     return bins
@@ -243,15 +247,14 @@ def bin_rates(state: AutoState, sampled: bool) -> list[float]:
     them, verification never reaches them, and the bin never learns otherwise. Copied tokens
     (`copy_bin`) start at 1/2. Every rate is <= 1 in floating point too (accepted <= reached,
     prior <= 1), so a node is worth no more than its parent."""
-    priors = group_rates(state) if sampled else [(b + 0.5) / BINS for b in range(BINS)] * 2  # upper half unused
+    priors = group_rates(state) if sampled else [(b + 0.5) / BINS for b in range(BINS)] * 2
     priors += [0.5] * MATCHES
     return [(a + PRIOR * m) / (r + PRIOR) for a, r, m in zip(state.accepted, state.reached, priors)]
 
 
 def group_rates(state: AutoState) -> list[float]:
-    """Per bin, the acceptance rate measured so far over its group of sampled children (first
-    children, later siblings), starting at 1/2: what a slot is worth before its key is known.
-    Chosen children all bin into the first group, so its rate is theirs, pooled."""
+    """Per bin, the acceptance rate measured so far over its group (first children, later
+    siblings), starting at 1/2: what a sampled slot is worth before its key is known."""
     rates = []
     for group in (slice(0, BINS), slice(BINS, 2 * BINS)):
         rates += [(sum(state.accepted[group]) + PRIOR / 2) / (sum(state.reached[group]) + PRIOR)] * BINS
@@ -333,9 +336,9 @@ def auto_tree(
         else:
             order, ranked = list(range(1, len(tree))), position_values(state, tree, bins)
     else:
-        order = sorted(range(1, len(tree)), key=lambda s: -values[s - 1])  # stable: a parent first on ties
-        ranked = [values[s - 1] for s in order]
-        keep = sorted(order[: best_prefix_size(ranked, target_ms, lambda n: spent_ms)])
+        by_value = sorted(range(1, len(tree)), key=lambda s: -values[s - 1])  # stable: a parent first on ties
+        keep = sorted(by_value[: best_prefix_size([values[s - 1] for s in by_value], target_ms, lambda n: spent_ms)])
+        order, ranked = list(range(1, len(tree))), position_values(state, tree, bins)
     if sets_cap:
         plan_next_cap(state, order, ranked, target_ms, build_ms, per_forward, built=len(tree) - 1)
     pruned, old_ids = tree.subtree(keep)
@@ -373,17 +376,42 @@ def plan_next_cap(
         return build_ms(last[n]) + tree_ms if n else 0.0
 
     worth = best_prefix_size(ranked, target_ms, draft_ms)
-    # A node's value reads this step's draft probabilities (children chosen) or slot keys (sampled),
-    # which are not the next step's: one unsure step must not stop the drafting, unless one node
-    # would not pay at the rate at which past first children were accepted, pooled, plus one
+    # Values read past steps' rates per position, or this step's slot keys (DySpec's kept nodes,
+    # sampled), which are not the next step's: one unsure step must not stop the drafting, unless no chain
+    # would pay at the rate at which past first children were accepted, pooled, plus one
     # standard error (`first_rate_bound`), either (a diffuse distilled draft's top token at
     # q ~ 0.2 is accepted a third of the time, and one step of it stopped a chain that paid; at
     # T = 0.6 DySpec stopped after the first answer's 7 trees and waited 48 steps, where one node
-    # a step beat `ar`). A policy that built no node (`ar`, Sequoia's tree of the root alone) has
-    # no first node to price.
-    one_node_ms, bound = build_ms(1) + tree_ms, first_rate_bound(state)
-    stop = worth == 0 and (not built or best_prefix_size([bound], target_ms, lambda n: n * one_node_ms) == 0)
-    set_next_cap(state, worth, per_forward, stop, paid=worth >= built)
+    # a step beat `ar`). Where that chain pays only from `least` nodes on, `least` is the smallest
+    # next cap. Fewer than STOP_EVIDENCE first children do not lower the bound below its value
+    # before any evidence: an answer's first token is often unsure, and one rejected node (bound
+    # 0.6) stopped a chain that paid at 0.9; where nothing pays even then, drafting stops at once.
+    # A policy that built no node (`ar`, Sequoia's tree of the root alone) has no first node to
+    # price.
+    bound = first_rate_bound(state)
+    if sum(state.reached[:BINS]) < STOP_EVIDENCE:
+        bound = max(bound, first_rate_bound(AutoState()))
+    node_ms = build_ms(built) / built if built else build_ms(1)  # a tree's first forward reads last step's tokens too
+    least = least_paying_chain(bound, target_ms, node_ms, tree_ms)
+    stop = worth == 0 and (not built or least == 0)
+    set_next_cap(state, worth, per_forward, stop, paid=worth >= built, least=least)
+
+
+def least_paying_chain(rate: float, target_ms: dict[int, float], node_ms: float, tree_ms: float = 0.0) -> int:
+    """The fewest nodes of a chain, each accepted at `rate` if its parent was and costing `node_ms`
+    of draft time (and `tree_ms` a step: `drafting_ms`), whose step makes more tokens per ms than
+    one that drafts nothing; 0 if no chain of up to AUTO_CAP nodes does. Where t(n) is convex that
+    is one node or none. Where it is not, a chain can pay where one node cannot: fp32 forwards of a
+    few rows on a CPU cost t(2) = 114 ms against t(1) = 71 and t(4) = 103 (a 2-core AMD EPYC), so
+    one node a step never paid, and `auto`, which stopped wherever one node did not pay, drafted
+    nothing for the default pair where a fixed budget of 4 made 1.2-1.3x of `ar`."""
+    gain, value, root_rate = 1.0, 1.0, 1 / interpolate_ms(target_ms, 1)
+    for n in range(1, AUTO_CAP + 1):
+        value *= rate
+        gain += value
+        if gain / (n * node_ms + tree_ms + interpolate_ms(target_ms, n + 1)) > root_rate:
+            return n
+    return 0
 
 
 def auto_update(

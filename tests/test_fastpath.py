@@ -22,8 +22,10 @@ from dyspec.budget import (
     copy_bin,
     drafting_ms,
     estimates,
+    first_rate_bound,
     hull_ms,
     interpolate_ms,
+    least_paying_chain,
     next_auto_cap,
     node_bins,
     position_values,
@@ -300,6 +302,21 @@ def test_estimates_learn_acceptance_per_bin():
     assert state.ms_scale == pytest.approx(2.0)  # verifying 3 tokens took 60 ms, the profile says 30
 
 
+def test_chosen_later_siblings_do_not_price_the_chain():
+    """DySpec at T = 0: the top child (q = 0.9) always accepted, its unlikely siblings (q = 0.05)
+    never. They bin apart, so the first children's pooled rate, which decides whether drafting
+    stops, is the chain's (it read ~0.3 for the int8 draft when siblings were pooled in)."""
+    tree = Tree.root(0, "deterministic")
+    a = tree.add(0, 1, 0.9)
+    for token in (2, 3, 4):
+        tree.add(0, token, 0.05)
+    assert node_bins(tree, sampled=False) == [9, BINS, BINS, BINS]
+    state = AutoState()
+    for _ in range(20):
+        auto_update(state, tree, node_bins(tree, sampled=False), [a], 2, 100.0, 30.0, 60.0, {1: 10.0, 4: 40.0})
+    assert first_rate_bound(state) > 0.95
+
+
 def test_copy_steps_and_drafting_steps_fade_only_their_own_evidence():
     """`lookup` copies on ~1 step in 10: its copy rates, faded by every step, stayed at their prior."""
     state = AutoState()
@@ -353,25 +370,29 @@ def test_the_cap_grows_where_everything_paid_and_bets_less_often_where_growing_d
 
 def test_auto_prices_what_a_drafting_step_spends_beyond_its_forwards():
     """A node at q = 0.9 pays for its 4 ms draft forward (1.9 tokens / 14.5 ms > 1 / 10 ms), but not
-    where a drafting step spends 10 ms beyond its forwards and a step that drafts nothing 2 ms
-    (1.9 / 24.5 ms < 1 / 12 ms, nor at the pooled rate's bound, 0.85, with no evidence)."""
+    where a drafting step spends 30 ms beyond its forwards and a step that drafts nothing 2 ms
+    (1.9 / 44.5 ms < 1 / 12 ms), nor does any chain at the bound of the pooled rate, 0.61 (10 of
+    20 first children accepted)."""
     tree = Tree.root(0, "deterministic")
     tree.add(0, 1, 0.9)
     state = AutoState()
     auto_update(state, tree, [9], [1], 2, 30.0, 4.0, 16.0, {1: 12.0, 2: 12.0})
     auto_update(state, Tree.root(1, "deterministic"), [], [], 1, 14.0, 0.0, 12.0, {1: 12.0, 2: 12.0})
     assert (state.tree_rest_ms, state.root_rest_ms) == (10.0, 2.0) and drafting_ms(state) == (2.0, 8.0)
-    for rest, cap in [((None, None), 2), ((10.0, 2.0), 0)]:
-        state = AutoState(tree_rest_ms=rest[0], root_rest_ms=rest[1])
+    reached, accepted = [0.0] * 2 * BINS, [0.0] * 2 * BINS
+    reached[9], accepted[9] = 20.0, 10.0
+    for rest, cap in [((None, None), 2), ((30.0, 2.0), 0)]:
+        state = AutoState(reached=list(reached), accepted=list(accepted), tree_rest_ms=rest[0], root_rest_ms=rest[1])
         auto_tree(state, tree, False, {1: 10.0, 2: 10.5}, lambda n: 4.0, 4.0, per_forward=1)
         assert state.cap == cap
 
 
-@pytest.mark.parametrize("accepted,cap", [(60.0, 1), (5.0, 0)])
+@pytest.mark.parametrize("accepted,cap", [(60.0, 2), (5.0, 0)])
 def test_one_unsure_node_stops_drafting_only_if_past_nodes_say_so(accepted, cap):
     """A chain's one node, chosen at q = 0.15 (bin 1, no evidence: worth 0.15), does not pay by
-    its own value (1.15 tokens / 14.5 ms < 1 / 10 ms). Where past nodes were accepted 60% of the
-    time drafting goes on (a cap of one node); at 5% it stops."""
+    its own value (1.15 tokens / 14.5 ms < 1 / 10 ms), and the cut drops it. The next cap reads
+    what first children were worth in past steps: accepted 60% of the time, a node pays (1.6 /
+    14.5 ms), and as everything built paid the cap grows by one; at 5% drafting stops."""
     tree = Tree.root(0, "deterministic")
     tree.add(0, 1, 0.15)
     reached, accepted_counts = [0.0] * 2 * BINS, [0.0] * 2 * BINS
@@ -398,6 +419,40 @@ def test_an_unsure_sampled_step_stops_drafting_only_if_one_node_might_pay(accept
     assert state.cap == cap
 
 
+# fp32 forwards of the default target on a 2-core AMD EPYC: t(2) far above t(1), t(4) below t(2)
+NOT_CONVEX = {1: 70.0, 2: 114.0, 4: 103.0, 8: 126.0, 16: 157.0}
+
+
+def test_a_chain_can_pay_where_one_node_cannot():
+    """With the profile above and a 23 ms draft forward, one node accepted 85% of the time makes
+    1.85 tokens in 137 ms (< 1 / 70 ms) but two make 2.57 in 154.5 ms; a drafting step's own cost
+    (`tree_ms`) takes longer chains to pay for. Where t(n) is convex, a chain pays where one node
+    does, or not at all."""
+    assert least_paying_chain(0.85, NOT_CONVEX, 23.0) == 2
+    assert least_paying_chain(0.85, NOT_CONVEX, 23.0, tree_ms=30.0) == 3
+    assert least_paying_chain(0.85, NOT_CONVEX, 23.0, tree_ms=80.0) == 0
+    assert least_paying_chain(0.3, NOT_CONVEX, 23.0) == 0
+    convex = {1: 10.0, 2: 10.5}
+    assert least_paying_chain(0.5, convex, 4.0) == 1 and least_paying_chain(0.2, convex, 4.0) == 0
+
+
+@pytest.mark.parametrize("reached,accepted", [(100.0, 90.0), (1.0, 0.0)])
+def test_auto_keeps_drafting_where_only_a_chain_pays(reached, accepted):
+    """A chain's one node never pays at the profile above, but two or more do: `auto` must not stop
+    drafting (it did: 0 nodes a step for the default pair, where budget 4 made 1.2-1.3x of `ar`),
+    and the next cap is a chain that pays. Where 90 of 100 first children were accepted, and where
+    one was rejected: too little evidence to lower the bound below its prior (0.85; one rejection
+    alone puts it at 0.6, where no chain pays, and an answer's first token is often unsure)."""
+    tree = Tree.root(0, "deterministic")
+    tree.add(0, 1, 0.95)
+    reached_counts, accepted_counts = [0.0] * 2 * BINS, [0.0] * 2 * BINS
+    reached_counts[9], accepted_counts[9] = reached, accepted
+    state = AutoState(reached=reached_counts, accepted=accepted_counts)
+    auto_tree(state, tree, False, NOT_CONVEX, lambda n: 23.0 * n, 23.0, per_forward=1)
+    bound = max(first_rate_bound(state), first_rate_bound(AutoState()))
+    assert state.cap == least_paying_chain(bound, NOT_CONVEX, 23.0) > 1
+
+
 def test_auto_cut_with_chosen_children_keeps_the_most_valuable_nodes():
     """root -> a (0.95), b (0.05), c (0.05); a -> d (0.95): two nodes pay, and they are a and d,
     not the first two by id (a and b); the cut scales the profile by what verification measured."""
@@ -412,7 +467,9 @@ def test_auto_cut_with_chosen_children_keeps_the_most_valuable_nodes():
     pruned, old_ids, bins = auto_tree(state, tree, False, profile, lambda n: 10.0, 10.0, per_forward=2)
     assert old_ids == [0, a, d] and pruned.parents == [-1, 0, 1] and bins == [9, 9]
     assert pruned.extra == {"predicted_acceptance": [0.1, 0.4], "note": "kept"}
-    assert state.cap == 2  # worth 2 of the 4 built: no room to grow
+    # the next cap reads past steps' rates per position (none yet: 1/2 a node), not this step's
+    # draft probabilities: no node pays (1.5 tokens / 21 ms), but a chain at the bound might
+    assert state.cap == 1
     # verification measured 100x cheaper than the profile: next to 10 ms of drafting, every node pays
     state.ms_scale = 0.01
     assert auto_tree(state, tree, False, profile, lambda n: 10.0, 10.0, per_forward=2)[1] == [0, 1, 2, 3, 4]
