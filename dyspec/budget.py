@@ -284,6 +284,9 @@ def first_rate_bound(state: AutoState) -> float:
     return min(1.0, p + math.sqrt(p * (1 - p) / n))
 
 
+PRIOR_BOUND = first_rate_bound(AutoState())  # the bound before any evidence (0.85), computed once
+
+
 def estimates(rates: list[float], tree: Tree, bins: list[int]) -> list[float]:
     """Each drafted node's estimated chance of being accepted: the product, over its path, of its
     bin's acceptance rate (`bin_rates`, `group_rates`)."""
@@ -390,7 +393,7 @@ def plan_next_cap(
     # price.
     bound = first_rate_bound(state)
     if sum(state.reached[:BINS]) < STOP_EVIDENCE:
-        bound = max(bound, first_rate_bound(AutoState()))
+        bound = max(bound, PRIOR_BOUND)
     node_ms = build_ms(built) / built if built else build_ms(1)  # a tree's first forward reads last step's tokens too
     least = least_paying_chain(bound, target_ms, node_ms, tree_ms)
     stop = worth == 0 and (not built or least == 0)
