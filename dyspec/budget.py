@@ -239,6 +239,13 @@ def slot_bin(key: float, later: bool) -> int:
     return min(int(key * BINS), BINS - 1) + (BINS if later else 0)
 
 
+def slot_rate(rates: list[float], key: float, later: bool) -> float:
+    """The learnt rate (`bin_rates`) of a sampled slot of key `key` (the sum of q^2 over the tokens
+    its earlier siblings left, which rounding can put a hair below 0), for a policy that grows by
+    it under auto (DySpec, its threshold build)."""
+    return rates[slot_bin(max(0.0, key), later)]
+
+
 def bin_rates(state: AutoState, sampled: bool) -> list[float]:
     """Each bin's acceptance rate: its evidence plus PRIOR pseudo-nodes at a prior rate, the bin's
     centre for chosen children (a calibrated draft), and for sampled children the rate measured so

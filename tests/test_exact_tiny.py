@@ -182,10 +182,12 @@ def costly_profile(pair, tmp_path, monkeypatch):
     save_profile(pair, tmp_path, monkeypatch, lambda n: 1.0 + 100 * (n - 1))
 
 
-def test_auto_budget_samples_target_distribution(pair, exact, steep_profile):
+@pytest.mark.parametrize("policy", ["dyspec", "dyspec-threshold"])
+def test_auto_budget_samples_target_distribution(pair, exact, steep_profile, policy):
     """End to end through the engine's cut (children drawn without replacement, nodes dropped with
-    their later siblings); `test_auto_budget_at_t_above_0_ignores_the_drawn_token` is the sharp test."""
-    check_distribution(pair, exact, "dyspec", {}, budget="auto")
+    their later siblings) and the builds that read auto's learnt rates;
+    `test_auto_budget_at_t_above_0_ignores_the_drawn_token` is the sharp test."""
+    check_distribution(pair, exact, policy, {}, budget="auto")
 
 
 @pytest.fixture

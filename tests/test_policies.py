@@ -104,6 +104,19 @@ def test_dyspec_under_auto_grows_what_the_learnt_rates_value(first, later, kids)
     assert [len(tree.children(u)) for u in range(len(tree))] == kids
 
 
+@pytest.mark.parametrize("first,later,budget,kids", [(0.9, 0.01, 16, [1] * 6 + [0]), (0.6, 0.9, V, [V] + [0] * V)])
+def test_threshold_under_auto_draws_the_slots_its_learnt_rates_value_above_t(first, later, budget, kids):
+    """With `auto_rates` (sampled children), a slot is worth its parent's chance times its bin's
+    learnt rate, and is drawn while that exceeds t: first children worth 0.9 and later siblings
+    0.01 grow a chain while 0.9^depth > 1/2 (6 nodes), first children worth 0.6 and later ones 0.9
+    a root with all V children. Valued by draft probabilities (no `auto_rates`), both trees are a
+    chain of 3 on this draft."""
+    rates = [first] * BINS + [later] * BINS
+    g = torch.Generator().manual_seed(0)
+    tree = dyspec_threshold.build(SyntheticDraft(), 0, budget, 0.7, g, threshold=0.5, auto_rates=rates)
+    assert [len(tree.children(u)) for u in range(len(tree))] == kids
+
+
 def test_threshold_respects_threshold_and_budget():
     tree = dyspec_threshold.build(SyntheticDraft(), 0, 16, 0.0, torch.Generator(), threshold=0.05, select="top")
     assert 1 <= tree.size <= 16

@@ -14,7 +14,7 @@ import math
 
 import torch
 
-from dyspec.budget import slot_bin
+from dyspec.budget import slot_rate
 from dyspec.draft import DraftSession
 from dyspec.errors import DyspecError
 from dyspec.head import AcceptanceHead, head_for, load_head
@@ -104,7 +104,7 @@ def build(
     def slot_value(u: int) -> float:
         k, mass = drawn[u]
         if learnt:
-            return auto_rates[slot_bin(max(0.0, key_left[u]), later=k > 0)]
+            return slot_rate(auto_rates, key_left[u], later=k > 0)
         return 1 - mass if sample else ranked[u][1][k]
 
     def push_slot(u: int) -> None:

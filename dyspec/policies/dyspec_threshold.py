@@ -1,10 +1,15 @@
 """DySpec's threshold build (App. A.2): layer by layer, one batched draft forward per layer. A node
 keeps drawing children (without replacement) while the value left for its next child exceeds t
 (the paper prints `v < t`; it must be `v > t`). t defaults to 1 / budget (1/2 at budget 1: a lone
-child must be likelier accepted than not); the budget caps the size."""
+child must be likelier accepted than not); the budget caps the size.
+Under `--budget auto` with sampled children a slot is worth what auto has learnt instead, as in
+DySpec's heap (`dyspec.build`): the value left, 1 - the mass drawn, priced a late sibling far above
+its chance, so the tree built more siblings than the cut kept, never paid in full, and its cap
+(and so t) never grew: 0.76x of budget 4 at T = 0.6 on the default pair."""
 
 import torch
 
+from dyspec.budget import slot_rate
 from dyspec.draft import DraftSession
 from dyspec.errors import DyspecError
 from dyspec.policies.common import child_mode
@@ -12,6 +17,7 @@ from dyspec.sampling import ranked_children, to_probs
 from dyspec.tree import Tree
 
 NEEDS_DRAFT = True
+AUTO_RATES = True  # `build` takes `auto_rates`, what `--budget auto` learnt, when it runs under it
 GROWS_BY_VALUE = True  # a bigger budget lowers the threshold: the smaller tree is the best part of the bigger
 
 
@@ -26,27 +32,40 @@ def build(
     max_depth: int = 16,
     select: str = "auto",
     draft_temperature: float = 0.6,
+    auto_rates: list[float] | None = None,
 ) -> Tree:
+    """`auto_rates` (set by the engine under `--budget auto`): acceptance rates per slot bin
+    (`dyspec.budget.bin_rates`); with sampled children a slot is worth the chance of reaching its
+    parent times its bin's rate, known before the draw (so this stays exact)."""
     t = 1 / max(budget, 2) if threshold is None else threshold
     if not 0 < t < 1:
         raise DyspecError(f"threshold must be in (0, 1), got {t}")
     sample, tau, sampling = child_mode(select, temperature, draft_temperature)
+    learnt = auto_rates is not None and sample
     tree = Tree.root(root, sampling)
+    reach: list[float] | dict[int, float] = {0: 1.0} if learnt else tree.values  # node -> chance of reaching it
     frontier = [0]
     while frontier and tree.size < budget:
         q = to_probs(draft.logits(tree, frontier), tau)
         tokens, probs = ranked_children(q, budget, sample, generator)
+        squares = q.square().sum(-1).tolist() if learnt else None
         next_frontier = []
         for i, u in enumerate(frontier):
             tree.q[u] = q[i]
             left = tree.values[u]  # value of u's next child slot
-            for token, prob in zip(tokens[i].tolist(), probs[i].tolist()):
+            for k, (token, prob) in enumerate(zip(tokens[i].tolist(), probs[i].tolist())):
+                if learnt:
+                    left = reach[u] * slot_rate(auto_rates, squares[i], later=k > 0)
                 if left <= t or prob <= 0 or tree.size >= budget:
                     break
                 child = tree.add(u, token, prob)
-                left -= tree.values[child]
-                if tree.depths[child] < max_depth and tree.values[child] > t:
+                if learnt:
+                    reach[child] = left
+                    squares[i] -= prob**2
+                else:
+                    left -= tree.values[child]
+                if tree.depths[child] < max_depth and reach[child] > t:
                     next_frontier.append(child)
         tree.end_expansion()
-        frontier = sorted(next_frontier, key=lambda n: -tree.values[n])
+        frontier = sorted(next_frontier, key=lambda n: -reach[n])
     return tree
