@@ -161,12 +161,10 @@ def cmd_profile(args: argparse.Namespace) -> None:
         print(json.dumps(profile))
         return
     print(f"forward latency, ms (median) on {profile['device']}, {profile['precision']} ({profile['dtype']})")
-    print("n        " + "".join(f"{n:>8}" for n in profile["target"]))
-    for name in ("target", "draft", "baseline_hf_fp32_eager"):
-        if name in profile:
-            label = "fp32 HF" if name.startswith("baseline") else name
-            row = profile[name]  # the baseline has n = 1 and 8 only: blank under the other sizes
-            print(f"{label:9}" + "".join(f"{row[n]:8.1f}" if n in row else " " * 8 for n in profile["target"]))
+    columns = [name for name in ("target", "draft", "baseline_hf_fp32_eager") if name in profile]
+    print(f"{'n':>4}" + "".join(f"{'fp32 HF' if c.startswith('baseline') else c:>10}" for c in columns))
+    for n in profile["target"]:  # the baseline has n = 1 and 8 only: blank in the other rows
+        print(f"{n:>4}" + "".join(f"{profile[c][n]:10.1f}" if n in profile[c] else " " * 10 for c in columns))
 
 
 def cmd_train_head(args: argparse.Namespace) -> None:

@@ -6,6 +6,8 @@ import sys
 
 import pytest
 
+from dyspec.profile import DEFAULT_SIZES
+
 from .tiny import tiny_model, tiny_tokenizer
 
 # The default target made ready first: a first load (a clean machine) prints the GGUF conversion's
@@ -69,11 +71,14 @@ def test_profile_table_puts_the_baseline_under_its_sizes(tmp_path):
     r = dyspec("profile", "--target", str(tmp_path / "tiny"), "--draft", str(tmp_path / "tiny"))
     assert r.returncode == 0, r.stderr
     lines = r.stdout.splitlines()
-    sizes = next(line for line in lines if line.startswith("n "))[9:].split()
-    baseline = next(line for line in lines if line.startswith("fp32 HF"))[9:]
-    cells = {n: baseline[8 * i : 8 * (i + 1)].strip() for i, n in enumerate(sizes)}
-    assert float(cells["1"]) > 0 and float(cells["8"]) > 0
-    assert all(cells[n] == "" for n in sizes if n not in ("1", "8"))
+    header = next(i for i, line in enumerate(lines) if line.split()[:1] == ["n"])
+    assert lines[header].split() == ["n", "target", "draft", "fp32", "HF"]
+    rows = {line[:4].strip(): line[4:] for line in lines[header + 1 :]}
+    assert list(rows) == [str(n) for n in DEFAULT_SIZES]
+    baseline = {n: row[20:30].strip() for n, row in rows.items()}  # the third column
+    assert float(baseline["1"]) > 0 and float(baseline["8"]) > 0
+    assert all(cell == "" for n, cell in baseline.items() if n not in ("1", "8"))
+    assert all(float(row[:10]) > 0 and float(row[10:20]) > 0 for row in rows.values())
 
 
 def test_generate_json():
