@@ -29,7 +29,9 @@ draft forward's nodes only where everything built paid, less often where growing
 steps are autoregressive, with a probe tree now and then (`step_cap`). The engine also bounds each
 tree by the tokens the answer has left. The saved profile t(n) is scaled by what verification
 measured in recent steps: a shared machine's speed drifts, and a profile taken under load
-overstates t(1) and so favours big trees.
+overstates t(1) and so favours big trees. Where the profile says a few more tokens cost less (a
+CPU's lumpy fp32 forwards), verification pads the tree to that size (`padded_size`), and every
+decision prices t(n) as padded (`padded_profile`).
 """
 
 from __future__ import annotations
@@ -47,6 +49,7 @@ AUTO_START = 16
 PROBE_AFTER = 8  # steps without drafting before a probe; doubled when drafting stops again soon
 PROBE_MAX = 128
 GROW_MAX = 16  # the most steps that must pay in full before the cap grows again
+PAD_MAX = 4  # the most padding tokens a verification forward takes (`padded_size`)
 
 
 def next_auto_cap(worth: int, room: int) -> int:
@@ -67,6 +70,24 @@ def interpolate_ms(profile: dict[int, float], n: int) -> float:
     i = min(bisect.bisect_left(xs, n), len(xs) - 1)
     x0, x1 = xs[i - 1], xs[i]
     return profile[x0] + (profile[x1] - profile[x0]) * (n - x0) / (x1 - x0)
+
+
+def padded_size(target_ms: dict[int, float], n: int) -> int:
+    """The size to run a verification forward of n tree tokens at: the cheapest measured size from
+    n to n + PAD_MAX, n itself unless one is cheaper. fp32 forwards of a few rows on a CPU are
+    lumpy (the default target on a 2-core AMD EPYC: t(3) = 108 ms, t(4) = 80; t(7) = 94, t(8) =
+    74), so 3 tree tokens and one of padding, which no token reads (`KVSession.forward`), cost
+    less than 3."""
+    best = n
+    for m in range(n + 1, n + PAD_MAX + 1):
+        if m in target_ms and target_ms[m] < interpolate_ms(target_ms, best):
+            best = m
+    return best
+
+
+def padded_profile(target_ms: dict[int, float]) -> dict[int, float]:
+    """t(n) as `--budget auto` pays it: each measured size at its padded size's cost (`padded_size`)."""
+    return {n: interpolate_ms(target_ms, padded_size(target_ms, n)) for n in target_ms}
 
 
 def best_prefix_size(values: list[float], target_ms: dict[int, float], draft_ms: Callable[[int], float]) -> int:

@@ -12,7 +12,16 @@ from types import ModuleType
 
 import torch
 
-from dyspec.budget import AUTO_CAP, AutoState, auto_tree, auto_update, bin_rates, step_cap
+from dyspec.budget import (
+    AUTO_CAP,
+    AutoState,
+    auto_tree,
+    auto_update,
+    bin_rates,
+    padded_profile,
+    padded_size,
+    step_cap,
+)
 from dyspec.draft import DraftSession
 from dyspec.errors import DyspecError
 from dyspec.events import Event, GenerationFinished, StepVerified, TreeExpanded
@@ -161,7 +170,8 @@ def stream(
         if budget == "auto"
         else None
     )
-    target_ms = target_profile(pair) if auto else None
+    measured_ms = target_profile(pair) if auto else None
+    target_ms = padded_profile(measured_ms) if auto else None
     module = get_policy(policy)
     if hasattr(module, "prepare"):
         options = module.prepare(pair, temperature, auto.cap if auto else budget, options)
@@ -239,8 +249,9 @@ def stream(
         if len(tree) > 1:
             visible = torch.cat([torch.ones(len(tree), target.length, dtype=torch.bool), tree.ancestor_mask()], dim=1)
         positions = [target.length + d for d in tree.depths]
+        pad_to = padded_size(measured_ms, len(tree)) if auto else 0  # as `auto` priced it
         t2 = time.perf_counter()
-        logits = target.forward(tree.tokens, positions, visible)
+        logits = target.forward(tree.tokens, positions, visible, pad_to=pad_to)
         sync(device)
         t3 = time.perf_counter()
 

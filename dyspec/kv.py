@@ -38,16 +38,27 @@ class KVSession:
         visible: torch.Tensor | None = None,
         last_only: bool = False,
         features: torch.Tensor | None = None,
+        pad_to: int = 0,
     ) -> torch.Tensor:
         """Append `tokens` to the cache and return their logits [n, V] (fp32).
 
         `visible` [n, cached + n] (bool) says which cache slots and new tokens each new token attends
         to; None means plain causal attention over everything before it. `positions` default to
         consecutive positions after the cache. `features` [n, H] go to a feature-conditioned draft.
+        `pad_to`: run the forward at that many tokens (where the profile says it is cheaper,
+        `budget.padded_size`); the padding attends to itself alone, no token attends to it, its
+        logits and hidden states are not returned, and `commit` drops its cache slots.
         """
         n, start = len(tokens), self.cached
         if positions is None:
             positions = list(range(start, start + n))
+        if pad_to > n:
+            if visible is None:
+                visible = torch.ones(n, start + n, dtype=torch.bool).tril(start)
+            pad = pad_to - n
+            visible = torch.cat([visible, torch.zeros(n, pad, dtype=torch.bool)], dim=1)
+            visible = torch.cat([visible, torch.eye(start + pad_to, dtype=torch.bool)[start + n :]])
+            tokens, positions = tokens + tokens[-1:] * pad, positions + positions[-1:] * pad
         mask = None
         if visible is not None:
             mask = torch.zeros(visible.shape, dtype=self.model.dtype, device=self.device)
@@ -66,8 +77,8 @@ class KVSession:
         )
         self.forwards += 1
         if self.keep_hidden:
-            self.hidden = out.hidden_states[-1][0]
-        return out.logits[0].float()
+            self.hidden = out.hidden_states[-1][0, :n]
+        return out.logits[0, :n].float()
 
     def commit(self, slots: list[int]) -> None:
         """Keep the committed prefix plus the cache slots `slots` (absolute, in order), moved to

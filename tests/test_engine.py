@@ -99,7 +99,10 @@ def test_self_draft_accepts_everything(self_pair, temperature):
     assert r.tokens_per_forward == 5.0
 
 
-def test_tree_attention_matches_root_path_forwards(pair):
+@pytest.mark.parametrize("pad_to", [0, 28])
+def test_tree_attention_matches_root_path_forwards(pair, pad_to):
+    """Each node's logits are its root path's, with or without padding (`--budget auto` pads a
+    forward to a size that its profile says costs less)."""
     g = torch.Generator().manual_seed(0)
     prefix = encode_prompt(pair, PROMPTS[1])
     tree = Tree.root(prefix[-1])
@@ -109,7 +112,8 @@ def test_tree_attention_matches_root_path_forwards(pair):
     kv.forward(prefix[:-1])
     kv.length = kv.cached
     visible = torch.cat([torch.ones(len(tree), kv.length, dtype=torch.bool), tree.ancestor_mask()], dim=1)
-    logits = kv.forward(tree.tokens, [kv.length + d for d in tree.depths], visible)
+    logits = kv.forward(tree.tokens, [kv.length + d for d in tree.depths], visible, pad_to=pad_to)
+    assert logits.shape[0] == len(tree) and kv.cached == kv.length + max(pad_to, len(tree))
     with torch.inference_mode():
         for node in range(len(tree)):
             ids = prefix + [tree.tokens[i] for i in tree.path(node)]
@@ -117,19 +121,23 @@ def test_tree_attention_matches_root_path_forwards(pair):
             torch.testing.assert_close(logits[node], plain, atol=1e-4, rtol=0)
 
 
-def test_commit_keeps_accepted_path(pair):
-    """After committing a non-contiguous path, the cache continues exactly like a plain forward."""
+@pytest.mark.parametrize("pad_to", [0, 7])
+def test_commit_keeps_accepted_path(pair, pad_to):
+    """After committing a non-contiguous path, the cache continues exactly like a plain forward, and
+    drops a padded forward's padding."""
     prefix = encode_prompt(pair, PROMPTS[2])
     tree = Tree.root(prefix[-1])
     a = tree.add(0, 504, 1.0)
     tree.add(0, 1000, 1.0)
     c = tree.add(a, 6147, 1.0)
-    kv = KVSession(pair.target)
+    kv = KVSession(pair.target, keep_hidden=True)
     kv.forward(prefix[:-1])
     kv.length = kv.cached
     visible = torch.cat([torch.ones(len(tree), kv.length, dtype=torch.bool), tree.ancestor_mask()], dim=1)
-    kv.forward(tree.tokens, [kv.length + d for d in tree.depths], visible)
+    kv.forward(tree.tokens, [kv.length + d for d in tree.depths], visible, pad_to=pad_to)
+    assert kv.hidden.shape[0] == len(tree)  # what a feature draft reads: the tree's rows alone
     kv.commit([kv.length + i for i in (0, a, c)])
+    assert kv.cached == kv.length == len(prefix) + 2
     nxt = kv.forward([282])[-1]
     with torch.inference_mode():
         plain = pair.target(torch.tensor([prefix + [504, 6147, 282]], device=pair.device)).logits[0, -1].float()

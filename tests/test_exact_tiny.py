@@ -14,7 +14,7 @@ from dyspec.draft import DraftSession
 from dyspec.events import StepVerified
 from dyspec.kv import KVSession
 from dyspec.policies import POLICIES
-from dyspec.profile import forward_ms, profile_path, target_profile
+from dyspec.profile import DEFAULT_SIZES, forward_ms, profile_path, target_profile
 from dyspec.tree import Tree
 
 from .tiny import exact_distribution, tiny_feature_pair, tiny_head_file, tiny_model, tiny_pair
@@ -165,7 +165,7 @@ def save_profile(pair, tmp_path, monkeypatch, ms) -> None:
     monkeypatch.setenv("DYSPEC_CACHE", str(tmp_path))
     path = profile_path(pair)
     path.parent.mkdir(parents=True)
-    path.write_text(json.dumps({"target": {str(n): ms(n) for n in (1, 2, 4, 8, 16, 32, 64, 80)}}))
+    path.write_text(json.dumps({"target": {str(n): ms(n) for n in DEFAULT_SIZES}}))
 
 
 @pytest.fixture
@@ -217,6 +217,33 @@ def test_auto_sizes_lookups_copies_apart_from_the_drafts_cap(pair, flat_profile)
     copy = next(s for s in verified if len(s.tokens) > 1)  # the views say what a copy followed
     assert "copied after a" in figures.tree_figure(copy).layout.title.text and copy.extra["match"] >= 1
     assert state.cap == 1 and sum(state.reached[COPY:]) > 0 and sum(state.reached[:COPY]) == 0
+
+
+@pytest.fixture
+def lumpy_profile(pair, tmp_path, monkeypatch):
+    """As `steep_profile`, but forwards of 1 to 3 tokens cost as much as 8: every step pads them to 4."""
+    save_profile(pair, tmp_path, monkeypatch, lambda n: 9.0 if n < 4 else 1.0 + n)
+
+
+@pytest.mark.parametrize("policy", ["chain", "dyspec"])
+def test_auto_pads_forwards_where_more_tokens_cost_less(pair, lumpy_profile, monkeypatch, policy):
+    """Under `auto` the target's forward runs at the size that `budget.padded_size` prices (here at
+    least 4 tokens), and the output stays the target's."""
+    calls = []
+    forward = KVSession.forward
+
+    def spy(self, tokens, positions=None, visible=None, **kwargs):
+        logits = forward(self, tokens, positions, visible, **kwargs)
+        if self.model is pair.target and kwargs.get("pad_to"):
+            calls.append((len(tokens), kwargs["pad_to"], len(logits)))
+        return logits
+
+    expected = generate(pair, PROMPT, policy="ar", max_new_tokens=24).token_ids
+    monkeypatch.setattr(KVSession, "forward", spy)
+    pair.auto_states.clear()
+    assert generate(pair, PROMPT, policy=policy, budget="auto", max_new_tokens=24).token_ids == expected
+    assert calls and all(pad == max(n, 4) and rows == n for n, pad, rows in calls)
+    assert any(n < 4 for n, _, _ in calls)
 
 
 def test_auto_drafts_nothing_where_no_tree_pays(pair, costly_profile):

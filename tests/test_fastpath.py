@@ -28,6 +28,8 @@ from dyspec.budget import (
     least_paying_chain,
     next_auto_cap,
     node_bins,
+    padded_profile,
+    padded_size,
     position_values,
     sampled_keep,
     set_next_cap,
@@ -331,6 +333,16 @@ def test_copy_steps_and_drafting_steps_fade_only_their_own_evidence():
     assert state.reached[9] == 1.0 and state.depth_reached[0] == 1.0
     auto_update(state, tree, node_bins(tree, sampled=False), [], 1, 30.0, 5.0, 20.0, profile)
     assert state.reached[9] == 1.95 and state.depth_reached[0] == 1.95 and state.reached[copy_bin(3)] == 1.95
+
+
+def test_a_forward_is_padded_to_the_cheapest_measured_size_a_few_tokens_up():
+    """t(3) and t(7) above their next sizes, as fp32 forwards on a 2-core AMD EPYC measured."""
+    profile = {1: 55.0, 2: 90.0, 3: 108.0, 4: 80.0, 5: 74.0, 6: 74.0, 7: 94.0, 8: 74.0, 16: 90.0, 32: 150.0}
+    assert [padded_size(profile, n) for n in range(1, 10)] == [1, 5, 5, 5, 5, 6, 8, 8, 9]
+    assert [padded_size(profile, n) for n in (9, 12, 16)] == [9, 12, 16]  # t(16) is above the line to it
+    far = {1: 10.0, 2: 50.0, 8: 20.0}  # a cheaper size more than PAD_MAX tokens up is not taken
+    assert (padded_size(far, 2), padded_size(far, 4)) == (2, 8)
+    assert padded_profile(profile) == {**profile, 2: 74.0, 3: 74.0, 4: 74.0, 7: 74.0}
 
 
 def test_next_auto_cap_is_a_little_more_than_what_paid():
