@@ -104,13 +104,17 @@ def test_dyspec_under_auto_grows_what_the_learnt_rates_value(first, later, kids)
     assert [len(tree.children(u)) for u in range(len(tree))] == kids
 
 
-@pytest.mark.parametrize("first,later,budget,kids", [(0.9, 0.01, 16, [1] * 6 + [0]), (0.6, 0.9, V, [V] + [0] * V)])
+@pytest.mark.parametrize(
+    "first,later,budget,kids",
+    [(0.9, 0.01, 16, [1] * 6 + [0]), (0.6, 0.9, V, [V] + [0] * V), (0.5, 0.5, 16, [1, 0])],
+)
 def test_threshold_under_auto_draws_the_slots_its_learnt_rates_value_above_t(first, later, budget, kids):
     """With `auto_rates` (sampled children), a slot is worth its parent's chance times its bin's
     learnt rate, and is drawn while that exceeds t: first children worth 0.9 and later siblings
     0.01 grow a chain while 0.9^depth > 1/2 (6 nodes), first children worth 0.6 and later ones 0.9
     a root with all V children. Valued by draft probabilities (no `auto_rates`), both trees are a
-    chain of 3 on this draft."""
+    chain of 3 on this draft. The root's first child comes whatever its value: at rates of 1/2 (their
+    prior) and t = 1/2 (a cap of 2) the tree was empty, and so was every probe after it."""
     rates = [first] * BINS + [later] * BINS
     g = torch.Generator().manual_seed(0)
     tree = dyspec_threshold.build(SyntheticDraft(), 0, budget, 0.7, g, threshold=0.5, auto_rates=rates)

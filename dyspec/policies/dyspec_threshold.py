@@ -56,7 +56,10 @@ def build(
             for k, (token, prob) in enumerate(zip(tokens[i].tolist(), probs[i].tolist())):
                 if learnt:
                     left = reach[u] * slot_rate(auto_rates, squares[i], later=k > 0)
-                if left <= t or prob <= 0 or tree.size >= budget:
+                # the root's first child comes whatever its value (`1` unless learnt): auto asked
+                # for at least one node, and a probe that drew none learnt nothing, so drafting
+                # stopped for good (cap 2: t = 1/2, rates at their prior 1/2)
+                if (left <= t and tree.size) or prob <= 0 or tree.size >= budget:
                     break
                 child = tree.add(u, token, prob)
                 if learnt:
