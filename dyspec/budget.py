@@ -72,6 +72,20 @@ def interpolate_ms(profile: dict[int, float], n: int) -> float:
     return profile[x0] + (profile[x1] - profile[x0]) * (n - x0) / (x1 - x0)
 
 
+def profile_at(profiles: dict[int, dict[int, float]], context: int) -> dict[int, float]:
+    """t(n) behind `context` cached tokens, from profiles timed at a few contexts (`target_profile`):
+    the shortest context's t(n), moved by the difference the longest one measured (interpolated
+    over n between its sizes, so the short profile's lumps stay), in proportion to where `context`
+    lies between the two, and no further."""
+    (c0, short), *longer = sorted(profiles.items())
+    if not longer:
+        return short
+    c1, long = longer[-1]
+    w = min(max((context - c0) / (c1 - c0), 0.0), 1.0)
+    gap = {n: ms - interpolate_ms(short, n) for n, ms in long.items()}
+    return {n: ms + w * interpolate_ms(gap, n) for n, ms in short.items()}
+
+
 def padded_size(target_ms: dict[int, float], n: int) -> int:
     """The size to run a verification forward of n tree tokens at: the cheapest measured size from
     n to n + PAD_MAX, n itself unless one is cheaper. fp32 forwards of a few rows on a CPU are

@@ -20,6 +20,7 @@ from dyspec.budget import (
     bin_rates,
     padded_profile,
     padded_size,
+    profile_at,
     step_cap,
 )
 from dyspec.draft import DraftSession
@@ -170,8 +171,7 @@ def stream(
         if budget == "auto"
         else None
     )
-    measured_ms = target_profile(pair) if auto else None
-    target_ms = padded_profile(measured_ms) if auto else None
+    profiles = target_profile(pair) if auto else None
     module = get_policy(policy)
     if hasattr(module, "prepare"):
         options = module.prepare(pair, temperature, auto.cap if auto else budget, options)
@@ -203,6 +203,9 @@ def stream(
             break
         t0, seconds0, forwards0 = time.perf_counter(), _seconds(drafts), _forwards(drafts)
         cap = step_cap(auto) if auto else budget
+        if auto:  # t(n) behind this step's context, as verification will pay it (padded)
+            measured_ms = profile_at(profiles, target.length)
+            target_ms = padded_profile(measured_ms)
         left = max_new_tokens - len(out) - 1  # a node deeper than this (less the bonus token) is worth nothing
         if auto and cap:
             cap = min(cap, max(len(drafts), left))  # a node per merged draft

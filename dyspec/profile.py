@@ -21,10 +21,17 @@ from dyspec.models import cache_dir, load_model, write_cache
 # t(7) = 94 against t(8) = 74), and `--budget auto`, reading t(3) and t(7) off a line through t(2),
 # t(4) and t(8), chose chains of 2 and 6 that cost more than chains of 3 and 4.
 DEFAULT_SIZES = (*range(1, 17), 24, 32, 48, 64, 80)
-METHOD = 3  # how `forward_ms` measures: a change makes saved profiles stale (`profile_path`)
+CONTEXT = 100  # cached tokens behind the profile's forwards
+# A second context, at fewer sizes: on the int8 path, whose exact attention gathers each row's
+# keys, a tree token costs more behind a longer context (t(8) - t(1) = 6.7 ms at 100 cached
+# tokens, 14.0 at 300), and `--budget auto` reads t(n) at each step's context (`budget.profile_at`)
+LONG_CONTEXT, LONG_SIZES = 400, (1, 2, 4, 8, 16, 32, 64)
+METHOD = 4  # how `forward_ms` measures: a change makes saved profiles stale (`profile_path`)
 
 
-def forward_ms(model: PreTrainedModel, sizes=DEFAULT_SIZES, context: int = 100, repeats: int = 9) -> dict[int, float]:
+def forward_ms(
+    model: PreTrainedModel, sizes=DEFAULT_SIZES, context: int = CONTEXT, repeats: int = 9
+) -> dict[int, float]:
     """Median wall milliseconds of a forward of n tokens after `context` cached tokens, with a tree
     mask for n > 1 as the engine sends it.
     Sizes take turns within each round, so a slow spell of a shared machine hits all of them alike."""
@@ -59,6 +66,9 @@ def measure_profile(pair, baseline: bool = True, draft: bool = True) -> dict:
         "dtype": str(pair.dtype).removeprefix("torch."),
         "precision": pair.precision,
         "target": {str(n): ms for n, ms in forward_ms(pair.target).items()},
+        f"target_at_{LONG_CONTEXT}": {
+            str(n): ms for n, ms in forward_ms(pair.target, LONG_SIZES, context=LONG_CONTEXT).items()
+        },
     }
     if draft and pair.draft is not None:
         profile["draft"] = {str(n): ms for n, ms in forward_ms(pair.draft).items()}
@@ -75,10 +85,12 @@ def profile_path(pair) -> Path:
     return cache_dir() / "profiles" / ("__".join(str(x).replace("/", "_") for x in key) + ".json")
 
 
-def target_profile(pair) -> dict[int, float]:
-    """The target's t(n) in ms, measured once (~25 s for the default target on a 2-core CPU) and
-    cached on disk (`profile_path`)."""
+def target_profile(pair) -> dict[int, dict[int, float]]:
+    """The target's t(n) in ms per context (cached tokens), measured once (~35 s for the default
+    target on a 2-core CPU) and cached on disk (`profile_path`)."""
     path = profile_path(pair)
     if not path.exists():
         write_cache(path, json.dumps(measure_profile(pair, baseline=False, draft=False)))
-    return {int(n): ms for n, ms in json.loads(path.read_text())["target"].items()}
+    saved = json.loads(path.read_text())
+    contexts = {CONTEXT: saved["target"], LONG_CONTEXT: saved.get(f"target_at_{LONG_CONTEXT}")}
+    return {c: {int(n): ms for n, ms in t.items()} for c, t in contexts.items() if t}

@@ -14,7 +14,7 @@ from dyspec.draft import DraftSession
 from dyspec.events import StepVerified
 from dyspec.kv import KVSession
 from dyspec.policies import POLICIES
-from dyspec.profile import DEFAULT_SIZES, forward_ms, profile_path, target_profile
+from dyspec.profile import CONTEXT, DEFAULT_SIZES, LONG_CONTEXT, LONG_SIZES, forward_ms, profile_path, target_profile
 from dyspec.tree import Tree
 
 from .tiny import exact_distribution, tiny_feature_pair, tiny_head_file, tiny_model, tiny_pair
@@ -168,12 +168,20 @@ def save_profile(pair, tmp_path, monkeypatch, ms) -> None:
     path.write_text(json.dumps({"target": {str(n): ms(n) for n in DEFAULT_SIZES}}))
 
 
+def test_auto_times_the_target_behind_two_contexts(pair, tmp_path, monkeypatch):
+    """`auto`'s profile: every size behind CONTEXT tokens, a few behind LONG_CONTEXT, the draft not at all."""
+    monkeypatch.setenv("DYSPEC_CACHE", str(tmp_path))
+    profiles = target_profile(pair)
+    assert [list(profiles[c]) for c in (CONTEXT, LONG_CONTEXT)] == [list(DEFAULT_SIZES), list(LONG_SIZES)]
+    assert "draft" not in json.loads(profile_path(pair).read_text())
+
+
 @pytest.fixture
 def steep_profile(pair, tmp_path, monkeypatch):
     """Every tree node costs as much as the first, so `--budget auto` keeps only some nodes,
     depending on their values."""
     save_profile(pair, tmp_path, monkeypatch, lambda n: 1.0 + n)
-    assert target_profile(pair)[8] == 9.0
+    assert target_profile(pair) == {CONTEXT: {n: 1.0 + n for n in DEFAULT_SIZES}}  # one context: no slope
 
 
 @pytest.fixture

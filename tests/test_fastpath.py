@@ -31,6 +31,7 @@ from dyspec.budget import (
     padded_profile,
     padded_size,
     position_values,
+    profile_at,
     sampled_keep,
     set_next_cap,
     slot_keys,
@@ -333,6 +334,16 @@ def test_copy_steps_and_drafting_steps_fade_only_their_own_evidence():
     assert state.reached[9] == 1.0 and state.depth_reached[0] == 1.0
     auto_update(state, tree, node_bins(tree, sampled=False), [], 1, 30.0, 5.0, 20.0, profile)
     assert state.reached[9] == 1.95 and state.depth_reached[0] == 1.95 and state.reached[copy_bin(3)] == 1.95
+
+
+def test_t_n_behind_a_context_moves_by_what_the_longer_context_measured():
+    """The int8 path's tree tokens cost more behind a longer context; the short profile's lumps stay."""
+    short = {1: 20.0, 2: 22.0, 3: 30.0, 4: 24.0, 8: 28.0}
+    profiles = {100: short, 400: {1: 22.0, 4: 30.0, 8: 42.0}}  # 2, 6 and 14 ms more
+    assert profile_at(profiles, 100) == profile_at(profiles, 60) == short == profile_at({100: short}, 400)
+    at_400 = {1: 22.0, 2: 22.0 + 2 + 4 / 3, 3: 30.0 + 2 + 8 / 3, 4: 30.0, 8: 42.0}
+    assert profile_at(profiles, 400) == pytest.approx(at_400) and profile_at(profiles, 900) == pytest.approx(at_400)
+    assert profile_at(profiles, 250) == pytest.approx({n: (short[n] + at_400[n]) / 2 for n in short})
 
 
 def test_a_forward_is_padded_to_the_cheapest_measured_size_a_few_tokens_up():
