@@ -153,17 +153,24 @@ def cmd_bench(args: argparse.Namespace) -> None:
 
 def cmd_profile(args: argparse.Namespace) -> None:
     from dyspec.models import load_pair
-    from dyspec.profile import measure_profile
+    from dyspec.profile import CONTEXT, LONG_CONTEXT, measure_profile
 
     pair = load_pair(args.target, args.draft, args.device, allow_download=args.allow_download, precision=args.precision)
     profile = measure_profile(pair)
     if args.json:
         print(json.dumps(profile))
         return
+    labels = {
+        "target": "target",
+        f"target_at_{LONG_CONTEXT}": f"@{LONG_CONTEXT}",
+        "draft": "draft",
+        "baseline_hf_fp32_eager": "fp32 HF",
+    }
+    columns = [name for name in labels if name in profile]
     print(f"forward latency, ms (median) on {profile['device']}, {profile['precision']} ({profile['dtype']})")
-    columns = [name for name in ("target", "draft", "baseline_hf_fp32_eager") if name in profile]
-    print(f"{'n':>4}" + "".join(f"{'fp32 HF' if c.startswith('baseline') else c:>10}" for c in columns))
-    for n in profile["target"]:  # the baseline has n = 1 and 8 only: blank in the other rows
+    print(f"behind {CONTEXT} cached tokens; @{LONG_CONTEXT}: the target behind {LONG_CONTEXT}")
+    print(f"{'n':>4}" + "".join(f"{labels[c]:>10}" for c in columns))
+    for n in profile["target"]:  # the others have fewer sizes: blank in the other rows
         print(f"{n:>4}" + "".join(f"{profile[c][n]:10.1f}" if n in profile[c] else " " * 10 for c in columns))
 
 

@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-from dyspec.profile import DEFAULT_SIZES
+from dyspec.profile import DEFAULT_SIZES, LONG_CONTEXT, LONG_SIZES
 
 from .tiny import tiny_model, tiny_tokenizer
 
@@ -72,13 +72,13 @@ def test_profile_table_puts_the_baseline_under_its_sizes(tmp_path):
     assert r.returncode == 0, r.stderr
     lines = r.stdout.splitlines()
     header = next(i for i, line in enumerate(lines) if line.split()[:1] == ["n"])
-    assert lines[header].split() == ["n", "target", "draft", "fp32", "HF"]
+    assert lines[header].split() == ["n", "target", f"@{LONG_CONTEXT}", "draft", "fp32", "HF"]
     rows = {line[:4].strip(): line[4:] for line in lines[header + 1 :]}
     assert list(rows) == [str(n) for n in DEFAULT_SIZES]
-    baseline = {n: row[20:30].strip() for n, row in rows.items()}  # the third column
-    assert float(baseline["1"]) > 0 and float(baseline["8"]) > 0
-    assert all(cell == "" for n, cell in baseline.items() if n not in ("1", "8"))
-    assert all(float(row[:10]) > 0 and float(row[10:20]) > 0 for row in rows.values())
+    for column, sizes in ((1, LONG_SIZES), (3, (1, 8))):  # the long context's and the baseline's
+        cells = {n: row[10 * column : 10 * (column + 1)].strip() for n, row in rows.items()}
+        assert all((float(cells[n]) > 0) if int(n) in sizes else cells[n] == "" for n in cells)
+    assert all(float(row[:10]) > 0 and float(row[20:30]) > 0 for row in rows.values())
 
 
 def test_generate_json():
