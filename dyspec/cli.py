@@ -152,11 +152,15 @@ def cmd_bench(args: argparse.Namespace) -> None:
 
 
 def cmd_profile(args: argparse.Namespace) -> None:
-    from dyspec.models import load_pair
-    from dyspec.profile import CONTEXT, LONG_CONTEXT, measure_profile
+    from dyspec.models import load_pair, write_cache
+    from dyspec.profile import CONTEXT, LONG_CONTEXT, measure_profile, profile_path
 
     pair = load_pair(args.target, args.draft, args.device, allow_download=args.allow_download, precision=args.precision)
     profile = measure_profile(pair)
+    # what `--budget auto` reads for this pair from now on: a profile taken while the machine was
+    # slow (a busy core) misleads it until measured again
+    write_cache(profile_path(pair), json.dumps(profile))
+    print(f"saved for --budget auto: {profile_path(pair)}", file=sys.stderr)
     if args.json:
         print(json.dumps(profile))
         return

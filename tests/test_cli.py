@@ -65,11 +65,15 @@ def test_mismatched_vocabularies(tmp_path):
     assert_one_line_error(dyspec("generate", "--prompt", "hi", "--draft", str(tmp_path / "tiny")), "vocabulary")
 
 
-def test_profile_table_puts_the_baseline_under_its_sizes(tmp_path):
+def test_profile_table_puts_the_baseline_under_its_sizes_and_saves_the_profile(tmp_path, monkeypatch):
+    """The table, and the profile saved where `--budget auto` reads it (measured again on demand)."""
     tiny_model(0).save_pretrained(tmp_path / "tiny")
     tiny_tokenizer().save_pretrained(tmp_path / "tiny")
+    monkeypatch.setenv("DYSPEC_CACHE", str(tmp_path / "cache"))
     r = dyspec("profile", "--target", str(tmp_path / "tiny"), "--draft", str(tmp_path / "tiny"))
     assert r.returncode == 0, r.stderr
+    (saved,) = (tmp_path / "cache" / "profiles").iterdir()
+    assert list(json.loads(saved.read_text())["target"]) == [str(n) for n in DEFAULT_SIZES] and str(saved) in r.stderr
     lines = r.stdout.splitlines()
     header = next(i for i, line in enumerate(lines) if line.split()[:1] == ["n"])
     assert lines[header].split() == ["n", "target", f"@{LONG_CONTEXT}", "draft", "fp32", "HF"]
