@@ -140,7 +140,7 @@ def speedup_figure(rows: list[dict], metric: str = "speedup"):
 
 def latency_figure(profile: dict) -> go.Figure:
     fig = go.Figure()
-    for name in ("target", "draft"):
+    for name in [k for k in profile if k.startswith("target")] + ["draft"]:  # target_at_400: a longer context
         if profile.get(name):
             n = sorted(profile[name], key=int)
             fig.add_trace(

@@ -37,9 +37,10 @@ def test_bench_smoke_and_resume(pair, tmp_path):
     assert [record_key(json.loads(line)) for line in out.read_text().splitlines()] == [record_key(r) for r in records]
 
     report = tmp_path / "report.html"
-    write_report(resumed, report, {"device": "cpu", "target": {"1": 60.0, "8": 110.0}})
+    write_report(resumed, report, {"device": "cpu", "target": {"1": 60.0, "8": 110.0}, "target_at_400": {"1": 70.0}})
     html = report.read_text()
     assert "speedup vs ar" in html and "Draft probability vs acceptance" in html
+    assert "Forward latency t(n)" in html and '"name":"target_at_400"' in html
 
 
 def test_one_pass_over_the_prompts_per_seed_ar_first_then_a_rotated_order(pair, tmp_path):
