@@ -204,8 +204,11 @@ def cmd_distill(args: argparse.Namespace) -> None:
     import torch
 
     from dyspec.distill import distill
-    from dyspec.models import load_pair
+    from dyspec.models import load_pair, shipped_draft
 
+    init = None if args.init is None else Path(args.init)
+    if args.init == "distilled" and (init := shipped_draft(args.target)) is None:
+        raise DyspecError(f"--init distilled: no draft ships for {args.target}")
     pair = load_pair(args.target, None, args.device, allow_download=args.allow_download, precision="native")
     report = distill(
         pair,
@@ -220,6 +223,8 @@ def cmd_distill(args: argparse.Namespace) -> None:
         corpus=args.corpus,
         features_dtype=None if args.features_dtype == "float32" else getattr(torch, args.features_dtype),
         copy_prompts=args.copy_prompts,
+        feature_layers=(*args.feature_layers, -1),
+        init=init,
     )
     print(json.dumps(report, indent=2))
     print(f"draft: {Path(args.out) / 'draft'} (use it with --draft PATH)", file=sys.stderr)
@@ -320,6 +325,14 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--batch", type=int, default=16, help="windows of 128 tokens per step")
     d.add_argument("--lr", type=float, default=5e-4)
     d.add_argument("--seed", type=int, default=0)
+    d.add_argument(
+        "--feature-layers",
+        type=_csv(int),
+        default=(),
+        help="lower target layers the draft reads besides the final one, as EAGLE-3 does (e.g. 3,15: "
+        "indices into the target's hidden states, 0 the embeddings)",
+    )
+    d.add_argument("--init", help="a draft folder to start from (distilled: the one shipped for the target)")
     d.add_argument(
         "--copy-prompts",
         type=int,

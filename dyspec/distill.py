@@ -30,7 +30,15 @@ from tqdm.auto import tqdm
 from dyspec.copying import MATCHES, copied
 from dyspec.corpus import continuations, sharegpt_sequences, training_prompts
 from dyspec.errors import DyspecError
-from dyspec.feature_draft import CONFIG_NAME, FeatureDraft, features_before, load_feature_draft, save_feature_draft
+from dyspec.feature_draft import (
+    CONFIG_NAME,
+    FINAL,
+    FeatureDraft,
+    features_before,
+    load_feature_draft,
+    save_feature_draft,
+    target_features,
+)
 from dyspec.kv import KVSession
 from dyspec.models import ModelPair
 from dyspec.profile import forward_ms
@@ -43,28 +51,37 @@ COPY_GRID = [i / 20 for i in range(20)]  # the copy weights `fit_copy_weights` t
 
 @torch.inference_mode()
 def collect_features(
-    pair: ModelPair, seqs: list[list[int]], folder: Path, autocast: torch.dtype | None = None
+    pair: ModelPair,
+    seqs: list[list[int]],
+    folder: Path,
+    autocast: torch.dtype | None = None,
+    layers: tuple[int, ...] = FINAL,
 ) -> list[Path]:
-    """The target's final hidden states at every token of every sequence, in shards of SHARD
-    sequences; shards already on disk for the same tokens are kept (resume: a run with more
-    sequences redoes the last, partial shard; other text, a corpus changed in the same folder,
-    is computed anew). `autocast` (e.g. bfloat16) runs the teacher forcing at that
-    precision: ~3x faster on a CPU with AMX, for features within ~2% of fp32's."""
+    """The target's hidden states at `layers` (`target_features`) at every token of every sequence,
+    in shards of SHARD sequences; shards already on disk for the same tokens at these layers or
+    more are kept (resume: a run with more sequences redoes the last, partial shard; other text or
+    other layers in the same folder are computed anew). `autocast` (e.g. bfloat16) runs the
+    teacher forcing at that precision: ~3x faster on a CPU with AMX, for features within ~2% of
+    fp32's."""
     folder.mkdir(parents=True, exist_ok=True)
     paths = []
     for i in tqdm(range(0, len(seqs), SHARD), desc="target features", unit="shard"):
         path = folder / f"features-{i // SHARD:04d}.safetensors"
         chunk = seqs[i : i + SHARD]
-        if not path.exists() or _shard_tokens(path) != [t for s in chunk for t in s]:
+        if not path.exists() or not _shard_serves(path, [t for s in chunk for t in s], layers):
             with torch.autocast(pair.device.type, dtype=autocast, enabled=autocast is not None):
                 feats = [
-                    pair.target(torch.tensor([s], device=pair.device), output_hidden_states=True).hidden_states[-1][0]
+                    target_features(
+                        pair.target(torch.tensor([s], device=pair.device), output_hidden_states=True).hidden_states,
+                        layers,
+                    )[0]
                     for s in chunk
                 ]
             save_file(
                 {
                     "tokens": torch.tensor([t for s in chunk for t in s], dtype=torch.int32),
                     "lengths": torch.tensor([len(s) for s in chunk], dtype=torch.int32),
+                    "layers": torch.tensor(layers, dtype=torch.int32),
                     "features": torch.cat(feats).half().cpu(),
                 },
                 path,
@@ -73,18 +90,28 @@ def collect_features(
     return paths
 
 
-def _shard_tokens(path: Path) -> list[int]:
+def _shard_serves(path: Path, tokens: list[int], layers: tuple[int, ...]) -> bool:
+    """Whether a shard holds these tokens' features at these layers, or at more (shards from before
+    layers were stored hold the final one)."""
     with safe_open(path, "pt") as f:
-        return f.get_tensor("tokens").tolist()
+        stored = f.get_tensor("layers").tolist() if "layers" in f.keys() else list(FINAL)
+        return set(layers) <= set(stored) and f.get_tensor("tokens").tolist() == tokens
 
 
-def load_sequences(paths: list[Path]) -> list[tuple[torch.Tensor, torch.Tensor]]:
-    """(tokens [L], features [L, H] fp16) per sequence."""
+def load_sequences(paths: list[Path], layers: tuple[int, ...] = FINAL) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """(tokens [L], features [L, len(layers) x H] fp16) per sequence: the shards' hidden states at
+    `layers`, which they must hold (shards of more layers serve a draft that reads fewer)."""
     out = []
     for path in paths:
         shard = load_file(path)
+        stored = shard["layers"].tolist() if "layers" in shard else list(FINAL)
+        if missing := sorted(set(layers) - set(stored)):
+            raise DyspecError(f"{path} holds the target's layers {stored}, not {missing}: collect them anew")
+        H = shard["features"].shape[1] // len(stored)
+        columns = torch.cat([torch.arange(H) + stored.index(i) * H for i in layers])
+        features = shard["features"] if list(layers) == stored else shard["features"][:, columns]
         lengths = shard["lengths"].tolist()
-        out += zip(shard["tokens"].long().split(lengths), shard["features"].split(lengths))
+        out += zip(shard["tokens"].long().split(lengths), features.split(lengths))
     return out
 
 
@@ -94,14 +121,17 @@ def choose_vocab(seqs: list[tuple[torch.Tensor, torch.Tensor]], size: int, vocab
     return counts.topk(min(size, vocab_size)).indices.sort().values
 
 
-def windows(seqs: list[tuple[torch.Tensor, torch.Tensor]], length: int) -> list[tuple[torch.Tensor, ...]]:
-    """Training windows of at most `length` tokens: (tokens x, features F, the feature before each
-    token F_prev; zeros before a sequence's first token)."""
+def windows(
+    seqs: list[tuple[torch.Tensor, torch.Tensor]], length: int, hidden_size: int
+) -> list[tuple[torch.Tensor, ...]]:
+    """Training windows of at most `length` tokens: (tokens x, the final-layer features F [n, H],
+    the target features before each token F_prev [n, feature width]; zeros before a sequence's
+    first token)."""
     out = []
     for tokens, feats in seqs:
         prev = features_before(feats)
         for s in range(0, len(tokens), length):
-            out.append((tokens[s : s + length], feats[s : s + length], prev[s : s + length]))
+            out.append((tokens[s : s + length], feats[s : s + length, -hidden_size:], prev[s : s + length]))
     return out
 
 
@@ -109,9 +139,8 @@ def collate(batch: list[tuple[torch.Tensor, ...]], device: torch.device) -> tupl
     """Right-padded tensors and a mask of real positions (padding after a causal window changes
     nothing before it)."""
     n = max(len(x) for x, _, _ in batch)
-    H = batch[0][1].shape[1]
     x = torch.zeros(len(batch), n, dtype=torch.long)
-    F, prev = torch.zeros(len(batch), n, H), torch.zeros(len(batch), n, H)
+    F, prev = torch.zeros(len(batch), n, batch[0][1].shape[1]), torch.zeros(len(batch), n, batch[0][2].shape[1])
     mask = torch.zeros(len(batch), n, dtype=torch.bool)
     for i, (xi, fi, pi) in enumerate(batch):
         x[i, : len(xi)], F[i, : len(xi)], prev[i, : len(xi)], mask[i, : len(xi)] = xi, fi.float(), pi.float(), True
@@ -120,10 +149,10 @@ def collate(batch: list[tuple[torch.Tensor, ...]], device: torch.device) -> tupl
 
 def unrolled(draft: FeatureDraft, x: torch.Tensor, prev: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Predicted features at depth 1 (reading the target's features) and depth 2 (reading its own
-    depth-1 prediction for the token before)."""
+    depth-1 prediction for the token before; the first token of a window reads the target's)."""
     positions = torch.arange(x.shape[1], device=x.device)[None].expand_as(x)
     f1 = draft.predict(x, prev, positions)
-    f2 = draft.predict(x, torch.cat([prev[:, :1], f1[:, :-1]], dim=1), positions)
+    f2 = draft.predict(x, torch.cat([draft.fused(prev[:, :1]), f1[:, :-1]], dim=1), positions)
     return f1, f2
 
 
@@ -202,6 +231,8 @@ def distill(
     corpus: str = "continuations",
     features_dtype: torch.dtype | None = None,
     copy_prompts: int = 160,
+    feature_layers: tuple[int, ...] = FINAL,
+    init: Path | None = None,
 ) -> dict:
     """Train a feature draft for `pair.target` in `out` (data, checkpoints and the result in
     `out/draft`, resumable at every stage) and return the report. `corpus` is one of corpus_texts'
@@ -210,7 +241,9 @@ def distill(
     equal share of every batch, so a small corpus of the target's own answers is not drowned by a
     large one. `features_dtype` see collect_features. Then the draft's copy weights are fitted on
     the target's answers to `copy_prompts` training prompts (`fit_copy`; 0: none, the draft never
-    copies)."""
+    copies). `feature_layers`: the target layers the draft reads (FeatureDraft; e.g. (3, 15, -1),
+    EAGLE-3's low, middle and final). `init`: a draft folder to start from (its vocabulary, layer
+    and projection; a fusion of more layers starts as the identity on the final one)."""
     corpora = corpus.split(",")
     counts = [num_prompts] * len(corpora) if isinstance(num_prompts, int) else list(num_prompts)
     labels = [c if c in ("continuations", "sharegpt") else Path(c).stem for c in corpora]
@@ -222,6 +255,9 @@ def distill(
         raise DyspecError(f"held-out fraction must be between 0 and 1, got {heldout}")
     if copy_prompts and copy_prompts < 5:
         raise DyspecError(f"fitting copy weights needs at least 5 prompts (or 0 for none), got {copy_prompts}")
+    n_layers = pair.target.config.num_hidden_layers
+    if any(not 0 <= i < n_layers for i in feature_layers[:-1]):
+        raise DyspecError(f"feature layers {list(feature_layers[:-1])}: lower layers are 0 to {n_layers - 1}")
     if steps < 0 or batch < len(corpora) or window < 2:
         raise DyspecError("steps must be >= 0, batch >= the number of corpora and window >= 2")
     t_start = time.perf_counter()
@@ -230,24 +266,30 @@ def distill(
     for name, label, count in zip(corpora, labels, counts):
         texts = corpus_texts(pair, name, count, prompts, max_new_tokens, out)
         folder = out / ("features" if len(corpora) == 1 else f"features-{label}")
-        seqs = load_sequences(collect_features(pair, texts, folder, features_dtype))
+        seqs = load_sequences(collect_features(pair, texts, folder, features_dtype, feature_layers), feature_layers)
         n_test = max(1, math.ceil(len(seqs) * heldout))  # split by sequence: the last ones are held out
         if n_test >= len(seqs):
             raise DyspecError(f"{len(seqs)} sequences of {name} are too few for a held-out split")
         train_sets[label], test_sets[label] = seqs[:-n_test], seqs[-n_test:]
     train_seqs = [s for seqs in train_sets.values() for s in seqs]
-    vocab = choose_vocab(train_seqs, vocab_size, pair.target.config.vocab_size)
-    scale = float(torch.cat([f for _, f in train_seqs[:64]]).float().std())
-    train_w = [windows(seqs, window) for seqs in train_sets.values()]
+    H = pair.target.config.hidden_size
+    base = None if init is None else load_feature_draft(init, pair.target)
+    if base is not None and base.feature_layers not in (FINAL, tuple(feature_layers)):
+        raise DyspecError(f"--init {init} reads target layers {base.feature_layers}, not {tuple(feature_layers)}")
+    vocab = base.vocab if base is not None else choose_vocab(train_seqs, vocab_size, pair.target.config.vocab_size)
+    scale = float(torch.cat([f[:, -H:] for _, f in train_seqs[:64]]).float().std())
+    train_w = [windows(seqs, window, H) for seqs in train_sets.values()]
     test_batches = {}
     for label, seqs in test_sets.items():
-        w = windows(seqs, window)
+        w = windows(seqs, window, H)
         test_batches[label] = [collate(w[i : i + batch], pair.device) for i in range(0, len(w), batch)]
     test_tokens = {label: sum(len(t) for t, _ in seqs) for label, seqs in test_sets.items()}
 
     torch.manual_seed(seed)
-    draft = FeatureDraft(pair.target, vocab).to(pair.device).float()
+    draft = FeatureDraft(pair.target, vocab, feature_layers).to(pair.device).float()
     draft.init_from_target(pair.target)
+    if base is not None:  # a fusion it lacks stays the identity on the final layer
+        draft.load_state_dict(base.state_dict(), strict=False)
     draft.borrowed.head = draft.borrowed.head.float()
     full_head = pair.target.get_output_embeddings().weight.detach().float()
     params = [p for p in draft.parameters() if p.requires_grad]
@@ -314,6 +356,8 @@ def distill(
             "window": window,
             "lr": lr,
             "seed": seed,
+            "feature_layers": list(feature_layers),
+            "init": None if init is None else str(init),
             "device": str(pair.device),
         },
         "seconds": round(time.perf_counter() - t_start, 1),
@@ -358,7 +402,7 @@ def copy_rows(pair: ModelPair, sequences: list[tuple[int, list[int]]]) -> list[R
     rows = []
     for prompt_len, ids in tqdm(sequences, desc="copy statistics", unit="sequence"):
         out = pair.target(torch.tensor([ids], device=pair.device), output_hidden_states=True)
-        features = features_before(out.hidden_states[-1][0])
+        features = features_before(target_features(out.hidden_states, pair.draft.feature_layers)[0])
         q = to_probs(KVSession(pair.draft).forward(ids, features=features), 1.0)
         labels, guesses, q_max = out.logits[0].argmax(-1).tolist(), q.argmax(-1).tolist(), q.amax(-1).tolist()
         for j in range(prompt_len - 1, len(ids) - 1):  # position j predicts token j + 1

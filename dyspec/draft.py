@@ -23,6 +23,7 @@ import torch
 from transformers import PreTrainedModel
 
 from dyspec.copying import copy_token, mix
+from dyspec.feature_draft import FINAL
 from dyspec.kv import KVSession, sync
 from dyspec.tree import Tree
 
@@ -31,6 +32,7 @@ class DraftSession:
     def __init__(self, model: PreTrainedModel | None, prompt: list[int], temperature: float = 0.0):
         self.kv = KVSession(model, keep_hidden=True) if model is not None else None
         self.needs_features = bool(getattr(model, "needs_features", False))
+        self.feature_layers = getattr(model, "feature_layers", FINAL)  # the target layers it reads
         self.copy_weights = getattr(model, "copy_weights", None)
         self.temperature = temperature  # the mixture with copies is taken at it (dyspec.copying.mix)
         self.pending = list(prompt)  # committed tokens not in the draft cache yet; the root is last
@@ -48,10 +50,10 @@ class DraftSession:
         return self.kv.forwards if self.kv is not None else 0
 
     def set_prompt_features(self, hidden: torch.Tensor | None) -> None:
-        """The target's hidden states at the prompt's tokens but the last (None for a 1-token
+        """The target's features (`target_features`) at the prompt's tokens but the last (None for a 1-token
         prompt): the first token reads zeros, every later one its predecessor's feature."""
         if self.needs_features:
-            zeros = torch.zeros(1, self.kv.model.config.hidden_size, device=self.kv.device)
+            zeros = torch.zeros(1, self.kv.model.feature_size, device=self.kv.device)
             self.pending_features = zeros if hidden is None else torch.cat([zeros, hidden])
 
     @torch.inference_mode()
@@ -136,8 +138,8 @@ class DraftSession:
     def commit(
         self, tree: Tree, accepted: list[int], next_token: int, target_hidden: torch.Tensor | None = None
     ) -> None:
-        """Keep the accepted path. `target_hidden` [len(tree), H] are the target's hidden states at
-        the tree's nodes (needed by feature drafts)."""
+        """Keep the accepted path. `target_hidden` [len(tree), feature width] are the target's features at
+        the tree's nodes (`target_features`, needed by feature drafts)."""
         seen = 0
         while not self.needs_features and seen < len(accepted) and accepted[seen] in self.slot_of:
             seen += 1

@@ -26,6 +26,7 @@ from dyspec.budget import (
 from dyspec.draft import DraftSession
 from dyspec.errors import DyspecError
 from dyspec.events import Event, GenerationFinished, StepVerified, TreeExpanded
+from dyspec.feature_draft import FINAL
 from dyspec.kv import KVSession, sync
 from dyspec.models import ModelPair
 from dyspec.policies import check_options, get_policy
@@ -184,7 +185,8 @@ def stream(
     learns = auto is not None and getattr(module, "AUTO_RATES", False)  # the policy grows by auto's rates
     free = auto is not None and getattr(module, "FREE_NODES", False)  # it adds nodes that need no draft forward
     grows_by_values = getattr(module, "GROWS_BY_VALUE", False)  # a smaller cap builds the best part of a tree
-    target = KVSession(pair.target, keep_hidden=any(d.needs_features for d in drafts))
+    layers = [d.feature_layers for d in drafts if d.needs_features]  # one set: load_pair checks
+    target = KVSession(pair.target, keep_hidden=bool(layers), hidden_layers=layers[0] if layers else FINAL)
 
     t_start = time.perf_counter()
     if len(ids) > 1:

@@ -25,6 +25,7 @@ from dyspec.copying import MATCHES
 from dyspec.errors import DyspecError
 from dyspec.quant import Int8Linear, quantize_int8
 
+FINAL = (-1,)  # the target layers a draft reads by default: its final hidden state alone
 CONFIG_NAME = "feature_draft.json"
 WEIGHTS_NAME = "feature_draft.safetensors"
 
@@ -33,8 +34,10 @@ class FeatureDraft(nn.Module):
     needs_features = True
     copy_weights: list[float] | None = None  # per match length (dyspec.copying), fitted by `dyspec distill`
 
-    def __init__(self, target: PreTrainedModel, vocab: torch.Tensor):
+    def __init__(self, target: PreTrainedModel, vocab: torch.Tensor, feature_layers: tuple[int, ...] = FINAL):
         super().__init__()
+        if not feature_layers or feature_layers[-1] != -1 or len(set(feature_layers)) < len(feature_layers):
+            raise DyspecError(f"a feature draft reads distinct target layers, -1 (final) last; got {feature_layers}")
         config = copy.deepcopy(target.config)
         config.num_hidden_layers = 1
         if getattr(config, "layer_types", None):
@@ -43,6 +46,9 @@ class FeatureDraft(nn.Module):
         self.config = config
         decoder = target.get_decoder()
         H = config.hidden_size
+        self.feature_layers = tuple(feature_layers)
+        # EAGLE-3's fusion: the target's states at lower layers (`feature_layers`) mixed into its final one
+        self.fuse = nn.Linear(len(feature_layers) * H, H, bias=False) if len(feature_layers) > 1 else None
         self.fc = nn.Linear(2 * H, H, bias=False)
         self.layer = type(decoder.layers[0])(config, 0)
         self.rotary = type(decoder.rotary_emb)(config)
@@ -62,6 +68,21 @@ class FeatureDraft(nn.Module):
     def dtype(self) -> torch.dtype:
         return self.fc.weight.dtype
 
+    @property
+    def feature_size(self) -> int:
+        """Width of the target features it reads (`target_features` at `feature_layers`)."""
+        return len(self.feature_layers) * self.config.hidden_size
+
+    def fused(self, features: torch.Tensor) -> torch.Tensor:
+        """Its input feature [..., H]: the target's features [..., feature_size] fused, the lower
+        layers' states RMS-normed first (their scale grows with depth; the final one is normed
+        already); a feature of width H (its own prediction, inside a tree) passes as it is."""
+        H = self.config.hidden_size
+        if self.fuse is None or features.shape[-1] == H:
+            return features.to(self.dtype)
+        lower = nn.functional.rms_norm(features[..., :-H].unflatten(-1, (-1, H)).float(), (H,)).flatten(-2)
+        return self.fuse(torch.cat([lower, features[..., -H:].float()], dim=-1).to(self.dtype))
+
     def init_from_target(self, target: PreTrainedModel) -> None:
         """Start as the identity on the feature: the target's last layer with its two output
         projections zeroed (so the residual stream passes through, at the scale of the target's
@@ -77,6 +98,9 @@ class FeatureDraft(nn.Module):
                     module.weight.zero_()
             self.fc.weight.zero_()
             self.fc.weight[:, :H] = torch.eye(H)
+            if self.fuse is not None:  # the identity on the final layer's state: a final-layer draft at first
+                self.fuse.weight.zero_()
+                self.fuse.weight[:, -H:] = torch.eye(H)
 
     def quantize_int8(self) -> None:
         """The CPU fast path (`--precision int8`): the decoder layer and the output rows in int8.
@@ -106,9 +130,10 @@ class FeatureDraft(nn.Module):
         attention_mask: torch.Tensor | None = None,
         past_key_values=None,
     ) -> torch.Tensor:
-        """Predicted target hidden states [B, n, H] for inputs (features [B, n, H], input_ids [B, n])."""
+        """Predicted target hidden states [B, n, H] for inputs (features [B, n, feature_size] from the
+        target or [B, n, H] its own predictions, input_ids [B, n])."""
         embedded = self.borrowed.embed(input_ids).detach()  # the target's, frozen
-        x = self.fc(torch.cat([features.to(self.dtype), embedded.to(self.dtype)], dim=-1))
+        x = self.fc(torch.cat([self.fused(features), embedded.to(self.dtype)], dim=-1))
         n, past = input_ids.shape[1], past_key_values.get_seq_length() if past_key_values is not None else 0
         if attention_mask is None:  # causal over the cache and the new tokens
             keep = torch.ones(n, past + n, dtype=torch.bool, device=x.device).tril(past)
@@ -138,12 +163,19 @@ class FeatureDraft(nn.Module):
         outside `vocab`, and the predicted feature as the last hidden state. Without
         `input_features` (latency profiling) the features are zeros."""
         if input_features is None:
-            input_features = torch.zeros(*input_ids.shape, self.config.hidden_size, device=self.device)
+            input_features = torch.zeros(*input_ids.shape, self.feature_size, device=self.device)
         feature = self.predict(input_ids, input_features, position_ids, attention_mask, past_key_values)
         kept = feature[:, -logits_to_keep:] if logits_to_keep else feature
         logits = torch.full((*kept.shape[:2], self.config.vocab_size), float("-inf"), device=kept.device)
         logits[..., self.vocab] = self.subset_logits(kept).float()
         return SimpleNamespace(logits=logits, hidden_states=(feature,))
+
+
+def target_features(hidden_states: tuple[torch.Tensor, ...], layers: tuple[int, ...] = FINAL) -> torch.Tensor:
+    """What a feature draft reads from a target forward run with `output_hidden_states=True`: the
+    hidden states at `layers` (indices into `hidden_states`; -1, the final one after the final
+    norm, last), concatenated on the last axis."""
+    return torch.cat([hidden_states[i] for i in layers], dim=-1)
 
 
 def features_before(hidden: torch.Tensor) -> torch.Tensor:
@@ -157,7 +189,8 @@ def save_feature_draft(draft: FeatureDraft, folder: Path, info: dict, dtype: tor
     tensors = {k: v.to(dtype).contiguous() for k, v in draft.state_dict().items()}
     tensors["vocab"] = draft.vocab.int().contiguous()
     save_file(tensors, folder / WEIGHTS_NAME)
-    (folder / CONFIG_NAME).write_text(json.dumps({"kind": "feature_draft", **info}, indent=2))
+    info = {"kind": "feature_draft", "feature_layers": list(draft.feature_layers), **info}
+    (folder / CONFIG_NAME).write_text(json.dumps(info, indent=2))
 
 
 def is_feature_draft(folder: Path) -> bool:
@@ -181,7 +214,7 @@ def load_feature_draft(folder: Path, target: PreTrainedModel) -> FeatureDraft:
             f"{info.get('vocab_size')} tokens; this target has {target.config.hidden_size} and "
             f"{target.config.vocab_size}"
         )
-    draft = FeatureDraft(target, tensors.pop("vocab"))
+    draft = FeatureDraft(target, tensors.pop("vocab"), tuple(info.get("feature_layers", FINAL)))
     draft.load_state_dict({k: v.to(target.dtype) for k, v in tensors.items()})
     draft.copy_weights = check_copy_weights(info.get("copy_weights"), folder)
     return draft.to(target.device).eval()

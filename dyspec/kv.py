@@ -5,6 +5,8 @@ from __future__ import annotations
 import torch
 from transformers import DynamicCache, PreTrainedModel
 
+from dyspec.feature_draft import FINAL, target_features
+
 
 def sync(device: torch.device) -> None:
     """Wait for the device's queued work, so that wall-clock timings measure it."""
@@ -14,16 +16,18 @@ def sync(device: torch.device) -> None:
 
 class KVSession:
     """`length` tokens are committed in the cache; slots past it hold this step's tree nodes.
-    With `keep_hidden`, `hidden` holds the last forward's final hidden states [n, H], one row per new
-    token (what an acceptance head or a feature-conditioned draft reads)."""
+    With `keep_hidden`, `hidden` holds the last forward's hidden states at `hidden_layers` (by default
+    the final ones) [n, len(hidden_layers) x H], one row per new token (what an acceptance head or a
+    feature-conditioned draft reads: `feature_draft.target_features`)."""
 
-    def __init__(self, model: PreTrainedModel, keep_hidden: bool = False):
+    def __init__(self, model: PreTrainedModel, keep_hidden: bool = False, hidden_layers: tuple[int, ...] = FINAL):
         self.model = model
         self.device = model.device
         self.cache = DynamicCache(config=model.config)
         self.length = 0
         self.forwards = 0
         self.keep_hidden = keep_hidden
+        self.hidden_layers = hidden_layers
         self.hidden: torch.Tensor | None = None
 
     @property
@@ -44,7 +48,7 @@ class KVSession:
 
         `visible` [n, cached + n] (bool) says which cache slots and new tokens each new token attends
         to; None means plain causal attention over everything before it. `positions` default to
-        consecutive positions after the cache. `features` [n, H] go to a feature-conditioned draft.
+        consecutive positions after the cache. `features` [n, H or its feature_size] go to a feature-conditioned draft.
         `pad_to`: run the forward at that many tokens (where the profile says it is cheaper,
         `budget.padded_size`); the padding attends to itself alone, no token attends to it, its
         logits and hidden states are not returned, and `commit` drops its cache slots.
@@ -77,7 +81,7 @@ class KVSession:
         )
         self.forwards += 1
         if self.keep_hidden:
-            self.hidden = out.hidden_states[-1][0, :n]
+            self.hidden = target_features(out.hidden_states, self.hidden_layers)[0, :n]
         return out.logits[0, :n].float()
 
     def commit(self, slots: list[int]) -> None:

@@ -315,6 +315,8 @@ def load_pair(
                 f"draft '{name}' has {model.config.vocab_size} output logits, the target "
                 f"{target_model.config.vocab_size}: they must be equal"
             )
+    if len({d.feature_layers for d in drafts if isinstance(d, FeatureDraft)}) > 1:
+        raise DyspecError(f"the feature drafts in '{draft}' read different target layers: merge ones that agree")
     if precision == "int8":
         models = [m for m in (target_model, *drafts) if isinstance(m, PreTrainedModel)]
         for model in {id(m): m for m in models}.values():

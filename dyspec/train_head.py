@@ -21,7 +21,7 @@ from tqdm.auto import tqdm
 from dyspec.copying import mix_along
 from dyspec.corpus import continuations, training_prompts
 from dyspec.errors import DyspecError
-from dyspec.feature_draft import features_before
+from dyspec.feature_draft import features_before, target_features
 from dyspec.head import AcceptanceHead, auc, save_head
 from dyspec.kv import KVSession
 from dyspec.models import ModelPair
@@ -41,7 +41,7 @@ def head_examples(
     needs_features = getattr(pair.draft, "needs_features", False)
     out = pair.target(torch.tensor([seq[:-1]], device=pair.device), output_hidden_states=needs_features)
     target_logits = out.logits[0, n0:].float()
-    h = out.hidden_states[-1][0] if needs_features else None  # what a feature draft reads
+    h = target_features(out.hidden_states, pair.draft.feature_layers)[0] if needs_features else None
     draft = KVSession(pair.draft, keep_hidden=True)
     draft_logits = draft.forward(seq[:-1], features=None if h is None else features_before(h))[n0:]
     if weights := getattr(pair.draft, "copy_weights", None):  # a copying draft's q, as the engine's

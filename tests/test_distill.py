@@ -13,7 +13,7 @@ from dyspec.corpus import read_sharegpt, sharegpt_sequences
 from dyspec.distill import batch_windows, collect_features, distill, load_sequences
 from dyspec.draft import DraftSession
 from dyspec.errors import DyspecError
-from dyspec.feature_draft import load_feature_draft
+from dyspec.feature_draft import FINAL, FeatureDraft, load_feature_draft, target_features
 from dyspec.models import DEFAULT_TARGET, SHIPPED_DRAFTS, shipped_draft
 from dyspec.tree import Tree
 
@@ -21,6 +21,7 @@ from .conftest import PROMPTS
 from .tiny import VOCAB, tiny_feature_pair, tiny_tokenizer
 
 PROMPT = [0, 3, 1, 2]
+LOWER = (1, -1)  # the tiny target's first layer's output, then its final hidden state (EAGLE-3's fusion)
 
 
 @pytest.fixture(scope="module")
@@ -42,30 +43,35 @@ def reference_logits(pair, tokens: list[int], features: torch.Tensor) -> torch.T
     return pair.draft(torch.tensor([tokens]), positions, input_features=features[None]).logits[0, -1]
 
 
+def target_hidden(pair, tokens: list[int]) -> torch.Tensor:
+    """The target's features [len(tokens), feature width] that the pair's draft reads."""
+    hidden_states = pair.target(torch.tensor([tokens]), output_hidden_states=True).hidden_states
+    return target_features(hidden_states, pair.draft.feature_layers)[0]
+
+
+@pytest.mark.parametrize("layers", [FINAL, LOWER], ids=["final", "lower-and-final"])
 @torch.no_grad()
-def test_draft_session_feeds_target_features_then_its_own(feature_pair):
-    pair = feature_pair
-    target_hidden = pair.target(torch.tensor([PROMPT]), output_hidden_states=True).hidden_states[-1][0]
-    zeros = torch.zeros(1, 32)
+def test_draft_session_feeds_target_features_then_its_own(layers):
+    pair = tiny_feature_pair(feature_layers=layers)
+    zeros = torch.zeros(1, 32 * len(layers))
     session = DraftSession(pair.draft, PROMPT)
-    session.set_prompt_features(target_hidden[:-1])
+    session.set_prompt_features(target_hidden(pair, PROMPT)[:-1])
     tree = Tree.root(PROMPT[-1])
     root_logits = session.logits(tree, [0])[0]
-    real = torch.cat([zeros, target_hidden[:-1]])
+    real = torch.cat([zeros, target_hidden(pair, PROMPT)[:-1]])
     assert torch.allclose(root_logits, reference_logits(pair, PROMPT, real), atol=1e-5)
     # Inside the tree, a node reads the draft's own predicted feature at its parent.
     child = tree.add(0, 2, 0.5)
     own = session.hidden[-1]
     child_logits = session.logits(tree, [child])[0]
-    assert torch.allclose(child_logits, reference_logits(pair, PROMPT + [2], torch.cat([real, own[None]])), atol=1e-5)
+    own_path = torch.cat([pair.draft.fused(real), own[None]])  # fused: the width of its own features
+    assert torch.allclose(child_logits, reference_logits(pair, PROMPT + [2], own_path), atol=1e-5)
     assert torch.isinf(child_logits[3]) and child_logits[3] < 0  # token 3 is outside the draft's vocabulary
     # After verification, the accepted path is read again with the target's real features.
     seq = PROMPT + [2]
-    tree_hidden = pair.target(torch.tensor([seq]), output_hidden_states=True).hidden_states[-1][0, -2:]
-    session.commit(tree, [child], 4, tree_hidden)
+    session.commit(tree, [child], 4, target_hidden(pair, seq)[-2:])
     next_logits = session.logits(Tree.root(4), [0])[0]
-    full = pair.target(torch.tensor([seq]), output_hidden_states=True).hidden_states[-1][0]
-    expected = reference_logits(pair, seq + [4], torch.cat([zeros, full]))
+    expected = reference_logits(pair, seq + [4], torch.cat([zeros, target_hidden(pair, seq)]))
     assert torch.allclose(next_logits, expected, atol=1e-5)
 
 
@@ -79,8 +85,9 @@ CASES = [
 
 
 @pytest.mark.parametrize("policy,budget,options", CASES, ids=lambda x: str(x))
-def test_feature_draft_greedy_matches_ar(feature_pair, policy, budget, options):
-    pair = feature_pair
+@pytest.mark.parametrize("layers", [FINAL, LOWER], ids=["final", "lower-and-final"])
+def test_feature_draft_greedy_matches_ar(layers, policy, budget, options):
+    pair = tiny_feature_pair(feature_layers=layers)
     ar = generate(pair, PROMPT, policy="ar", max_new_tokens=30).token_ids
     r = generate(pair, PROMPT, policy=policy, budget=budget, max_new_tokens=30, options=options)
     assert r.token_ids == ar and r.draft_forwards > 0
@@ -111,6 +118,52 @@ def test_distill_heldout_loss_falls_and_the_draft_loads(feature_pair, tmp_path):
     assert sum(more["sequences"].values()) == 40
     fewer = distill(pair, tmp_path, steps=60, eval_every=30, **{**kwargs, "prompts": prompts[:20]})
     assert sum(fewer["sequences"].values()) == 20
+
+
+def test_a_draft_of_lower_layers_starts_as_the_draft_it_extends(feature_pair, tmp_path):
+    """`--feature-layers` with `--init`: the fusion starts as the identity on the final state, so
+    before training the draft predicts what the one it extends does; training then uses the lower
+    layer, and the draft it saves reads it in the engine, exactly."""
+    pair = feature_pair
+    prompts = torch.randint(0, 5, (30, 5), generator=torch.Generator().manual_seed(0)).tolist()
+    kwargs = {"prompts": prompts, "max_new_tokens": 10, "batch": 4, "window": 8, "heldout": 0.2, "copy_prompts": 0}
+    distill(pair, tmp_path / "final", steps=40, eval_every=40, vocab_size=4, **kwargs)
+    base = tmp_path / "final" / "draft"
+    loaded = distill(pair, tmp_path / "again", steps=0, init=base, **kwargs)  # the saved (fp16) draft, as is
+    extended = distill(pair, tmp_path / "lower", steps=40, eval_every=40, feature_layers=LOWER, init=base, **kwargs)
+    assert extended["heldout_untrained"] == pytest.approx(loaded["heldout"], rel=1e-6)
+    assert extended["heldout"]["loss"] < extended["heldout_untrained"]["loss"]
+    draft = load_feature_draft(tmp_path / "lower" / "draft", pair.target)
+    assert draft.feature_layers == LOWER
+    assert draft.vocab.tolist() == load_feature_draft(base, pair.target).vocab.tolist()  # the base's
+    assert draft.fuse.weight[:, :32].abs().sum() > 0  # it learnt to read the lower layer
+    trained = dataclasses.replace(pair, draft=draft)
+    ar = generate(trained, PROMPT, policy="ar", max_new_tokens=20).token_ids
+    assert generate(trained, PROMPT, policy="dyspec", budget=6, max_new_tokens=20).token_ids == ar
+    with pytest.raises(DyspecError, match="reads target layers"):  # a fusion cannot be dropped
+        distill(pair, tmp_path / "back", steps=0, init=tmp_path / "lower" / "draft", **kwargs)
+
+
+def test_feature_layers_are_checked(feature_pair, tmp_path):
+    with pytest.raises(DyspecError, match="-1 .final. last"):
+        FeatureDraft(feature_pair.target, torch.tensor([0, 1]), (1,))
+    with pytest.raises(DyspecError, match="lower layers are 0 to 1"):  # the tiny target has 2 layers
+        distill(feature_pair, tmp_path, prompts=[[0, 1]], feature_layers=(2, -1))
+
+
+def test_features_of_more_layers_serve_a_draft_of_fewer(feature_pair, tmp_path):
+    seqs = torch.randint(0, 5, (3, 9), generator=torch.Generator().manual_seed(0)).tolist()
+    both = collect_features(feature_pair, seqs, tmp_path / "both", layers=LOWER)
+    final = collect_features(feature_pair, seqs, tmp_path / "final")
+    for (tokens, f), (tokens_final, f_final) in zip(load_sequences(both, FINAL), load_sequences(final)):
+        assert tokens.tolist() == tokens_final.tolist() and torch.equal(f, f_final)
+    lower = load_sequences(both, LOWER)[0][1]
+    assert lower.shape[1] == 64 and torch.equal(lower[:, 32:], load_sequences(final)[0][1])
+    stamps = [path.stat().st_mtime_ns for path in both]
+    assert collect_features(feature_pair, seqs, tmp_path / "both") == both  # kept, not computed again
+    assert [path.stat().st_mtime_ns for path in both] == stamps
+    with pytest.raises(DyspecError, match="collect them anew"):
+        load_sequences(final, LOWER)
 
 
 def sharegpt_file(path, conversations: list[list[tuple[str, str]]], cut: bool = True):
