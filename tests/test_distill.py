@@ -10,7 +10,7 @@ from tokenizers import pre_tokenizers
 from dyspec import generate
 from dyspec.copying import MATCHES
 from dyspec.corpus import read_sharegpt, sharegpt_sequences
-from dyspec.distill import batch_windows, collect_features, distill, load_sequences
+from dyspec.distill import batch_windows, collect_features, corpus_label, corpus_texts, distill, load_sequences
 from dyspec.draft import DraftSession
 from dyspec.errors import DyspecError
 from dyspec.feature_draft import FINAL, FeatureDraft, load_feature_draft, target_features
@@ -201,6 +201,15 @@ def test_sharegpt_sequences_use_the_chat_template_and_are_cut(pair, tmp_path):
     messages = [{"role": "user", "content": "Name a colour."}, {"role": "assistant", "content": "Blue. " * 50}]
     whole = pair.tokenizer(pair.tokenizer.apply_chat_template(messages, tokenize=False), add_special_tokens=False)
     assert len(whole.input_ids) > 40 and seqs == [whole.input_ids[:40]]
+
+
+def test_sharegpt_from_a_start_gives_the_conversations_after_it(pair, tmp_path):
+    """`--corpus sharegpt:START`: fresh text for a draft trained on the first START conversations."""
+    first = corpus_texts(pair, "sharegpt", 5, None, 0, tmp_path)
+    assert corpus_texts(pair, "sharegpt:2", 3, None, 0, tmp_path) == first[2:] and len(first) == 5
+    assert corpus_label("sharegpt:2") == "sharegpt-2" and corpus_label("/data/my chats.json") == "my chats"
+    with pytest.raises(DyspecError, match="conversation number"):
+        corpus_texts(pair, "sharegpt:x", 3, None, 0, tmp_path)
 
 
 def test_distill_from_a_sharegpt_file(feature_pair, tmp_path):
