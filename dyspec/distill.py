@@ -35,6 +35,7 @@ from dyspec.feature_draft import (
     FINAL,
     FeatureDraft,
     features_before,
+    is_feature_draft,
     load_feature_draft,
     save_feature_draft,
     target_features,
@@ -198,12 +199,18 @@ def corpus_texts(
     if corpus == "continuations":
         gens = continuations(pair, training_prompts(pair, prompts, count), max_new_tokens, out / "continuations.jsonl")
         return [g["prompt"] + g["response"] for g in gens]
-    if corpus.startswith("sharegpt:"):
-        start = corpus.removeprefix("sharegpt:")
-        if not start.isdigit():
-            raise DyspecError(f"corpus '{corpus}': sharegpt:START takes a conversation number, e.g. sharegpt:3200")
-        return sharegpt_sequences(pair, count, start=int(start))
+    if (start := sharegpt_start(corpus)) is not None:
+        return sharegpt_sequences(pair, count, start=start)
     return sharegpt_sequences(pair, count, path=None if corpus == "sharegpt" else Path(corpus))
+
+
+def sharegpt_start(corpus: str) -> int | None:
+    """START of a "sharegpt:START" corpus (None for any other)."""
+    if not corpus.startswith("sharegpt:"):
+        return None
+    if not (start := corpus.removeprefix("sharegpt:")).isdigit():
+        raise DyspecError(f"corpus '{corpus}': sharegpt:START takes a conversation number, e.g. sharegpt:3200")
+    return int(start)
 
 
 def corpus_label(corpus: str) -> str:
@@ -262,6 +269,8 @@ def distill(
     labels = [corpus_label(c) for c in corpora]
     if len(counts) != len(corpora):
         raise DyspecError(f"{len(counts)} prompt counts for {len(corpora)} corpora: give one, or one per corpus")
+    for name in corpora:
+        sharegpt_start(name)  # a bad START fails here, before anything is made
     if len(set(labels)) < len(labels) or "" in corpora:
         raise DyspecError(f"bad corpus list '{corpus}': each corpus once, separated by single commas")
     if not 0 < heldout < 1:
@@ -271,6 +280,11 @@ def distill(
     n_layers = pair.target.config.num_hidden_layers
     if any(not 0 <= i < n_layers for i in feature_layers[:-1]):
         raise DyspecError(f"feature layers {list(feature_layers[:-1])}: lower layers are 0 to {n_layers - 1}")
+    if init is not None and not is_feature_draft(init):
+        raise DyspecError(f"--init {init}: not a draft folder made by `dyspec distill`")
+    base = None if init is None else load_feature_draft(init, pair.target)
+    if base is not None and base.feature_layers not in (FINAL, tuple(feature_layers)):
+        raise DyspecError(f"--init {init} reads target layers {base.feature_layers}, not {tuple(feature_layers)}")
     if steps < 0 or batch < len(corpora) or window < 2:
         raise DyspecError("steps must be >= 0, batch >= the number of corpora and window >= 2")
     t_start = time.perf_counter()
@@ -286,9 +300,6 @@ def distill(
         train_sets[label], test_sets[label] = seqs[:-n_test], seqs[-n_test:]
     train_seqs = [s for seqs in train_sets.values() for s in seqs]
     H = pair.target.config.hidden_size
-    base = None if init is None else load_feature_draft(init, pair.target)
-    if base is not None and base.feature_layers not in (FINAL, tuple(feature_layers)):
-        raise DyspecError(f"--init {init} reads target layers {base.feature_layers}, not {tuple(feature_layers)}")
     vocab = base.vocab if base is not None else choose_vocab(train_seqs, vocab_size, pair.target.config.vocab_size)
     scale = float(torch.cat([f[:, -H:] for _, f in train_seqs[:64]]).float().std())
     train_w = [windows(seqs, window, H) for seqs in train_sets.values()]

@@ -113,6 +113,9 @@ def test_generate_json():
         (["--corpus", "sharegpt,continuations", "--num-prompts", "1,2,3"], "3 prompt counts for 2 corpora"),
         (["--corpus", "sharegpt,sharegpt"], "each corpus once"),
         (["--num-prompts", "x"], "comma-separated"),
+        (["--corpus", "sharegpt:x"], "conversation number"),
+        (["--feature-layers", "40"], "lower layers are 0 to 29"),
+        (["--init", "no-such-draft"], "not a draft folder"),
     ],
 )
 def test_distill_bad_corpus_list_is_one_clear_line(tmp_path, args, fragment):

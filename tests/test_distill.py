@@ -149,6 +149,9 @@ def test_feature_layers_are_checked(feature_pair, tmp_path):
         FeatureDraft(feature_pair.target, torch.tensor([0, 1]), (1,))
     with pytest.raises(DyspecError, match="lower layers are 0 to 1"):  # the tiny target has 2 layers
         distill(feature_pair, tmp_path, prompts=[[0, 1]], feature_layers=(2, -1))
+    with pytest.raises(DyspecError, match="not a draft folder"):  # before any data is made
+        distill(feature_pair, tmp_path / "out", prompts=[[0, 1]], init=tmp_path / "missing")
+    assert not (tmp_path / "out").exists()
 
 
 def test_features_of_more_layers_serve_a_draft_of_fewer(feature_pair, tmp_path):
