@@ -215,7 +215,7 @@ def sharegpt_start(corpus: str) -> int | None:
 
 def corpus_label(corpus: str) -> str:
     """A corpus' name in reports and its features folder: continuations, sharegpt, sharegpt-START or a file's stem."""
-    if corpus == "continuations" or corpus.startswith("sharegpt"):
+    if corpus in ("continuations", "sharegpt") or corpus.startswith("sharegpt:"):
         return corpus.replace(":", "-")
     return Path(corpus).stem
 

@@ -210,7 +210,7 @@ def test_sharegpt_from_a_start_gives_the_conversations_after_it(pair, tmp_path):
     """`--corpus sharegpt:START`: fresh text for a draft trained on the first START conversations."""
     first = corpus_texts(pair, "sharegpt", 5, None, 0, tmp_path)
     assert corpus_texts(pair, "sharegpt:2", 3, None, 0, tmp_path) == first[2:] and len(first) == 5
-    assert corpus_label("sharegpt:2") == "sharegpt-2" and corpus_label("/data/my chats.json") == "my chats"
+    assert corpus_label("sharegpt:2") == "sharegpt-2" and corpus_label("/data/sharegpt_v4.json") == "sharegpt_v4"
     with pytest.raises(DyspecError, match="conversation number"):
         corpus_texts(pair, "sharegpt:x", 3, None, 0, tmp_path)
 
