@@ -108,9 +108,9 @@ class FeatureDraft(nn.Module):
         from 8.2 to 1.7 ms at two (fp32 GEMMs of a few rows are slow there), and `chain` at budget
         1 made 1.343 tokens per target forward either way (10 MT-Bench prompts, T = 0). Exactness
         never depends on the draft."""
-        # not `fc`: its input row is [feature, embedding], whose halves differ ~30x in scale, and one
-        # int8 scale per row left the embedding a few levels (top-1 agreement with the fp32 draft
-        # 0.81 with it in int8, 0.95 without)
+        # not `fc` (nor `fuse`, which runs once a step): its input row is [feature, embedding], whose
+        # halves differ ~30x in scale, and one int8 scale per row left the embedding a few levels
+        # (top-1 agreement with the fp32 draft 0.81 with it in int8, 0.95 without)
         quantize_int8(self.layer)
         self.borrowed.int8_head = Int8Linear(self.borrowed.head)
 
