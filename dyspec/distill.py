@@ -32,15 +32,13 @@ from dyspec.corpus import continuations, sharegpt_sequences, training_prompts
 from dyspec.errors import DyspecError
 from dyspec.feature_draft import (
     CONFIG_NAME,
-    FINAL,
     FeatureDraft,
     features_before,
     is_feature_draft,
     load_feature_draft,
     save_feature_draft,
-    target_features,
 )
-from dyspec.kv import KVSession
+from dyspec.kv import FINAL, KVSession, target_features
 from dyspec.models import ModelPair
 from dyspec.profile import forward_ms
 from dyspec.sampling import to_probs

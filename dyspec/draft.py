@@ -23,8 +23,7 @@ import torch
 from transformers import PreTrainedModel
 
 from dyspec.copying import copy_token, mix
-from dyspec.feature_draft import FINAL
-from dyspec.kv import KVSession, sync
+from dyspec.kv import FINAL, KVSession, sync
 from dyspec.tree import Tree
 
 

@@ -26,8 +26,7 @@ from dyspec.budget import (
 from dyspec.draft import DraftSession
 from dyspec.errors import DyspecError
 from dyspec.events import Event, GenerationFinished, StepVerified, TreeExpanded
-from dyspec.feature_draft import FINAL
-from dyspec.kv import KVSession, sync
+from dyspec.kv import FINAL, KVSession, sync
 from dyspec.models import ModelPair
 from dyspec.policies import check_options, get_policy
 from dyspec.profile import target_profile

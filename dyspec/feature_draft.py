@@ -23,9 +23,9 @@ from transformers import PreTrainedModel
 
 from dyspec.copying import MATCHES
 from dyspec.errors import DyspecError
+from dyspec.kv import FINAL, cache_kwarg
 from dyspec.quant import Int8Linear, quantize_int8
 
-FINAL = (-1,)  # the target layers a draft reads by default: its final hidden state alone
 CONFIG_NAME = "feature_draft.json"
 WEIGHTS_NAME = "feature_draft.safetensors"
 
@@ -128,13 +128,13 @@ class FeatureDraft(nn.Module):
         features: torch.Tensor,
         position_ids: torch.Tensor,
         attention_mask: torch.Tensor | None = None,
-        past_key_values=None,
+        cache=None,
     ) -> torch.Tensor:
         """Predicted target hidden states [B, n, H] for inputs (features [B, n, feature_size] from the
         target or [B, n, H] its own predictions, input_ids [B, n])."""
         embedded = self.borrowed.embed(input_ids).detach()  # the target's, frozen
         x = self.fc(torch.cat([self.fused(features), embedded.to(self.dtype)], dim=-1))
-        n, past = input_ids.shape[1], past_key_values.get_seq_length() if past_key_values is not None else 0
+        n, past = input_ids.shape[1], cache.get_seq_length() if cache is not None else 0
         if attention_mask is None:  # causal over the cache and the new tokens
             keep = torch.ones(n, past + n, dtype=torch.bool, device=x.device).tril(past)
             attention_mask = torch.zeros(keep.shape, dtype=x.dtype, device=x.device)
@@ -144,9 +144,9 @@ class FeatureDraft(nn.Module):
             x,
             attention_mask=attention_mask,
             position_ids=position_ids,
-            past_key_values=past_key_values,
-            use_cache=past_key_values is not None,
+            use_cache=cache is not None,
             position_embeddings=self.rotary(x, position_ids),
+            **{cache_kwarg(self.layer.forward): cache},
         )
 
     def forward(
@@ -154,7 +154,7 @@ class FeatureDraft(nn.Module):
         input_ids: torch.Tensor,
         position_ids: torch.Tensor,
         attention_mask: torch.Tensor | None = None,
-        past_key_values=None,
+        cache=None,
         input_features: torch.Tensor | None = None,
         logits_to_keep: int = 0,
         **_,
@@ -164,18 +164,11 @@ class FeatureDraft(nn.Module):
         `input_features` (latency profiling) the features are zeros."""
         if input_features is None:
             input_features = torch.zeros(*input_ids.shape, self.feature_size, device=self.device)
-        feature = self.predict(input_ids, input_features, position_ids, attention_mask, past_key_values)
+        feature = self.predict(input_ids, input_features, position_ids, attention_mask, cache)
         kept = feature[:, -logits_to_keep:] if logits_to_keep else feature
         logits = torch.full((*kept.shape[:2], self.config.vocab_size), float("-inf"), device=kept.device)
         logits[..., self.vocab] = self.subset_logits(kept).float()
         return SimpleNamespace(logits=logits, hidden_states=(feature,))
-
-
-def target_features(hidden_states: tuple[torch.Tensor, ...], layers: tuple[int, ...] = FINAL) -> torch.Tensor:
-    """What a feature draft reads from a target forward run with `output_hidden_states=True`: the
-    hidden states at `layers` (indices into `hidden_states`; -1, the final one after the final
-    norm, last), concatenated on the last axis."""
-    return torch.cat([hidden_states[i] for i in layers], dim=-1)
 
 
 def features_before(hidden: torch.Tensor) -> torch.Tensor:

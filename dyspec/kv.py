@@ -2,10 +2,26 @@
 
 from __future__ import annotations
 
+import inspect
+from collections.abc import Callable
+
 import torch
 from transformers import DynamicCache, PreTrainedModel
 
-from dyspec.feature_draft import FINAL, target_features
+FINAL = (-1,)  # the target layers a feature draft reads by default: its final hidden state alone
+
+
+def target_features(hidden_states: tuple[torch.Tensor, ...], layers: tuple[int, ...] = FINAL) -> torch.Tensor:
+    """What a feature draft reads from a target forward run with `output_hidden_states=True`: the
+    hidden states at `layers` (indices into `hidden_states`; -1, the final one after the final
+    norm, last), concatenated on the last axis."""
+    return torch.cat([hidden_states[i] for i in layers], dim=-1)
+
+
+def cache_kwarg(forward: Callable) -> str:
+    """The name a forward takes its KV cache by: `cache` since transformers 5.24 (`past_key_values`
+    still works there, with a FutureWarning on stderr), `past_key_values` before."""
+    return "cache" if "cache" in inspect.signature(forward).parameters else "past_key_values"
 
 
 def sync(device: torch.device) -> None:
@@ -18,12 +34,13 @@ class KVSession:
     """`length` tokens are committed in the cache; slots past it hold this step's tree nodes.
     With `keep_hidden`, `hidden` holds the last forward's hidden states at `hidden_layers` (by default
     the final ones) [n, len(hidden_layers) x H], one row per new token (what an acceptance head or a
-    feature-conditioned draft reads: `feature_draft.target_features`)."""
+    feature-conditioned draft reads: `target_features`)."""
 
     def __init__(self, model: PreTrainedModel, keep_hidden: bool = False, hidden_layers: tuple[int, ...] = FINAL):
         self.model = model
         self.device = model.device
         self.cache = DynamicCache(config=model.config)
+        self.cache_kwarg = cache_kwarg(model.forward)
         self.length = 0
         self.forwards = 0
         self.keep_hidden = keep_hidden
@@ -73,7 +90,7 @@ class KVSession:
             input_ids=torch.tensor([tokens], device=self.device),
             position_ids=torch.tensor([positions], device=self.device),
             attention_mask=mask,
-            past_key_values=self.cache,
+            **{self.cache_kwarg: self.cache},
             use_cache=True,
             logits_to_keep=1 if last_only else 0,
             output_hidden_states=self.keep_hidden,

@@ -21,9 +21,9 @@ from tqdm.auto import tqdm
 from dyspec.copying import mix_along
 from dyspec.corpus import continuations, training_prompts
 from dyspec.errors import DyspecError
-from dyspec.feature_draft import features_before, target_features
+from dyspec.feature_draft import features_before
 from dyspec.head import AcceptanceHead, auc, save_head
-from dyspec.kv import KVSession
+from dyspec.kv import KVSession, target_features
 from dyspec.models import ModelPair
 from dyspec.sampling import sample_rows, to_probs
 

@@ -13,7 +13,8 @@ from dyspec.corpus import read_sharegpt, sharegpt_sequences
 from dyspec.distill import batch_windows, collect_features, corpus_label, corpus_texts, distill, load_sequences
 from dyspec.draft import DraftSession
 from dyspec.errors import DyspecError
-from dyspec.feature_draft import FINAL, FeatureDraft, load_feature_draft, target_features
+from dyspec.feature_draft import FeatureDraft, load_feature_draft
+from dyspec.kv import FINAL, target_features
 from dyspec.models import DEFAULT_TARGET, SHIPPED_DRAFTS, shipped_draft
 from dyspec.tree import Tree
 
