@@ -225,6 +225,7 @@ def cmd_distill(args: argparse.Namespace) -> None:
         copy_prompts=args.copy_prompts,
         feature_layers=(*args.feature_layers, -1),
         init=init,
+        draft_layers=args.draft_layers,
     )
     print(json.dumps(report, indent=2))
     print(f"draft: {Path(args.out) / 'draft'} (use it with --draft PATH)", file=sys.stderr)
@@ -332,6 +333,13 @@ def build_parser() -> argparse.ArgumentParser:
         default=(),
         help="lower target layers the draft reads besides the final one, as EAGLE-3 does (e.g. 3,15: "
         "indices into the target's hidden states, 0 the embeddings)",
+    )
+    d.add_argument(
+        "--draft-layers",
+        type=int,
+        default=1,
+        help="the draft's decoder layers (more: better guesses, a slower draft; with --init, the ones the "
+        "start lacks begin as the identity)",
     )
     d.add_argument("--init", help="a draft folder to start from (distilled: the one shipped for the target)")
     d.add_argument(

@@ -251,6 +251,7 @@ def distill(
     copy_prompts: int = 160,
     feature_layers: tuple[int, ...] = FINAL,
     init: Path | None = None,
+    draft_layers: int = 1,
 ) -> dict:
     """Train a feature draft for `pair.target` in `out` (data, checkpoints and the result in
     `out/draft`, resumable at every stage) and return the report. `corpus` is one of corpus_texts'
@@ -260,8 +261,9 @@ def distill(
     large one. `features_dtype` see collect_features. Then the draft's copy weights are fitted on
     the target's answers to `copy_prompts` training prompts (`fit_copy`; 0: none, the draft never
     copies). `feature_layers`: the target layers the draft reads (FeatureDraft; e.g. (3, 15, -1),
-    EAGLE-3's low, middle and final). `init`: a draft folder to start from (its vocabulary, layer
-    and projection; a fusion of more layers starts as the identity on the final one)."""
+    EAGLE-3's low, middle and final). `draft_layers`: the draft's decoder layers. `init`: a draft
+    folder to start from (its vocabulary, layers and projection; a fusion of more target layers
+    starts as the identity on the final one, and decoder layers it lacks as the identity)."""
     corpora = corpus.split(",")
     counts = [num_prompts] * len(corpora) if isinstance(num_prompts, int) else list(num_prompts)
     labels = [corpus_label(c) for c in corpora]
@@ -283,6 +285,12 @@ def distill(
     base = None if init is None else load_feature_draft(init, pair.target)
     if base is not None and base.feature_layers not in (FINAL, tuple(feature_layers)):
         raise DyspecError(f"--init {init} reads target layers {base.feature_layers}, not {tuple(feature_layers)}")
+    if draft_layers < 1:
+        raise DyspecError(f"a draft has at least one decoder layer, got --draft-layers {draft_layers}")
+    if base is not None and len(base.layers) > draft_layers:
+        raise DyspecError(
+            f"--init {init} has {len(base.layers)} decoder layers, more than --draft-layers {draft_layers}"
+        )
     if steps < 0 or batch < len(corpora) or window < 2:
         raise DyspecError("steps must be >= 0, batch >= the number of corpora and window >= 2")
     t_start = time.perf_counter()
@@ -308,9 +316,9 @@ def distill(
     test_tokens = {label: sum(len(t) for t, _ in seqs) for label, seqs in test_sets.items()}
 
     torch.manual_seed(seed)
-    draft = FeatureDraft(pair.target, vocab, feature_layers).to(pair.device).float()
+    draft = FeatureDraft(pair.target, vocab, feature_layers, draft_layers).to(pair.device).float()
     draft.init_from_target(pair.target)
-    if base is not None:  # a fusion it lacks stays the identity on the final layer
+    if base is not None:  # a fusion or decoder layers it lacks stay the identity
         draft.load_state_dict(base.state_dict(), strict=False)
     draft.borrowed.head = draft.borrowed.head.float()
     full_head = pair.target.get_output_embeddings().weight.detach().float()
@@ -379,6 +387,7 @@ def distill(
             "lr": lr,
             "seed": seed,
             "feature_layers": list(feature_layers),
+            "draft_layers": draft_layers,
             "init": None if init is None else str(init),
             "device": str(pair.device),
         },

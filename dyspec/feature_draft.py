@@ -34,14 +34,22 @@ class FeatureDraft(nn.Module):
     needs_features = True
     copy_weights: list[float] | None = None  # per match length (dyspec.copying), fitted by `dyspec distill`
 
-    def __init__(self, target: PreTrainedModel, vocab: torch.Tensor, feature_layers: tuple[int, ...] = FINAL):
+    def __init__(
+        self,
+        target: PreTrainedModel,
+        vocab: torch.Tensor,
+        feature_layers: tuple[int, ...] = FINAL,
+        num_layers: int = 1,
+    ):
         super().__init__()
         if not feature_layers or feature_layers[-1] != -1 or len(set(feature_layers)) < len(feature_layers):
             raise DyspecError(f"a feature draft reads distinct target layers, -1 (final) last; got {feature_layers}")
+        if num_layers < 1:
+            raise DyspecError(f"a feature draft has at least one decoder layer, got {num_layers}")
         config = copy.deepcopy(target.config)
-        config.num_hidden_layers = 1
+        config.num_hidden_layers = num_layers
         if getattr(config, "layer_types", None):
-            config.layer_types = config.layer_types[:1]
+            config.layer_types = config.layer_types[:num_layers]
         config._attn_implementation = "sdpa"
         self.config = config
         decoder = target.get_decoder()
@@ -50,8 +58,8 @@ class FeatureDraft(nn.Module):
         # EAGLE-3's fusion: the target's states at lower layers (`feature_layers`) mixed into its final one
         self.fuse = nn.Linear(len(feature_layers) * H, H, bias=False) if len(feature_layers) > 1 else None
         self.fc = nn.Linear(2 * H, H, bias=False)
-        self.layer = type(decoder.layers[0])(config, 0)
-        self.layer_cache_kwarg = cache_kwarg(self.layer.forward)  # once: inspecting costs ~20 us a call
+        self.layers = nn.ModuleList(type(decoder.layers[0])(config, i) for i in range(num_layers))
+        self.layer_cache_kwarg = cache_kwarg(self.layers[0].forward)  # once: inspecting costs ~20 us a call
         self.rotary = type(decoder.rotary_emb)(config)
         self.register_buffer("vocab", vocab.long(), persistent=False)
         # Borrowed from the target, frozen and not saved: the embedding and the output rows.
@@ -91,12 +99,13 @@ class FeatureDraft(nn.Module):
         feature alone (the projection is the identity on the feature half). Initialising from the
         last layer learnt fastest in DRAFT-NOTES.md; without the zeroing, the first held-out loss
         was ~400 nats."""
-        self.layer.load_state_dict(target.get_decoder().layers[-1].state_dict())
         H = self.config.hidden_size
         with torch.no_grad():
-            for name, module in self.layer.named_modules():
-                if name.endswith(("o_proj", "down_proj")):
-                    module.weight.zero_()
+            for layer in self.layers:  # each the identity at first, so a deeper draft starts as a shallower one
+                layer.load_state_dict(target.get_decoder().layers[-1].state_dict())
+                for name, module in layer.named_modules():
+                    if name.endswith(("o_proj", "down_proj")):
+                        module.weight.zero_()
             self.fc.weight.zero_()
             self.fc.weight[:, :H] = torch.eye(H)
             if self.fuse is not None:  # the identity on the final layer's state: a final-layer draft at first
@@ -112,7 +121,8 @@ class FeatureDraft(nn.Module):
         # not `fc` (nor `fuse`, which runs once a step): its input row is [feature, embedding], whose
         # halves differ ~30x in scale, and one int8 scale per row left the embedding a few levels
         # (top-1 agreement with the fp32 draft 0.81 with it in int8, 0.95 without)
-        quantize_int8(self.layer)
+        for layer in self.layers:
+            quantize_int8(layer)
         self.borrowed.int8_head = Int8Linear(self.borrowed.head)
 
     def subset_logits(self, feature: torch.Tensor) -> torch.Tensor:
@@ -141,14 +151,17 @@ class FeatureDraft(nn.Module):
             attention_mask = torch.zeros(keep.shape, dtype=x.dtype, device=x.device)
             attention_mask.masked_fill_(~keep, torch.finfo(x.dtype).min)
             attention_mask = attention_mask[None, None]
-        return self.layer(
-            x,
-            attention_mask=attention_mask,
-            position_ids=position_ids,
-            use_cache=cache is not None,
-            position_embeddings=self.rotary(x, position_ids),
-            **{self.layer_cache_kwarg: cache},
-        )
+        rotary = self.rotary(x, position_ids)
+        for layer in self.layers:
+            x = layer(
+                x,
+                attention_mask=attention_mask,
+                position_ids=position_ids,
+                use_cache=cache is not None,
+                position_embeddings=rotary,
+                **{self.layer_cache_kwarg: cache},
+            )
+        return x
 
     def forward(
         self,
@@ -208,7 +221,10 @@ def load_feature_draft(folder: Path, target: PreTrainedModel) -> FeatureDraft:
             f"{info.get('vocab_size')} tokens; this target has {target.config.hidden_size} and "
             f"{target.config.vocab_size}"
         )
-    draft = FeatureDraft(target, tensors.pop("vocab"), tuple(info.get("feature_layers", FINAL)))
+    # drafts saved before drafts could have several decoder layers stored their one as `layer`
+    tensors = {k.replace("layer.", "layers.0.", 1) if k.startswith("layer.") else k: v for k, v in tensors.items()}
+    num_layers = 1 + max(int(k.split(".")[1]) for k in tensors if k.startswith("layers."))
+    draft = FeatureDraft(target, tensors.pop("vocab"), tuple(info.get("feature_layers", FINAL)), num_layers)
     draft.load_state_dict({k: v.to(target.dtype) for k, v in tensors.items()})
     draft.copy_weights = check_copy_weights(info.get("copy_weights"), folder)
     return draft.to(target.device).eval()

@@ -116,6 +116,7 @@ def test_generate_json():
         (["--corpus", "sharegpt:x"], "conversation number"),
         (["--feature-layers", "40"], "lower layers are 0 to 29"),
         (["--init", "no-such-draft"], "not a draft folder"),
+        (["--draft-layers", "0"], "at least one decoder layer"),
     ],
 )
 def test_distill_bad_corpus_list_is_one_clear_line(tmp_path, args, fragment):
@@ -165,10 +166,13 @@ def test_train_head_and_distill_run_from_the_command_line(tmp_path):
         "4",
         "--copy-prompts",
         "10",
+        "--draft-layers",
+        "2",
     )
     assert distilled.returncode == 0, distilled.stderr
     report = json.loads(distilled.stdout)
     assert report["settings"]["num_prompts"] == 20 and report["copy"]["prompts"] == 10
+    assert report["settings"]["draft_layers"] == 2
     # the copy weights fitted again, on more answers, by the command that does only that
     draft = tmp_path / "d" / "draft"
     out = str(tmp_path / "c")

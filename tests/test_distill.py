@@ -23,6 +23,8 @@ from .tiny import VOCAB, tiny_feature_pair, tiny_tokenizer
 
 PROMPT = [0, 3, 1, 2]
 LOWER = (1, -1)  # the tiny target's first layer's output, then its final hidden state (EAGLE-3's fusion)
+# the drafts the engine must serve alike: (target layers it reads, its decoder layers)
+DRAFTS = {"final": (FINAL, 1), "lower-and-final": (LOWER, 1), "two-decoder-layers": (FINAL, 2)}
 
 
 @pytest.fixture(scope="module")
@@ -50,10 +52,11 @@ def target_hidden(pair, tokens: list[int]) -> torch.Tensor:
     return target_features(hidden_states, pair.draft.feature_layers)[0]
 
 
-@pytest.mark.parametrize("layers", [FINAL, LOWER], ids=["final", "lower-and-final"])
+@pytest.mark.parametrize("kind", DRAFTS)
 @torch.no_grad()
-def test_draft_session_feeds_target_features_then_its_own(layers):
-    pair = tiny_feature_pair(feature_layers=layers)
+def test_draft_session_feeds_target_features_then_its_own(kind):
+    layers, depth = DRAFTS[kind]
+    pair = tiny_feature_pair(feature_layers=layers, num_layers=depth)
     zeros = torch.zeros(1, 32 * len(layers))
     session = DraftSession(pair.draft, PROMPT)
     session.set_prompt_features(target_hidden(pair, PROMPT)[:-1])
@@ -86,9 +89,10 @@ CASES = [
 
 
 @pytest.mark.parametrize("policy,budget,options", CASES, ids=lambda x: str(x))
-@pytest.mark.parametrize("layers", [FINAL, LOWER], ids=["final", "lower-and-final"])
-def test_feature_draft_greedy_matches_ar(layers, policy, budget, options):
-    pair = tiny_feature_pair(feature_layers=layers)
+@pytest.mark.parametrize("kind", DRAFTS)
+def test_feature_draft_greedy_matches_ar(kind, policy, budget, options):
+    layers, depth = DRAFTS[kind]
+    pair = tiny_feature_pair(feature_layers=layers, num_layers=depth)
     ar = generate(pair, PROMPT, policy="ar", max_new_tokens=30).token_ids
     r = generate(pair, PROMPT, policy=policy, budget=budget, max_new_tokens=30, options=options)
     assert r.token_ids == ar and r.draft_forwards > 0
@@ -143,6 +147,32 @@ def test_a_draft_of_lower_layers_starts_as_the_draft_it_extends(feature_pair, tm
     assert generate(trained, PROMPT, policy="dyspec", budget=6, max_new_tokens=20).token_ids == ar
     with pytest.raises(DyspecError, match="reads target layers"):  # a fusion cannot be dropped
         distill(pair, tmp_path / "back", steps=0, init=tmp_path / "lower" / "draft", **kwargs)
+
+
+def test_a_deeper_draft_starts_as_the_draft_it_extends(feature_pair, tmp_path):
+    """`--draft-layers 2` with `--init`: the new decoder layer starts as the identity, so before
+    training the draft predicts what the saved one-layer draft does; training then uses the new
+    layer, and the saved two-layer draft loads and stays exact in the engine."""
+    pair = feature_pair
+    prompts = torch.randint(0, 5, (30, 5), generator=torch.Generator().manual_seed(0)).tolist()
+    kwargs = {"prompts": prompts, "max_new_tokens": 10, "batch": 4, "window": 8, "heldout": 0.2, "copy_prompts": 0}
+    distill(pair, tmp_path / "one", steps=40, eval_every=40, vocab_size=4, **kwargs)
+    base = tmp_path / "one" / "draft"
+    loaded = distill(pair, tmp_path / "again", steps=0, init=base, **kwargs)
+    deeper = distill(pair, tmp_path / "two", steps=40, eval_every=40, draft_layers=2, init=base, **kwargs)
+    assert deeper["heldout_untrained"] == pytest.approx(loaded["heldout"], rel=1e-6)
+    assert deeper["heldout"]["loss"] < deeper["heldout_untrained"]["loss"]
+    assert deeper["settings"]["draft_layers"] == 2
+    draft = load_feature_draft(tmp_path / "two" / "draft", pair.target)
+    assert len(draft.layers) == 2 and draft.layers[1].mlp.down_proj.weight.abs().sum() > 0  # it learnt to use it
+    trained = dataclasses.replace(pair, draft=draft)
+    ar = generate(trained, PROMPT, policy="ar", max_new_tokens=20).token_ids
+    assert generate(trained, PROMPT, policy="dyspec", budget=6, max_new_tokens=20).token_ids == ar
+    with pytest.raises(DyspecError, match="2 decoder layers, more than --draft-layers 1"):  # none is dropped
+        distill(pair, tmp_path / "back", steps=0, init=tmp_path / "two" / "draft", **kwargs)
+    with pytest.raises(DyspecError, match="at least one decoder layer"):  # before any data is made
+        distill(pair, tmp_path / "none", draft_layers=0, **kwargs)
+    assert not (tmp_path / "none").exists()
 
 
 def test_feature_layers_are_checked(feature_pair, tmp_path):

@@ -197,7 +197,7 @@ def test_int8_path_quantizes_the_feature_draft(pair, int8_pair):
     and proposes what its fp32 weights propose on most tokens (0.95 of the prompts' positions
     when measured; 0.81 with its input projection in int8 too, which the draft keeps in fp32)."""
     draft = int8_pair.draft
-    assert draft.borrowed.int8_head is not None and isinstance(draft.layer.mlp.down_proj, Int8Linear)
+    assert draft.borrowed.int8_head is not None and isinstance(draft.layers[0].mlp.down_proj, Int8Linear)
     folder = shipped_draft(pair.target_name)
     fp32, int8 = load_feature_draft(folder, pair.target), load_feature_draft(folder, pair.target)
     int8.quantize_int8()

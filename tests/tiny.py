@@ -75,14 +75,15 @@ def tiny_head_file(path, bias: tuple[float, float] | None = None, seed: int = 0)
     return str(path)
 
 
-def tiny_feature_pair(seed: int = 3, feature_layers: tuple[int, ...] = (-1,)) -> ModelPair:
-    """The tiny target with a feature-conditioned draft (random weights, its fusion of lower layers
-    too) that can propose only 4 of the 5 tokens, so exactness is also checked where q is zero."""
+def tiny_feature_pair(seed: int = 3, feature_layers: tuple[int, ...] = (-1,), num_layers: int = 1) -> ModelPair:
+    """The tiny target with a feature-conditioned draft of `num_layers` decoder layers (random
+    weights, its fusion of lower layers too) that can propose only 4 of the 5 tokens, so exactness
+    is also checked where q is zero."""
     from dyspec.feature_draft import FeatureDraft
 
     target = tiny_model(1, 2)
     torch.manual_seed(seed)
-    draft = FeatureDraft(target, torch.tensor([0, 1, 2, 4]), feature_layers).eval()
+    draft = FeatureDraft(target, torch.tensor([0, 1, 2, 4]), feature_layers, num_layers).eval()
     return ModelPair(
         target, draft, tiny_tokenizer(), "tiny-target", "tiny-feature-draft", torch.device("cpu"), torch.float32
     )
