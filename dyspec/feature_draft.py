@@ -1,4 +1,4 @@
-"""A feature-conditioned draft in the manner of EAGLE (Li et al. 2024): one decoder layer that
+"""A feature-conditioned draft in the manner of EAGLE (Li et al. 2024): one decoder layer (or more) that
 reads the target's final hidden state (after its final norm) at position j - 1 together with the embedding of token j,
 predicts the target's hidden state at j, and reads it out through the target's own output layer,
 cut to the most frequent tokens (the output layer is most of a small draft's cost).
