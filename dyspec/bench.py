@@ -41,6 +41,7 @@ SCHEMA = json.loads((Path(__file__).with_name("bench_schema.json")).read_text())
 class BenchConfig:
     dataset: str = "mtbench"
     num_prompts: int = 10
+    spread: bool = False  # num_prompts evenly spaced over the set, not the first (load_prompts)
     policies: tuple[str, ...] = ("ar", "chain", "dyspec")
     budgets: tuple[int, ...] = (8, 16)
     temperatures: tuple[float, ...] = (0.0,)
@@ -193,7 +194,7 @@ def run_bench(
                 check_settings(name, budget, temperature, config.max_new_tokens, specs[spec][1])
     if "hf-assisted" in config.policies and (pair.draft is None or getattr(pair.draft, "needs_features", False)):
         raise DyspecError("hf-assisted needs an independent draft model (not none, not a feature draft)")
-    prompts = load_prompts(config.dataset, config.num_prompts)
+    prompts = load_prompts(config.dataset, config.num_prompts, config.spread)
     out.parent.mkdir(parents=True, exist_ok=True)
     records = read_records(out) if resume else []
     tmp = out.with_name(out.name + ".tmp")  # rewrite without any partial line, atomically

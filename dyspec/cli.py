@@ -132,6 +132,7 @@ def cmd_bench(args: argparse.Namespace) -> None:
     config = BenchConfig(
         dataset=args.dataset,
         num_prompts=args.num_prompts,
+        spread=args.spread,
         policies=args.policies,
         budgets=args.budgets,
         temperatures=args.temperatures,
@@ -248,12 +249,19 @@ def cmd_fit_copy(args: argparse.Namespace) -> None:
     out, n = Path(args.out), args.max_new_tokens
     report = fit_copy(pair, folder, out / f"continuations-{n}.jsonl", args.num_prompts, n)
     if args.eval:  # prompts never fitted on: a measuring set's, e.g. MT-Bench's
-        prompts = [text for _, text in load_prompts(args.eval, args.eval_prompts)]
-        name = Path(args.eval).stem
+        prompts = [text for _, text in load_prompts(args.eval, args.eval_prompts, args.spread)]
+        # answers resume by position in the file, and spread selections of different sizes differ
+        name = Path(args.eval).stem + (f"-spread{args.eval_prompts}" if args.spread else "")
         sequences = answer_sequences(pair, prompts, n, out / f"eval-{name}-{n}.jsonl")
-        report["eval"] = {"dataset": args.eval, **copy_eval(pair, sequences, report["weights"])}
+        report["eval"] = {"dataset": args.eval, "spread": args.spread, **copy_eval(pair, sequences, report["weights"])}
     print(json.dumps(report, indent=2))
     print(f"copy weights stored in {folder}", file=sys.stderr)
+
+
+SPREAD_HELP = (
+    "take the prompts evenly spaced over the set, not the first ones (MT-Bench's file is ordered by "
+    "category: its first 10 are all writing)"
+)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -269,6 +277,7 @@ def build_parser() -> argparse.ArgumentParser:
     b = sub.add_parser("bench", help="policies x budgets x temperatures on a prompt set, with a report")
     b.add_argument("--dataset", default="mtbench", help="mtbench, gsm8k, humaneval, or a .jsonl file of prompts")
     b.add_argument("--num-prompts", type=int, default=10)
+    b.add_argument("--spread", action="store_true", help=SPREAD_HELP)
     b.add_argument(
         "--policies",
         type=_csv(str),
@@ -357,6 +366,7 @@ def build_parser() -> argparse.ArgumentParser:
     fc.add_argument("--max-new-tokens", type=int, default=96, help="length of each target continuation")
     fc.add_argument("--eval", help="also report agreement on a prompt set never fitted on (mtbench, gsm8k, humaneval)")
     fc.add_argument("--eval-prompts", type=int, default=20, help="prompts of --eval to answer")
+    fc.add_argument("--spread", action="store_true", help=SPREAD_HELP)
     add_model_args(fc)
     fc.set_defaults(func=cmd_fit_copy, draft="distilled")
 

@@ -52,9 +52,10 @@ def _prompt_text(record: dict, field: str) -> str:
     return value[0] if isinstance(value, list) else value  # MT-Bench: the first turn
 
 
-def load_prompts(dataset: str, limit: int | None = None) -> list[tuple[str, str]]:
+def load_prompts(dataset: str, limit: int | None = None, spread: bool = False) -> list[tuple[str, str]]:
     """(id, prompt) pairs from a named set or a JSONL file whose records have a "prompt" field
-    (and optionally "id")."""
+    (and optionally "id"): the first `limit`, or with `spread` `limit` of them evenly spaced over the
+    set (MT-Bench's file is ordered by category, 10 questions each: its first 10 are all writing)."""
     if dataset in DATASETS:
         package, module, rel, field = DATASETS[dataset]
         records = _read_jsonl(package_file(package, module, rel, f"prompt set '{dataset}'"))
@@ -70,4 +71,6 @@ def load_prompts(dataset: str, limit: int | None = None) -> list[tuple[str, str]
             prompts = [(str(r.get("id", i)), r["prompt"]) for i, r in enumerate(records)]
         except (json.JSONDecodeError, KeyError, TypeError):
             raise DyspecError(f'{dataset}: each line must be a JSON object with a "prompt" field') from None
-    return prompts[:limit] if limit else prompts
+    if not limit or limit >= len(prompts):
+        return prompts
+    return [prompts[i * len(prompts) // limit] for i in range(limit)] if spread else prompts[:limit]

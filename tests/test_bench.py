@@ -4,6 +4,7 @@ import jsonschema
 import pytest
 
 from dyspec.bench import SCHEMA, BenchConfig, read_records, record_key, run_bench, write_report
+from dyspec.prompts import load_prompts
 
 
 def test_bench_smoke_and_resume(pair, tmp_path):
@@ -43,12 +44,25 @@ def test_bench_smoke_and_resume(pair, tmp_path):
     assert "Forward latency t(n)" in html and '"name":"target_at_400"' in html
 
 
+def test_prompts_first_or_spread_over_the_set(tmp_path):
+    first = [pid for pid, _ in load_prompts("mtbench", 10)]
+    assert first == [f"mtbench/{i}" for i in range(81, 91)]  # MT-Bench's file is by category: all writing
+    spread = [pid for pid, _ in load_prompts("mtbench", 8, spread=True)]
+    assert spread == [f"mtbench/{i}" for i in range(81, 161, 10)]  # one per category
+    assert len(load_prompts("mtbench", 500, spread=True)) == 80
+    path = tmp_path / "p.jsonl"
+    path.write_text("".join(json.dumps({"prompt": f"p{i}"}) + "\n" for i in range(7)))
+    assert [text for _, text in load_prompts(str(path), 3, spread=True)] == ["p0", "p2", "p4"]
+
+
 def test_one_pass_over_the_prompts_per_seed_ar_first_then_a_rotated_order(pair, tmp_path):
-    config = BenchConfig(num_prompts=2, policies=("ar", "chain"), budgets=(1, 2, 3), seeds=(0, 1), max_new_tokens=2)
+    config = BenchConfig(
+        num_prompts=2, spread=True, policies=("ar", "chain"), budgets=(1, 2, 3), seeds=(0, 1), max_new_tokens=2
+    )
     records = run_bench(pair, config, tmp_path / "results.jsonl", progress=False)
     order = [(r["seed"], r["prompt_id"], r["policy"], r["budget"]) for r in records]
     prompts = [pid for seed, pid, policy, _ in order if seed == 0 and policy == "ar"]
-    assert len(set(prompts)) == 2
+    assert prompts == ["mtbench/81", "mtbench/121"]  # spread: the first and the middle of 80
     budgets = [(1, 2, 3), (2, 3, 1), (3, 1, 2), (1, 2, 3)]  # each group starts one run further on
     assert order == [
         (seed, pid, policy, budget)

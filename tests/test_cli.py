@@ -177,11 +177,13 @@ def test_train_head_and_distill_run_from_the_command_line(tmp_path):
     draft = tmp_path / "d" / "draft"
     out = str(tmp_path / "c")
     args = ("--draft", str(draft), "--out", out, "--num-prompts", "12", "--eval", "mtbench", "--eval-prompts", "3")
+    args += ("--spread",)  # 3 of MT-Bench's 80 questions, evenly spaced
     fitted = dyspec("fit-copy", "--target", tiny, *args)
     assert fitted.returncode == 0, fitted.stderr
     refit = json.loads(fitted.stdout)
     assert refit["prompts"] == 12 and len(refit["weights"]) == 6
-    assert refit["eval"]["dataset"] == "mtbench" and refit["eval"]["positions"] > 0
+    assert refit["eval"]["dataset"] == "mtbench" and refit["eval"]["positions"] > 0 and refit["eval"]["spread"]
+    assert len(list((tmp_path / "c").glob("eval-mtbench-spread3-*.jsonl"))) == 1  # not the first-3 answers
     assert json.loads((draft / "feature_draft.json").read_text())["copy_weights"] == refit["weights"]
 
 
