@@ -193,7 +193,9 @@ def run_bench(
             for budget, temperature in itertools.product(config.budgets, config.temperatures):
                 check_settings(name, budget, temperature, config.max_new_tokens, specs[spec][1])
     if "hf-assisted" in config.policies and (pair.draft is None or getattr(pair.draft, "needs_features", False)):
-        raise DyspecError("hf-assisted needs an independent draft model (not none, not a feature draft)")
+        raise DyspecError(
+            "hf-assisted needs an independent draft model (not none, not a feature draft): e.g. --draft int8"
+        )
     prompts = load_prompts(config.dataset, config.num_prompts, config.spread)
     out.parent.mkdir(parents=True, exist_ok=True)
     records = read_records(out) if resume else []

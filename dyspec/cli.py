@@ -6,6 +6,7 @@ import argparse
 import json
 import sys
 
+from dyspec.defaults import BENCH_POLICIES, DEFAULTS, defaults_for
 from dyspec.errors import DyspecError
 from dyspec.models import DEFAULT_DRAFT, DEFAULT_TARGET, PRECISIONS
 from dyspec.policies import parse_option
@@ -41,29 +42,35 @@ def add_model_args(p: argparse.ArgumentParser, with_draft: bool = True) -> None:
     p.add_argument(
         "--draft",
         default=DEFAULT_DRAFT,
-        help="as --target, or a folder made by `dyspec distill`, distilled (the one shipped for the target), "
-        "int8 (the target with int8 layers, CPU), truncated:N (its first N layers), "
-        "self, or auto: int8 on CPU (fp32 target), else distilled where one ships, else truncated:2; several, "
-        "comma-separated (int8,distilled), are merged into one tree by specinfer, other policies use the first "
-        "(default: %(default)s)",
+        help="auto (default): distilled, the feature draft shipped for the target, where one ships; else int8 "
+        "for an fp32 target on a CPU, else truncated:2. Or: as --target; a folder made by `dyspec distill`; "
+        "int8 (the target with int8 layers, drafting for the fp32 target on a CPU); truncated:N (its first N "
+        "layers, untrained); self. Several, comma-separated (int8,distilled), are merged into one tree by "
+        "specinfer; other policies use the first",
     )
     p.add_argument(
         "--precision",
         default="auto",
         choices=PRECISIONS,
-        help="auto: int8 Linear layers on CPU (fast path), native dtype elsewhere (bf16 on GPU); "
-        "fp32: greedy outputs token-identical to autoregressive on a GPU too (default: auto)",
+        help="auto (default): int8 Linear layers on a CPU (the fast path; outputs exact for that int8 "
+        "model), bf16 on a GPU; with --draft int8 on a CPU, fp32. fp32: the target's fp32 weights as they "
+        "are, greedy outputs token-identical to autoregressive on a GPU too",
     )
 
 
+_DEFAULTS = "; ".join(f"{device}: {d.policy} at budget {d.budget}" for device, d in DEFAULTS.items())
+
+
 def add_decoding_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--policy", default="chain", help="decoding policy (default: %(default)s)")
+    p.add_argument(
+        "--policy", default=None, help=f"decoding policy (default: the fastest measured on the device: {_DEFAULTS})"
+    )
     p.add_argument(
         "--budget",
         type=_budget,
-        default=4,
+        default=None,
         help="drafted tokens per step: K for chain, tree size for trees; 'auto' sizes each step's tree "
-        "by expected gain against the measured latency profile",
+        "by expected gain against the measured latency profile (default: the device's, as for --policy)",
     )
     p.add_argument("--temperature", type=float, default=0.0)
     p.add_argument("--seed", type=int, default=0)
@@ -80,9 +87,12 @@ def add_decoding_args(p: argparse.ArgumentParser) -> None:
 
 def cmd_generate(args: argparse.Namespace) -> None:
     from dyspec.engine import check_settings, generate
-    from dyspec.models import load_pair
+    from dyspec.models import load_pair, pick_device
 
     options = dict(args.option)
+    defaults = defaults_for(pick_device(args.device))
+    args.policy = args.policy or defaults.policy
+    args.budget = defaults.budget if args.budget is None else args.budget
     check_settings(args.policy, args.budget, args.temperature, args.max_new_tokens, options)
     pair = load_pair(args.target, args.draft, args.device, allow_download=args.allow_download, precision=args.precision)
     result = generate(
@@ -100,7 +110,8 @@ def cmd_generate(args: argparse.Namespace) -> None:
     else:
         print(result.text)
         print(
-            f"[{result.policy} budget={result.budget} T={result.temperature}] {result.new_tokens} tokens in "
+            f"[{result.policy} budget={result.budget} T={result.temperature}; {pair.precision} target, draft "
+            f"{pair.drafts_label}] {result.new_tokens} tokens in "
             f"{result.target_forwards} target forwards ({result.tokens_per_forward:.2f} per forward), "
             f"{result.wall_s:.2f} s, {result.tokens_per_s:.1f} tokens/s",
             file=sys.stderr,
@@ -122,19 +133,20 @@ def cmd_bench(args: argparse.Namespace) -> None:
 
     from dyspec.bench import BenchConfig, auto_table, markdown_table, run_bench, write_report
     from dyspec.figures import summarize
-    from dyspec.models import load_pair
+    from dyspec.models import load_pair, pick_device
     from dyspec.profile import measure_profile
 
     out = Path(args.out)
     if out.is_dir():
         raise DyspecError(f"--out {out} is a folder; give a file for the records, such as {out / 'results.jsonl'}")
     options = dict(args.option)
+    budgets = args.budgets or defaults_for(pick_device(args.device)).bench_budgets
     config = BenchConfig(
         dataset=args.dataset,
         num_prompts=args.num_prompts,
         spread=args.spread,
         policies=args.policies,
-        budgets=args.budgets,
+        budgets=budgets,
         temperatures=args.temperatures,
         seeds=args.seeds,
         max_new_tokens=args.max_new_tokens,
@@ -281,11 +293,19 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument(
         "--policies",
         type=_csv(str),
-        default=("ar", "chain", "dyspec", "hf-assisted"),
-        help="comma-separated; besides the engine's policies: hf (model.generate), hf-assisted, hf-lookup; "
-        "a policy may carry options, e.g. specdecpp:h=0.3",
+        default=BENCH_POLICIES,
+        help="comma-separated; besides the engine's policies: hf (model.generate), hf-assisted (with an "
+        "independent draft, e.g. --draft int8), hf-lookup; a policy may carry options, e.g. specdecpp:h=0.3 "
+        f"(default: {','.join(BENCH_POLICIES)})",
     )
-    b.add_argument("--budgets", type=_csv(_budget), default=(4, 8, 16), help="comma-separated; 'auto' allowed")
+    b.add_argument(
+        "--budgets",
+        type=_csv(_budget),
+        default=None,
+        help="comma-separated; 'auto' allowed (default: the device's, "
+        + "; ".join(f"{device}: {','.join(map(str, d.bench_budgets))}" for device, d in DEFAULTS.items())
+        + ")",
+    )
     b.add_argument("--temperatures", type=_csv(float), default=(0.0,))
     b.add_argument("--seeds", type=_csv(int), default=(0,))
     b.add_argument("--max-new-tokens", type=int, default=64)

@@ -23,6 +23,7 @@ from dyspec.budget import (
     profile_at,
     step_cap,
 )
+from dyspec.defaults import defaults_for
 from dyspec.draft import DraftSession
 from dyspec.errors import DyspecError
 from dyspec.events import Event, GenerationFinished, StepVerified, TreeExpanded
@@ -148,8 +149,8 @@ def _build_ms(
 def stream(
     pair: ModelPair,
     prompt: str | Sequence[int],
-    policy: str = "chain",
-    budget: int | str = 4,
+    policy: str | None = None,
+    budget: int | str | None = None,
     temperature: float = 0.0,
     seed: int = 0,
     max_new_tokens: int = 64,
@@ -159,10 +160,15 @@ def stream(
     stop: Callable[[], bool] | None = None,
 ) -> Iterator[Event]:
     """Generate, yielding `TreeExpanded` and `StepVerified` events per step and a final
-    `GenerationFinished`. `budget="auto"` sizes each step's tree by expected gain against the
-    target's measured latency profile (dyspec.budget), with acceptance rates learnt in earlier steps
-    and generations (`pair.auto_states`). `stop()` is polled between steps: when it
-    returns True the generation ends cleanly with stop_reason "stopped"."""
+    `GenerationFinished`. `policy` and `budget` default to the fastest measured on the pair's
+    device (`dyspec.defaults`); the final event says which ran. `budget="auto"` sizes each step's
+    tree by expected gain against the target's measured latency profile (dyspec.budget), with
+    acceptance rates learnt in earlier steps and generations (`pair.auto_states`). `stop()` is
+    polled between steps: when it returns True the generation ends cleanly with stop_reason
+    "stopped"."""
+    defaults = defaults_for(pair.device)
+    policy = policy or defaults.policy
+    budget = defaults.budget if budget is None else budget
     options = dict(options or {})
     ids = encode_prompt(pair, prompt, chat)
     check_request(pair, ids, policy, budget, temperature, max_new_tokens, options)

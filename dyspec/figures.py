@@ -196,8 +196,8 @@ def node_outcomes(step) -> list[str]:
 
 
 def tree_layout(parents: list[int]) -> list[float]:
-    """y position per node: leaves in depth-first order get 0, 1, 2, ...; a parent sits at the mean of
-    its children."""
+    """y position per node, a tidy layout: leaves in depth-first order get 0, 1, 2, ...; a parent
+    sits at the mean of its children. Siblings never overlap and subtrees never cross."""
     children: dict[int, list[int]] = defaultdict(list)
     for i, p in enumerate(parents[1:], start=1):
         children[p].append(i)
@@ -218,11 +218,20 @@ def tree_layout(parents: list[int]) -> list[float]:
     return y
 
 
+WHITESPACE = str.maketrans({" ": "␣", "\n": "↵", "\t": "⇥", "\r": ""})
+
+
+def token_label(text: str) -> str:
+    """A token as a tree shows it: spaces as ␣, newlines as ↵, tabs as ⇥, so that a
+    token that is all whitespace is still visible."""
+    return text.translate(WHITESPACE) or "∅"
+
+
 def tree_figure(step, upto: int | None = None, title: str | None = None) -> go.Figure:
-    """The step's token tree, root at the left: colour by outcome, size by draft probability, hover
-    with draft and target probability, path value, depth and sibling order, and the acceptance
-    head's prediction where the policy made one (specdecpp). `upto` shows only the first nodes in
-    growth order, to replay how the tree grew."""
+    """The step's token tree, root at the left, one column per depth: colour by outcome, size by
+    draft probability, the accepted path drawn thick, hover with draft and target probability,
+    path value, depth and sibling order, and the acceptance head's prediction where the policy made
+    one (specdecpp). `upto` shows only the first nodes in growth order, to replay how the tree grew."""
     n = len(step.tokens) if upto is None else max(1, min(upto, len(step.tokens)))
     y = tree_layout(step.parents[:n])
     x = step.depths[:n]
@@ -237,14 +246,15 @@ def tree_figure(step, upto: int | None = None, title: str | None = None) -> go.F
         f"{predicted[i - 1]:.3f}" if 0 < i <= len(predicted) and predicted[i - 1] is not None else "-" for i in range(n)
     ]
     fig = go.Figure()
-    ex, ey = [], []
-    for i in range(1, n):
-        p = step.parents[i]
-        ex += [x[p], x[i], None]
-        ey += [y[p], y[i], None]
-    fig.add_trace(
-        go.Scatter(x=ex, y=ey, mode="lines", line={"color": "#999", "width": 1}, hoverinfo="skip", showlegend=False)
-    )
+    for on_path in (False, True):  # the accepted path last, over the other edges
+        ex, ey = [], []
+        for i in range(1, n):
+            if (outcome[i] == "accepted") == on_path:
+                p = step.parents[i]
+                ex += [x[p], x[i], None]
+                ey += [y[p], y[i], None]
+        line = {"color": COLORS["accepted"], "width": 4} if on_path else {"color": "#aaa", "width": 1}
+        fig.add_trace(go.Scatter(x=ex, y=ey, mode="lines", line=line, hoverinfo="skip", showlegend=False))
     for kind, color in COLORS.items():
         idx = [i for i in range(n) if outcome[i] == kind]
         if not idx:
@@ -255,9 +265,10 @@ def tree_figure(step, upto: int | None = None, title: str | None = None) -> go.F
                 y=[y[i] for i in idx],
                 mode="markers+text",
                 name=kind,
-                text=[repr(step.texts[i])[1:-1] for i in idx],
-                textposition="middle right",
-                marker={"color": color, "size": [8 + 22 * step.draft_probs[i] for i in idx], "line": {"width": 0}},
+                text=[token_label(step.texts[i]) for i in idx],
+                textposition="top center",
+                textfont={"family": "monospace", "size": 13, "color": "#222" if kind != "unreached" else "#888"},
+                marker={"color": color, "size": [9 + 16 * step.draft_probs[i] for i in idx], "line": {"width": 0}},
                 customdata=[
                     [step.draft_probs[i], step.target_probs[i], step.values[i], step.depths[i], rank[i], head[i]]
                     for i in idx
@@ -269,12 +280,14 @@ def tree_figure(step, upto: int | None = None, title: str | None = None) -> go.F
             )
         )
     made = f"copied after a {step.extra['match']}-token match" if step.extra.get("match") else "drafted"
+    leaves = max(y, default=0) + 1
     fig.update_layout(
         title=title or f"step {step.step}: {len(step.tokens) - 1} {made}, {len(step.accepted)} accepted",
-        xaxis={"title": "depth", "dtick": 1},
-        yaxis={"visible": False},
-        height=420,
-        margin={"l": 20, "r": 20},
+        xaxis={"title": "depth", "dtick": 1, "range": [-0.4, max(x, default=0) + 0.6]},
+        yaxis={"visible": False, "range": [leaves - 0.4, -0.8]},  # first leaf at the top; room for labels
+        height=max(300, min(900, 120 + 42 * leaves)),
+        margin={"l": 20, "r": 20, "t": 50, "b": 40},
+        legend={"orientation": "h", "y": -0.12},
     )
     return fig
 
@@ -294,19 +307,35 @@ def text_html(steps) -> str:
     return "<div style='font-family:monospace;line-height:1.6'>" + "".join(parts) + "</div>"
 
 
-def steps_figure(steps, ar_tokens_per_s: float | None = None) -> go.Figure:
-    """Tokens committed per target forward at each step, and the running speedup over a measured
-    autoregressive run of the same prompt (tokens so far / time so far, over ar's tokens/s)."""
+def steps_figure(steps, running: list[float | None] | None = None) -> go.Figure:
+    """Tokens committed per target forward at each step, and the running speedup over `ar` on the
+    same prompt (`dyspec.speedup.running_speedup`: None until enough tokens are in)."""
     fig = go.Figure()
     fig.add_trace(go.Bar(x=[s.step for s in steps], y=[len(s.emitted) for s in steps], name="tokens per forward"))
-    if ar_tokens_per_s:
-        tokens = seconds = 0.0
-        speedup = []
-        for s in steps:
-            tokens += len(s.emitted)
-            seconds += s.draft_s + s.target_s + s.overhead_s
-            speedup.append(tokens / seconds / ar_tokens_per_s)
-        fig.add_trace(go.Scatter(x=[s.step for s in steps], y=speedup, name="running speedup vs ar", yaxis="y2"))
-        fig.update_layout(yaxis2={"overlaying": "y", "side": "right", "title": "speedup", "rangemode": "tozero"})
-    fig.update_layout(title="Per step", xaxis_title="step", yaxis_title="tokens per forward", height=320)
+    if running and any(r is not None for r in running):
+        fig.add_trace(
+            go.Scatter(
+                x=[s.step for s in steps], y=running, name="running speedup vs ar", yaxis="y2", connectgaps=False
+            )
+        )
+        top = max(2.0, *(r for r in running if r is not None)) * 1.1
+        fig.update_layout(
+            yaxis2={
+                "overlaying": "y",
+                "side": "right",
+                "title": "speedup vs ar",
+                "range": [0, top],
+                "tickformat": ".1f",
+                "automargin": True,
+            }
+        )
+        fig.add_hline(y=1.0, line_dash="dot", line_color="gray", yref="y2")
+    fig.update_layout(
+        title="Per step",
+        xaxis_title="step",
+        yaxis={"title": "tokens per forward", "automargin": True, "rangemode": "tozero"},
+        height=320,
+        legend={"orientation": "h", "y": -0.25},
+        margin={"l": 50, "r": 50, "t": 50, "b": 40},
+    )
     return fig

@@ -28,10 +28,10 @@ transformers.utils.logging.disable_progress_bar()  # per-tensor load bars are no
 
 DEFAULT_TARGET = "smollm2-135m-instruct"
 DEFAULT_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
-# The default draft: on a CPU with an fp32 target, the target itself with int8 Linear layers (agrees
-# with the fp32 target on ~90% of tokens at ~40% of its cost); elsewhere the feature draft shipped
-# for the target, or where none ships a stand-in, the target's first 2 layers with its final norm
-# and output layer, untrained (accepted rarely).
+# The default draft: the feature draft shipped for the target (~9% of an int8 target forward on a
+# CPU); where none ships, on a CPU with an fp32 target the target itself with int8 Linear layers
+# (it needs no training), else a stand-in: the target's first 2 layers with its final norm and
+# output layer, untrained (accepted rarely).
 DEFAULT_DRAFT = "auto"
 STANDIN_DRAFT = "truncated:2"
 SHIPPED_DRAFTS = Path(__file__).with_name("drafts")  # feature drafts made by `dyspec distill`, per target
@@ -110,10 +110,10 @@ PRECISIONS = ("auto", "native", "fp32", "int8")
 
 
 def pick_precision(precision: str, device: torch.device) -> str:
-    """ "auto": int8 Linear layers on a CPU (2-3x faster forwards, see dyspec.quant), else native:
-    bf16 on a GPU. "fp32" is native on a CPU; on a GPU it keeps greedy outputs token-identical to
-    autoregressive decoding, which bf16 does not quite (a tree forward rounds differently from a
-    one-token forward: README, "On a GPU")."""
+    """ "auto": int8 Linear layers on a CPU (1.2-1.8x faster forwards, see dyspec.quant), else
+    native: bf16 on a GPU. "fp32" is native on a CPU (the GGUF's weights as they are); on a GPU it
+    keeps greedy outputs token-identical to autoregressive decoding, which bf16 does not quite (a
+    tree forward rounds differently from a one-token forward: docs, "On a GPU")."""
     if precision not in PRECISIONS:
         raise DyspecError(f"precision must be one of {', '.join(PRECISIONS)}, got '{precision}'")
     if precision == "int8" and device.type != "cpu":
@@ -279,8 +279,8 @@ def load_pair(
     allow_download: bool = False,
     precision: str = "auto",
 ) -> ModelPair:
-    """Load a target and a draft. `draft` is "auto" (int8 on a CPU that supports it, for an fp32
-    target; else `distilled` where one ships for the target, else truncated:2), a model name as
+    """Load a target and a draft. `draft` is "auto" (`distilled` where one ships for the target;
+    else int8 for an fp32 target on a CPU, else truncated:2), a model name as
     for the target, a folder made by `dyspec distill` (a feature draft), `distilled` (the feature
     draft shipped for the target), `truncated:N` (the target's first N layers, untrained), `int8`
     (the target with int8 Linear layers: a draft that needs no training, for a target that runs at
@@ -288,18 +288,24 @@ def load_pair(
     comma-separated ("int8,distilled"), are merged into one tree by `specinfer`; every other policy
     drafts with the first.
     Hub ids load from the local cache unless `allow_download`. `precision` "auto" runs int8 Linear
-    layers on a CPU; outputs are then exact with respect to that int8 model (see README)."""
+    layers on a CPU (unless the draft is int8, which drafts for the fp32 target); outputs are then
+    exact with respect to that int8 model. "fp32" gives the GGUF's fp32 weights as they are."""
     dev = pick_device(device)
     names = [] if draft is None else [n.strip() for n in draft.split(",")]
     if "" in names:
         raise DyspecError(f"bad draft list '{draft}': names separated by single commas")
-    auto_draft = "distilled" if shipped_draft(target) else STANDIN_DRAFT
-    if dev.type == "cpu" and precision != "int8" and int8_available():
+    auto_draft = STANDIN_DRAFT
+    if shipped_draft(target):
+        auto_draft = "distilled"
+    elif dev.type == "cpu" and precision in ("fp32", "native") and int8_available():
         auto_draft = "int8"
     names = [auto_draft if n == "auto" else n for n in names]
     if "int8" in names:
         if precision == "int8":
-            raise DyspecError("the int8 draft is the target quantized: use it with --precision native")
+            raise DyspecError(
+                "the int8 draft is the target quantized and drafts for the fp32 target: use it with "
+                "--precision fp32 (or auto), or --draft distilled with --precision int8"
+            )
         if dev.type != "cpu":
             raise DyspecError("the int8 draft runs on a CPU only (fbgemm)")
         if precision == "auto":

@@ -94,3 +94,15 @@ def target_profile(pair) -> dict[int, dict[int, float]]:
     saved = json.loads(path.read_text())
     contexts = {CONTEXT: saved["target"], LONG_CONTEXT: saved.get(f"target_at_{LONG_CONTEXT}")}
     return {c: {int(n): ms for n, ms in t.items()} for c, t in contexts.items() if t}
+
+
+def machine_profile(pair) -> dict:
+    """This machine's t(n) of the pair's target and draft as they run, what the hardware what-if
+    prices a run with (`dyspec.whatif`): measured once (~40 s for the default pair on a 2-core CPU)
+    and cached per draft beside `target_profile`'s file."""
+    base = profile_path(pair)
+    draft = str(pair.drafts_label).replace("/", "_").replace(",", "+")
+    path = base.with_name(f"{base.stem}__draft-{draft}.json")
+    if not path.exists():
+        write_cache(path, json.dumps({"name": "this machine", **measure_profile(pair, baseline=False)}))
+    return json.loads(path.read_text())

@@ -13,6 +13,8 @@ import psutil
 import pytest
 import requests
 
+from dyspec.examples import EXAMPLES
+
 CHROMIUM = "/usr/bin/chromium"
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -62,22 +64,25 @@ def test_api_with_gradio_client(server):
 
     url, _ = server
     client = Client(url, verbose=False)
-    text, tree, chart, stats, *_ = client.predict("Name three colors.", "chain", 4, 0, 0, 12, False, api_name="/run")
+    whatif = ("h100", 64, 0.1)  # the what-if menu: hardware, parametric width and draft fraction
+    text, tree, chart, stats, *_ = client.predict(
+        "Name three colors.", "chain", 4, 0, 0, 12, False, *whatif, api_name="/run"
+    )
     assert "12 tokens" in stats and "per forward" in stats
     assert "<span" in text
     table, a, b = client.predict("Name three colors.", "chain", "dyspec", 8, 0, 0, 12, api_name="/compare")
     assert "| ar |" in table and "| dyspec |" in table and a == b  # greedy: every policy gives ar's text
     with pytest.raises(Exception, match="maximum value 64"):
-        client.predict("hi", "chain", 999, 0, 0, 12, False, api_name="/run")
+        client.predict("hi", "chain", 999, 0, 0, 12, False, *whatif, api_name="/run")
     with pytest.raises(Exception, match="Type a prompt"):
-        client.predict("   ", "chain", 4, 0, 0, 12, False, api_name="/run")
+        client.predict("   ", "chain", 4, 0, 0, 12, False, *whatif, api_name="/run")
 
 
 def test_concurrent_clients_match_single_run_and_memory_settles(server):
     from gradio_client import Client
 
     url, proc = server
-    args = ("Write a haiku about rain.", "dyspec", 8, 0.8, 7, 32, False)
+    args = ("Write a haiku about rain.", "dyspec", 8, 0.8, 7, 32, False, "h100", 64, 0.1)
     single = Client(url, verbose=False).predict(*args, api_name="/run")[0]
     rss_before = psutil.Process(proc.pid).memory_info().rss
     with ThreadPoolExecutor(8) as pool:
@@ -111,12 +116,19 @@ def test_browser_run_and_stop(server, tmp_path):
         )
         page = browser.new_page(viewport={"width": 1400, "height": 1100})
         page.goto(url)
-        page.locator("#prompt textarea").fill("Name two planets.")
-        page.get_by_label("Max new tokens").first.fill("16")
+        page.get_by_text("A list", exact=True).click()  # an example fills the prompt and what to expect
+        expect(page.locator("#prompt textarea")).to_have_value(EXAMPLES[2].prompt)
+        expect(page.locator("#expect textarea")).to_have_value(EXAMPLES[2].expect)
+        page.get_by_label("Max new tokens").first.fill("48")
         page.locator("#run").click()
-        expect(page.locator("#stats")).to_contain_text("16 tokens", timeout=120_000)
+        expect(page.locator("#stats")).to_contain_text("48 tokens", timeout=120_000)
+        expect(page.locator("#stats")).to_contain_text("speedup vs ar:")
         expect(page.locator("#text span").first).to_be_visible()
         expect(page.locator("#tree .main-svg").first).to_be_visible()
+        whatif = page.locator("#whatif")
+        expect(whatif).to_contain_text("measured here:", timeout=30_000)
+        expect(whatif).to_contain_text("modelled from this run's acceptance")
+        page.wait_for_timeout(1000)  # plotly's last redraw
         page.screenshot(path=str(tmp_path / "app.png"), full_page=True)
         if os.environ.get("DYSPEC_SCREENSHOT"):
             shutil.copy(tmp_path / "app.png", os.environ["DYSPEC_SCREENSHOT"])
@@ -124,6 +136,7 @@ def test_browser_run_and_stop(server, tmp_path):
         # Stop once the new run streams: the first run's stats read "tokens in" too, and matching them
         # clicked Stop while the app still measured `ar` (a flaky failure on a busy machine)
         stale = page.locator(STATS_TEXT).first.inner_text()
+        page.locator("#prompt textarea").fill("Name two planets.")
         page.get_by_label("Max new tokens").first.fill("256")
         page.locator("#run").click()
         page.wait_for_function(

@@ -21,8 +21,11 @@ def ar_outputs(pair):
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the default device is the GPU")
 def test_default_pair_on_cpu(pair):
-    """fp32 target (the GGUF's weights as they are) and its int8 copy as the draft."""
-    assert pair.precision == "native" and pair.dtype == torch.float32 and pair.draft_name == "int8"
+    """The fastest exact configuration: the int8 target and the feature draft shipped for it, and the
+    device's default policy and budget when none is given (dyspec.defaults)."""
+    assert pair.precision == "int8" and pair.draft_name == "distilled"
+    r = generate(pair, PROMPTS[0], max_new_tokens=4)
+    assert (r.policy, r.budget) == ("dyspec", 2)
 
 
 def test_ar_matches_hf_generate(pair, ar_outputs):

@@ -6,18 +6,19 @@ from widgets import Compare, Dashboard
 
 
 def test_dashboard_run_updates_figures(pair):
-    d = Dashboard(pair, prompt="Name three fruits.")
-    d.policy.value, d.budget.value, d.max_new_tokens.value = "dyspec", 6, 12
+    d = Dashboard(pair, prompt="List ten fruits, one per line.")
+    d.policy.value, d.budget.value, d.max_new_tokens.value = "dyspec", 6, 20
     finished = d.run()
-    assert finished.new_tokens == 12 and len(d.steps) == finished.target_forwards
+    assert finished.new_tokens == 20 and len(d.steps) == finished.target_forwards
     last = d.steps[-1]
     names = {t.name for t in d.tree_fig.data if t.name}
     assert "root" in names and "accepted" in names | {"root"}
     drawn = sum(len(t.x) for t in d.tree_fig.data if t.mode == "markers+text")
     assert drawn == len(last.tokens)  # every node of the last tree is drawn
     assert [b.y for b in d.steps_fig.data if b.type == "bar"][0] == tuple(len(s.emitted) for s in d.steps)
-    assert d.ar_tokens_per_s and "ar's rate" in d.stats.value
-    assert d.text.value.count("<span") == 12
+    assert d.ar_steps and "speedup vs ar: <b>" in d.stats.value and "prefill excluded" in d.stats.value
+    assert "modelled from this run's acceptance" in d.whatif.value and "measured here" in d.whatif.value
+    assert d.text.value.count("<span") == 20
     assert d.step_slider.max == len(d.steps) - 1
 
 
@@ -55,3 +56,20 @@ def test_compare_runs_both_on_the_same_prompt(pair):
         d.max_new_tokens.value, d.measure_ar.value = 8, False
     a, b = c.run()
     assert a.token_ids == b.token_ids and a.policy == "chain" and b.policy == "dyspec"
+
+
+def test_dashboard_examples_and_hardware_whatif(pair):
+    from dyspec.examples import EXAMPLES
+
+    d = Dashboard(pair)
+    assert d.prompt.value == EXAMPLES[0].prompt and EXAMPLES[0].expect in d.expect.value
+    d.example.value = EXAMPLES[-1]
+    assert d.prompt.value == EXAMPLES[-1].prompt
+    d.max_new_tokens.value, d.measure_ar.value = 8, False
+    d.run()
+    shipped = d.whatif.value
+    assert "H100" in shipped and "ar not measured" in shipped
+    d.hardware_choice.value, d.width.value, d.draft_fraction.value = "parametric", 256, 0.0
+    # verification and drafts free: the speedup is the tokens per forward
+    tokens_per_forward = d.finished.new_tokens / d.finished.target_forwards
+    assert f"{tokens_per_forward:.2f}x on t(n) flat to 256" in d.whatif.value

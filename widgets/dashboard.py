@@ -13,32 +13,55 @@ import plotly.graph_objects as go
 from IPython.display import display
 
 import dyspec
-from dyspec import figures
+from dyspec import figures, speedup, whatif
+from dyspec.defaults import defaults_for
 from dyspec.events import GenerationFinished, StepVerified
+from dyspec.examples import EXAMPLES
 from dyspec.policies import available_policies
 
 
 class Dashboard:
-    def __init__(self, pair: dyspec.ModelPair, prompt: str = "Explain speculative decoding in one paragraph."):
+    """`profiles`: latency models (`dyspec.whatif.load_profile`) for the what-if menu, besides the
+    shipped ones, this machine's and a parametric accelerator. `ar_cache` keeps `ar`'s measured steps
+    per prompt and settings; dashboards on one pair may share one."""
+
+    def __init__(
+        self,
+        pair: dyspec.ModelPair,
+        prompt: str | None = None,
+        profiles: dict | None = None,
+        ar_cache: dict | None = None,
+    ):
         self.pair = pair
         self.steps: list[StepVerified] = []
+        self.ar_steps: list[StepVerified] = []
         self.finished: GenerationFinished | None = None
-        self.ar_tokens_per_s: float | None = None
+        self.ar_cache = {} if ar_cache is None else ar_cache
+        self.hardware = {**whatif.shipped_models(), **(profiles or {})}
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         policies = available_policies(pair)
-        self.prompt = W.Textarea(prompt, description="Prompt", layout=W.Layout(width="100%", height="70px"))
-        self.policy = W.Dropdown(
-            options=policies, value="dyspec" if "dyspec" in policies else "ar", description="Policy"
+        defaults = defaults_for(pair.device)
+        self.example = W.Dropdown(
+            options=[("(your own prompt)", None), *((e.label, e) for e in EXAMPLES)],
+            value=None if prompt else EXAMPLES[0],
+            description="Example",
         )
-        self.budget = W.IntSlider(8, min=1, max=64, description="Budget")
+        self.expect = W.HTML()
+        self.prompt = W.Textarea(
+            prompt or EXAMPLES[0].prompt, description="Prompt", layout=W.Layout(width="100%", height="90px")
+        )
+        self.policy = W.Dropdown(
+            options=policies, value=defaults.policy if defaults.policy in policies else "ar", description="Policy"
+        )
+        self.budget = W.IntSlider(defaults.budget, min=1, max=64, description="Budget")
         self.temperature = W.FloatSlider(0.0, min=0, max=2, step=0.05, description="Temperature")
         self.threshold = W.FloatText(0.0, description="Threshold", tooltip="dyspec-threshold's t (0: 1/budget)")
         self.h = W.FloatSlider(0.5, min=0.05, max=0.95, step=0.05, description="h", tooltip="specdecpp's stop level")
         self.max_depth = W.IntSlider(16, min=1, max=32, description="Max depth")
         self.seed = W.IntText(0, description="Seed")
         self.max_new_tokens = W.IntSlider(64, min=1, max=256, description="Max tokens")
-        self.measure_ar = W.Checkbox(True, description="measure ar first (for speedup)")
+        self.measure_ar = W.Checkbox(True, description="compare with ar (for speedup)")
         self.run_button = W.Button(description="Run", button_style="primary")
         self.stop_button = W.Button(description="Stop")
         self.step_slider = W.IntSlider(0, min=0, max=0, description="Step")
@@ -47,6 +70,11 @@ class Dashboard:
         self.growth_play = W.Play(1, min=1, max=1, interval=400, description="Replay growth")
         W.link((self.growth_play, "value"), (self.growth_slider, "value"))
         W.link((self.growth_play, "max"), (self.growth_slider, "max"))
+        choices = [*self.hardware, whatif.THIS_MACHINE, whatif.PARAMETRIC]
+        self.hardware_choice = W.Dropdown(options=choices, value=choices[0], description="What-if")
+        self.width = W.IntSlider(64, min=1, max=256, description="Width W", tooltip="parametric: t(n) flat up to W")
+        self.draft_fraction = W.FloatSlider(0.1, min=0, max=1, step=0.01, description="Draft/t(1)")
+        self.whatif = W.HTML("Run a generation to price its trees.")
         self.stats = W.HTML()
         self.text = W.HTML()
         self.tree_fig = go.Figure()
@@ -57,6 +85,28 @@ class Dashboard:
         self.stop_button.on_click(lambda _: self.stop())
         self.step_slider.observe(lambda _: self.show_step(), names="value")
         self.growth_slider.observe(lambda _: self.show_step(), names="value")
+        self.example.observe(lambda _: self.pick_example(), names="value")
+        for control in (self.hardware_choice, self.width, self.draft_fraction):
+            control.observe(lambda _: self.price(), names="value")
+        self.pick_example()
+
+    def pick_example(self) -> None:
+        example = self.example.value
+        if example is not None:
+            self.prompt.value = example.prompt
+        self.expect.value = f"<i>{example.expect}</i>" if example is not None else ""
+
+    def price(self) -> str:
+        """The what-if line for the last run under the chosen hardware (also shown)."""
+        if not self.steps:
+            return self.whatif.value
+        model = whatif.choose_model(
+            self.hardware_choice.value, self.pair, self.hardware, self.width.value, self.draft_fraction.value
+        )
+        here = speedup.measured_speedup(self.steps, self.ar_steps)
+        measured = f"measured here: <b>{here.ratio:.2f}x</b>" if here else "measured here: (ar not measured)"
+        self.whatif.value = f"{measured} &middot; <b>{whatif.whatif_line(self.steps, model)}</b>"
+        return self.whatif.value
 
     def options(self) -> dict:
         """Policy options set by the controls (only those the chosen policy takes)."""
@@ -69,16 +119,15 @@ class Dashboard:
     def run(self) -> GenerationFinished:
         """Generate with the current settings, updating the views after every step (blocking)."""
         self._stop.clear()
-        self.steps, self.finished = [], None
+        self.steps, self.ar_steps, self.finished = [], [], None
         kwargs = {
             "temperature": self.temperature.value,
             "seed": self.seed.value,
             "max_new_tokens": self.max_new_tokens.value,
         }
-        self.ar_tokens_per_s = None
         if self.measure_ar.value and self.policy.value != "ar":
-            ar = dyspec.generate(self.pair, self.prompt.value, policy="ar", **kwargs)
-            self.ar_tokens_per_s = ar.decode_tokens_per_s
+            self.ar_steps = speedup.ar_steps(self.pair, self.prompt.value, cache=self.ar_cache, **kwargs)
+            speedup.warm_up(self.pair, self.policy.value, self.budget.value, self.ar_cache)
         for event in dyspec.stream(
             self.pair,
             self.prompt.value,
@@ -94,6 +143,7 @@ class Dashboard:
             elif isinstance(event, GenerationFinished):
                 self.finished = event
         self._refresh()
+        self.price()
         return self.finished
 
     def start(self) -> None:
@@ -117,13 +167,19 @@ class Dashboard:
     def _refresh(self) -> None:
         last = self.steps[-1] if self.steps else None
         self.text.value = figures.text_html(self.steps)
-        self.steps_fig = figures.steps_figure(self.steps, self.ar_tokens_per_s)
+        ar_rate = speedup.decode_rate(self.ar_steps) if self.ar_steps else None
+        running = speedup.running_speedup(self.steps, ar_rate) if ar_rate else None
+        self.steps_fig = figures.steps_figure(self.steps, running)
         self.calibration_fig = figures.calibration_figure(*figures.calibration_counts(self.steps))
         tokens = sum(len(s.emitted) for s in self.steps)
-        seconds = sum(s.draft_s + s.target_s + s.overhead_s for s in self.steps) or 1e-9
-        stats = f"<b>{tokens} tokens in {len(self.steps)} target forwards</b>, {tokens / seconds:.1f} tokens/s decoding"
-        if self.ar_tokens_per_s:
-            stats += f"; <b>{tokens / seconds / self.ar_tokens_per_s:.2f}x</b> ar's rate on this prompt"
+        stats = (
+            f"<b>{tokens} tokens in {len(self.steps)} target forwards</b>, "
+            f"{speedup.decode_rate(self.steps):.1f} tokens/s decoding"
+        )
+        if self.ar_steps:
+            measured = speedup.measured_speedup(self.steps, self.ar_steps) if tokens >= speedup.MIN_TOKENS else None
+            shown = f"<b>{measured}</b>" if measured else f"waiting for {speedup.MIN_TOKENS} tokens"
+            stats += f"; speedup vs ar: {shown} (decode rates, prefill excluded, both warm; ar {ar_rate:.1f} tokens/s)"
         if self.finished:
             stats += f" ({self.finished.stop_reason})"
         self.stats.value = stats
@@ -147,6 +203,7 @@ class Dashboard:
     def widget(self) -> W.Widget:
         controls = W.VBox(
             [
+                W.HBox([self.example, self.expect]),
                 self.prompt,
                 W.HBox([self.policy, self.budget, self.temperature]),
                 W.HBox([self.threshold, self.h, self.max_depth]),
@@ -163,6 +220,8 @@ class Dashboard:
                 W.HBox([self.step_slider, self.growth_play, self.growth_slider]),
                 self._tree_out,
                 W.HBox([self._steps_out, self._calibration_out]),
+                W.HBox([self.hardware_choice, self.width, self.draft_fraction]),
+                self.whatif,
             ]
         )
 
@@ -174,7 +233,8 @@ class Compare:
     """Two dashboards side by side on the same prompt and seed."""
 
     def __init__(self, pair: dyspec.ModelPair, policy_a: str = "chain", policy_b: str = "dyspec"):
-        self.a, self.b = Dashboard(pair), Dashboard(pair)
+        self.a = Dashboard(pair)
+        self.b = Dashboard(pair, ar_cache=self.a.ar_cache)
         self.a.policy.value, self.b.policy.value = policy_a, policy_b
         self.b.prompt = self.a.prompt  # one prompt box drives both
         self.b.seed = self.a.seed

@@ -1,0 +1,36 @@
+"""What a user gets without flags: per device, the fastest exact configuration measured there.
+
+The models are chosen by `dyspec.models.load_pair` (precision "auto": int8 Linear layers on a CPU,
+bf16 on a GPU; draft "auto": the feature draft shipped for the target). The policy and budget are
+here, one row per device type, each the fastest in a bench on that device (docs/results.md says
+which run): on a CPU a forward of n tokens costs more with every n, so small trees win; on a GPU
+t(n) is flat up to ~64 tokens and the largest tree measured won.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass(frozen=True)
+class Defaults:
+    policy: str
+    budget: int | str
+    bench_budgets: tuple[int | str, ...]  # what `dyspec bench` compares without --budgets
+
+
+BENCH_POLICIES = ("ar", "chain", "dyspec", "lookup")  # what `dyspec bench` compares without --policies
+
+DEFAULTS = {
+    "cpu": Defaults("dyspec", 2, (1, 2, 4, "auto")),
+    "cuda": Defaults("dyspec", 64, (4, 16, 64, "auto")),
+}
+UNMEASURED = Defaults("dyspec", 8, (2, 8, 32, "auto"))  # a device no bench has run on yet (mps)
+
+
+def defaults_for(device: torch.device | str) -> Defaults:
+    """The defaults for a device (`torch.device` or its type, e.g. "cpu")."""
+    kind = device.type if isinstance(device, torch.device) else torch.device(device).type
+    return DEFAULTS.get(kind, UNMEASURED)

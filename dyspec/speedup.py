@@ -1,0 +1,108 @@
+"""The live speedup over autoregressive decoding, measured fairly: the one function the web app and
+the notebook dashboard show.
+
+Rules, each with its reason:
+- Decode rate, prefill excluded: tokens committed over the time of the steps (draft + target +
+  overhead). Prefill is the same work for every policy, and the time a view spends drawing between
+  steps is the view's, not the policy's.
+- Both warm (`warm_up`): a process's first generation of a policy pays one-off costs (allocations,
+  the first int8 packing, `--budget auto`'s profile) that would count against whichever ran first.
+- Same prompt, settings and length, `ar` measured once per (prompt, settings) and reused
+  (`ar_steps`): running `ar` before every run doubles the wait and its second measurement adds
+  nothing but noise.
+- With its spread: a run's steps differ (a step that accepts 3 tokens is cheap per token, one that
+  accepts none is not), so the ratio comes with a bootstrap interval over both runs' steps.
+- A running speedup is shown only once MIN_TOKENS tokens are in: after one step it is that step's
+  luck, not the policy's speed.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from dyspec.engine import generate
+from dyspec.events import StepVerified
+from dyspec.models import ModelPair
+
+MIN_TOKENS = 16
+RESAMPLES = 200
+WARM_PROMPT = "Say hello."
+
+
+def step_seconds(step: StepVerified) -> float:
+    return step.draft_s + step.target_s + step.overhead_s
+
+
+def decode_rate(steps: Sequence[StepVerified]) -> float:
+    """Tokens per second over the steps' own time."""
+    return sum(len(s.emitted) for s in steps) / max(sum(step_seconds(s) for s in steps), 1e-9)
+
+
+@dataclass
+class Speedup:
+    ratio: float  # the policy's decode rate over ar's
+    low: float  # 5th and 95th percentiles of the ratio over bootstrap resamples of both runs' steps
+    high: float
+    tokens_per_s: float
+    ar_tokens_per_s: float
+
+    def __str__(self) -> str:
+        return f"{self.ratio:.2f}x (90% interval over steps {self.low:.2f}-{self.high:.2f}x)"
+
+
+def measured_speedup(steps: Sequence[StepVerified], ar: Sequence[StepVerified], seed: int = 0) -> Speedup | None:
+    """The policy's decode rate over `ar`'s on the same prompt; None before both have steps."""
+    if not steps or not ar:
+        return None
+    rng = random.Random(seed)
+    ratios = sorted(
+        decode_rate(rng.choices(steps, k=len(steps))) / decode_rate(rng.choices(ar, k=len(ar)))
+        for _ in range(RESAMPLES)
+    )
+    rate, ar_rate = decode_rate(steps), decode_rate(ar)
+    return Speedup(rate / ar_rate, ratios[RESAMPLES // 20], ratios[-RESAMPLES // 20 - 1], rate, ar_rate)
+
+
+def running_speedup(steps: Sequence[StepVerified], ar_tokens_per_s: float) -> list[float | None]:
+    """Per step, the speedup so far (tokens so far over time so far, over ar's rate), None until
+    MIN_TOKENS tokens are in."""
+    out, tokens, seconds = [], 0, 0.0
+    for s in steps:
+        tokens += len(s.emitted)
+        seconds += step_seconds(s)
+        out.append(tokens / max(seconds, 1e-9) / ar_tokens_per_s if tokens >= MIN_TOKENS else None)
+    return out
+
+
+def warm_up(pair: ModelPair, policy: str, budget: int | str, cache: dict) -> None:
+    """One short generation of `policy` per pair and `cache` (a dict the caller keeps), so that no
+    measured run pays a first run's one-off costs."""
+    warmed = cache.setdefault("warm", set())
+    for name in dict.fromkeys(("ar", policy)):
+        if name not in warmed:
+            generate(pair, WARM_PROMPT, policy=name, budget=budget, max_new_tokens=8)
+            warmed.add(name)
+
+
+def ar_steps(
+    pair: ModelPair, prompt: str, temperature: float, seed: int, max_new_tokens: int, cache: dict
+) -> list[StepVerified]:
+    """`ar`'s steps on this prompt and settings, measured warm, once per `cache` (a dict the caller
+    keeps: the app and the dashboard keep one per model pair)."""
+    key = (prompt, temperature, seed, max_new_tokens)
+    if key not in cache:
+        warm_up(pair, "ar", 1, cache)
+        steps: list[StepVerified] = []
+        generate(
+            pair,
+            prompt,
+            policy="ar",
+            temperature=temperature,
+            seed=seed,
+            max_new_tokens=max_new_tokens,
+            hooks=[lambda e: steps.append(e) if isinstance(e, StepVerified) else None],
+        )
+        cache[key] = steps
+    return cache[key]
