@@ -24,7 +24,7 @@ import plotly.io as pio
 import torch
 from tqdm.auto import tqdm
 
-from dyspec import figures
+from dyspec import figures, whatif
 from dyspec.engine import check_settings, encode_prompt, stream
 from dyspec.errors import DyspecError
 from dyspec.events import GenerationFinished, StepVerified
@@ -109,6 +109,7 @@ def _engine_run(
         "overhead_s": sum(s.overhead_s for s in steps),
         "tree_build_s": sum(s.tree_build_s for s in steps),
         "tree_nodes": sum(len(s.tokens) - 1 for s in steps),
+        "step_shapes": whatif.step_shapes(steps),
         "draft_forwards": finished.draft_forwards,
         "accept_lengths": {str(k): v for k, v in sorted(Counter(s.accepted_len for s in steps).items())},
         "calibration": {"reached": reached, "accepted": accepted},
@@ -157,6 +158,7 @@ def _hf_run(
         "overhead_s": None,
         "tree_build_s": None,
         "tree_nodes": None,
+        "step_shapes": None,
         "draft_forwards": None,
         "accept_lengths": {},
         "calibration": {"reached": [], "accepted": []},
@@ -263,19 +265,38 @@ def run_bench(
     return records
 
 
-def markdown_table(rows: list[dict]) -> str:
+def modelled(records: list[dict], row: dict, model: whatif.LatencyModel) -> float | None:
+    """A summary row's speedup under `model`, from its records' step shapes (`dyspec.whatif`)."""
+    shapes = [
+        tuple(shape)
+        for r in records
+        if (r["dataset"], figures.policy_label(r), r["budget"], r["temperature"])
+        == (row["dataset"], row["policy"], row["budget"], row["temperature"])
+        for shape in r.get("step_shapes") or []
+    ]
+    return whatif.modelled_speedup(shapes, model)
+
+
+def markdown_table(rows: list[dict], records: list[dict] = (), whatif_model: whatif.LatencyModel | None = None) -> str:
+    """The summary; with `whatif_model`, a column of each row's speedup modelled on that hardware
+    from the run's own trees."""
+    extra = f" modelled on {whatif_model.name} |" if whatif_model else ""
     lines = [
-        "| dataset | policy | budget | T | runs | nodes/forward | tokens/forward | tokens/s | speedup vs ar |",
-        "|---|---|---|---|---|---|---|---|---|",
+        f"| dataset | policy | budget | T | runs | nodes/forward | tokens/forward | tokens/s | speedup vs ar |{extra}",
+        "|---|---|---|---|---|---|---|---|---|" + ("---|" if whatif_model else ""),
     ]
     for r in rows:
         npf = "-" if r["nodes_per_forward"] is None else f"{r['nodes_per_forward']:.1f}"
         tpf = f"{r['tokens_per_forward']:.2f}" if r["tokens_per_forward"] else "-"
         sp = f"{r['speedup']:.2f}x" if r["speedup"] else "-"
-        lines.append(
+        line = (
             f"| {r['dataset']} | {r['policy']} | {r['budget']} | {r['temperature']:g} | {r['runs']} | "
             f"{npf} | {tpf} | {r['tokens_per_s']:.1f} | {sp} |"
         )
+        if whatif_model:
+            m = modelled(records, r, whatif_model)
+            line += f" {m:.2f}x |" if m else " - |"
+        lines.append(line)
     return "\n".join(lines)
 
 
@@ -298,7 +319,9 @@ def auto_table(records: list[dict], rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
-def write_report(records: list[dict], path: Path, profile: dict | None = None) -> None:
+def write_report(
+    records: list[dict], path: Path, profile: dict | None = None, whatif_model: whatif.LatencyModel | None = None
+) -> None:
     rows = figures.summarize(records)
     engine = [r for r in records if r["policy"] not in HF_POLICIES]
     reached = [sum(c) for c in zip(*[r["calibration"]["reached"] for r in engine if r["calibration"]["reached"]])]
@@ -311,7 +334,8 @@ def write_report(records: list[dict], path: Path, profile: dict | None = None) -
     figs.append(figures.accept_length_figure(engine))
     parts = [pio.to_html(f, full_html=False, include_plotlyjs=(i == 0)) for i, f in enumerate(figs)]
     meta = records[0] if records else {}
-    table = html.escape("\n\n".join(t for t in (markdown_table(rows), auto_table(records, rows)) if t))
+    tables = (markdown_table(rows, records, whatif_model), auto_table(records, rows))
+    table = html.escape("\n\n".join(t for t in tables if t))
     page = (
         "<!doctype html><html><head><meta charset='utf-8'><title>dyspec bench</title></head><body>"
         f"<h1>dyspec bench</h1><p>target {meta.get('target')}, draft {meta.get('draft')}, "

@@ -135,6 +135,7 @@ def cmd_bench(args: argparse.Namespace) -> None:
     from dyspec.figures import summarize
     from dyspec.models import load_pair, pick_device
     from dyspec.profile import measure_profile
+    from dyspec.whatif import load_profile
 
     out = Path(args.out)
     if out.is_dir():
@@ -152,13 +153,14 @@ def cmd_bench(args: argparse.Namespace) -> None:
         max_new_tokens=args.max_new_tokens,
         options={p: options for p in args.policies} if options else None,
     )
+    whatif_model = load_profile(args.whatif) if args.whatif else None
     pair = load_pair(args.target, args.draft, args.device, allow_download=args.allow_download, precision=args.precision)
     records = run_bench(pair, config, out, resume=args.resume)
     profile = measure_profile(pair) if args.profile else None
     report = out.with_suffix(".html")
-    write_report(records, report, profile)
+    write_report(records, report, profile, whatif_model)
     rows = summarize(records)
-    print(markdown_table(rows))
+    print(markdown_table(rows, records, whatif_model))
     if compared := auto_table(records, rows):
         print(f"\n{compared}")
     print(f"records: {out}  report: {report}", file=sys.stderr)
@@ -320,6 +322,12 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--out", default="bench-out/results.jsonl", help="JSONL records; the report goes beside it")
     b.add_argument("--resume", action="store_true", help="keep the records in --out and run only what is missing")
     b.add_argument("--profile", action="store_true", help="also measure the latency profile t(n) for the report")
+    b.add_argument(
+        "--whatif",
+        metavar="PROFILE",
+        help="also show each row's speedup modelled on other hardware from the run's own trees: a file from "
+        "`dyspec profile --json`, or a shipped example (h100)",
+    )
     add_model_args(b)
     b.set_defaults(func=cmd_bench)
 

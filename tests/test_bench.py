@@ -3,11 +3,22 @@ import json
 import jsonschema
 import pytest
 
-from dyspec.bench import SCHEMA, BenchConfig, read_records, record_key, run_bench, write_report
+from dyspec.bench import SCHEMA, BenchConfig, markdown_table, read_records, record_key, run_bench, write_report
+from dyspec.figures import summarize
+from dyspec.models import load_pair
 from dyspec.prompts import load_prompts
+from dyspec.whatif import load_profile, modelled_speedup
 
 
-def test_bench_smoke_and_resume(pair, tmp_path):
+@pytest.fixture(scope="module")
+def int8_draft_pair():
+    """The fp32 target with its int8 copy as an independent draft, which hf-assisted can run."""
+    return load_pair(draft="int8")
+
+
+def test_bench_smoke_and_resume(int8_draft_pair, tmp_path):
+    pair = int8_draft_pair
+    assert pair.precision == "native" and pair.draft_name == "int8"
     out = tmp_path / "results.jsonl"
     config = BenchConfig(
         dataset="mtbench",
@@ -42,6 +53,21 @@ def test_bench_smoke_and_resume(pair, tmp_path):
     html = report.read_text()
     assert "speedup vs ar" in html and "Draft probability vs acceptance" in html
     assert "Forward latency t(n)" in html and '"name":"target_at_400"' in html
+
+    # the hardware what-if prices each row from its records' step shapes
+    h100 = load_profile("h100")
+    table = markdown_table(summarize(resumed), resumed, h100).splitlines()
+    assert "modelled on H100" in table[0]
+    for line in table[2:]:
+        cells = [c.strip() for c in line.strip("|").split("|")]
+        if cells[1] in ("chain", "dyspec", "ar"):
+            rows = [r for r in resumed if r["policy"] == cells[1]]
+            shapes = [tuple(s) for r in rows for s in r["step_shapes"]]
+            assert cells[-1] == f"{modelled_speedup(shapes, h100):.2f}x"
+        else:  # Hugging Face's generate: no steps to price
+            assert cells[-1] == "-"
+    write_report(resumed, report, whatif_model=h100)
+    assert "modelled on H100" in report.read_text()
 
 
 def test_prompts_first_or_spread_over_the_set(tmp_path):
