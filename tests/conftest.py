@@ -23,11 +23,21 @@ PROMPTS = [
 
 @pytest.fixture(scope="session")
 def pair():
-    """The default pair; on a GPU in fp32, where greedy outputs are token-identical to autoregressive
-    decoding (bf16 parts from it at near-ties: test_engine's bf16 test)."""
+    """The default target and draft in fp32 (`--precision fp32`): the GGUF's weights as they are, whose
+    greedy outputs are token-identical to Hugging Face's `generate` and whose tree forwards match
+    full forwards to fp32 rounding (on a GPU too; bf16 parts at near-ties: test_engine's bf16 test).
+    The int8 default's own exactness: `default_pair` and tests/test_fastpath.py."""
     from dyspec.models import load_pair
 
-    return load_pair(precision="fp32" if torch.cuda.is_available() else "auto")
+    return load_pair(precision="fp32")
+
+
+@pytest.fixture(scope="session")
+def default_pair():
+    """What `load_pair()` gives without arguments: on a CPU the int8 target and the shipped feature draft."""
+    from dyspec.models import load_pair
+
+    return load_pair()
 
 
 @pytest.fixture(scope="session")

@@ -20,11 +20,11 @@ def ar_outputs(pair):
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the default device is the GPU")
-def test_default_pair_on_cpu(pair):
+def test_default_pair_on_cpu(default_pair):
     """The fastest exact configuration: the int8 target and the feature draft shipped for it, and the
     device's default policy and budget when none is given (dyspec.defaults)."""
-    assert pair.precision == "int8" and pair.draft_name == "distilled"
-    r = generate(pair, PROMPTS[0], max_new_tokens=4)
+    assert default_pair.precision == "int8" and default_pair.draft_name == "distilled"
+    r = generate(default_pair, PROMPTS[0], max_new_tokens=4)
     assert (r.policy, r.budget) == ("dyspec", 2)
 
 

@@ -103,8 +103,8 @@ def test_running_speedup_waits_for_enough_tokens():
     assert running[:first] == [None] * first and running[first] == pytest.approx(2.0)
 
 
-def test_ar_is_measured_once_per_prompt_and_settings(pair):
-    cache = {}
+def test_ar_is_measured_once_per_prompt_and_settings(default_pair):
+    pair, cache = default_pair, {}
     first = ar_steps(pair, PROMPTS[2], 0.0, 0, 8, cache)
     assert ar_steps(pair, PROMPTS[2], 0.0, 0, 8, cache) is first
     assert ar_steps(pair, PROMPTS[2], 0.0, 0, 9, cache) is not first
@@ -127,12 +127,12 @@ def _collect(steps):
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the CPU's default configuration")
-def test_default_policy_on_a_cpu_is_in_the_range_that_makes_it_faster(pair):
+def test_default_policy_on_a_cpu_is_in_the_range_that_makes_it_faster(default_pair):
     """Faster than `ar` needs tokens per forward above what a step costs in forwards of `ar`: with
     t(3) ~ 1.1 t(1) on a CPU (int8), 1.4 tokens a forward and a draft under 20% of the step give
     1.4 * 0.8 / 1.1 = 1.02x at worst. Ratios from one run, not timings."""
-    defaults = defaults_for(pair.device)
-    steps = default_runs(pair)["default"]
+    defaults = defaults_for(default_pair.device)
+    steps = default_runs(default_pair)["default"]
     tokens_per_forward = sum(len(s.emitted) for s in steps) / len(steps)
     draft_share = sum(s.draft_s for s in steps) / sum(s.draft_s + s.target_s + s.overhead_s for s in steps)
     assert (defaults.policy, defaults.budget) == ("dyspec", 2)
@@ -141,12 +141,13 @@ def test_default_policy_on_a_cpu_is_in_the_range_that_makes_it_faster(pair):
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checked against this CPU's own profile")
-def test_whatif_priced_with_this_machines_profile_lands_near_the_measured_speedup(pair):
+def test_whatif_priced_with_this_machines_profile_lands_near_the_measured_speedup(default_pair):
     """The projection's check: this machine's t(n) (measured in this test, so that it sees the same
     load as the runs) prices the default policy's run near its measured speedup. Tolerance 25%:
     the model leaves out Python overhead outside the forwards (~5-10% of a step here), and on a
     2-core machine shared with another test worker, medians of a profile and means inside runs
     drift apart by up to ~15%."""
+    pair = default_pair
     runs = default_runs(pair)
     sizes = sorted({len(s.tokens) for s in runs["default"]} | {1})
     target = forward_ms(pair.target, sizes, context=200, repeats=5)
