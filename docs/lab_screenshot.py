@@ -71,7 +71,7 @@ def main() -> None:
             page.get_by_role("menuitem", name="Run", exact=True).click()
             page.get_by_text("Run All Cells", exact=True).click()
             # The third code cell runs the dashboard; its stats line ends with the stop reason.
-            page.wait_for_selector("text=(max_new_tokens)", timeout=300_000)
+            page.wait_for_selector("text=/\\((max_new_tokens|eos)\\)/", timeout=300_000)
             page.wait_for_selector(".jp-Notebook-ExecutionIndicator[data-status='idle']", timeout=600_000)
             page.locator(".widget-vbox").first.scroll_into_view_if_needed()
             page.wait_for_timeout(2000)

@@ -7,6 +7,7 @@ grow, get verified, and pay off against autoregressive decoding. The figures com
 from __future__ import annotations
 
 import threading
+import time
 
 import ipywidgets as W
 import plotly.graph_objects as go
@@ -18,6 +19,10 @@ from dyspec.defaults import defaults_for
 from dyspec.events import GenerationFinished, StepVerified
 from dyspec.examples import EXAMPLES
 from dyspec.policies import available_policies
+
+# Figures are redrawn at most this often while a generation runs (and once at its end): on a laptop
+# the browser drawing three plotly figures a step takes the cores the decoding it measures needs.
+REDRAW_S = 1.0
 
 
 class Dashboard:
@@ -125,6 +130,7 @@ class Dashboard:
             "seed": self.seed.value,
             "max_new_tokens": self.max_new_tokens.value,
         }
+        drawn = 0.0
         if self.measure_ar.value and self.policy.value != "ar":
             self.ar_steps = speedup.ar_steps(self.pair, self.prompt.value, cache=self.ar_cache, **kwargs)
             speedup.warm_up(self.pair, self.policy.value, self.budget.value, self.ar_cache)
@@ -139,7 +145,9 @@ class Dashboard:
         ):
             if isinstance(event, StepVerified):
                 self.steps.append(event)
-                self._refresh()
+                if time.perf_counter() - drawn >= REDRAW_S:
+                    self._refresh()
+                    drawn = time.perf_counter()
             elif isinstance(event, GenerationFinished):
                 self.finished = event
         self._refresh()
