@@ -25,6 +25,7 @@ def test_dashboard_run_updates_figures(pair):
 def test_dashboard_step_and_growth_replay(pair):
     d = Dashboard(pair, prompt="Count to five.")
     d.max_new_tokens.value, d.measure_ar.value = 8, False
+    d.policy.value, d.budget.value = "dyspec", 8  # trees of several nodes to replay
     d.run()
     d.step_slider.value = 0
     first = d.steps[0]
