@@ -6,6 +6,7 @@ grow, get verified, and pay off against autoregressive decoding. The figures com
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 
@@ -20,9 +21,13 @@ from dyspec.events import GenerationFinished, StepVerified
 from dyspec.examples import EXAMPLES
 from dyspec.policies import available_policies
 
-# Figures are redrawn at most this often while a generation runs (and once at its end): on a laptop
-# the browser drawing three plotly figures a step takes the cores the decoding it measures needs.
+# While a generation runs, the text and stats update every step and the figures at most this often
+# (always once at its end): a browser drawing three plotly figures takes cores from the decoding
+# that the speedup measures. On 2 cores even that costs most of the speedup (JupyterLab in headless
+# Chromium: 0.3x against 1.7x with figures drawn at the end), so there the figures wait for the end
+# unless the user asks for them live.
 REDRAW_S = 1.0
+LIVE_FIGURES = (os.cpu_count() or 1) > 2
 
 
 class Dashboard:
@@ -67,6 +72,7 @@ class Dashboard:
         self.seed = W.IntText(0, description="Seed")
         self.max_new_tokens = W.IntSlider(64, min=1, max=256, description="Max tokens")
         self.measure_ar = W.Checkbox(True, description="compare with ar (for speedup)")
+        self.live_figures = W.Checkbox(LIVE_FIGURES, description="redraw figures while running")
         self.run_button = W.Button(description="Run", button_style="primary")
         self.stop_button = W.Button(description="Stop")
         self.step_slider = W.IntSlider(0, min=0, max=0, description="Step")
@@ -145,9 +151,9 @@ class Dashboard:
         ):
             if isinstance(event, StepVerified):
                 self.steps.append(event)
-                if time.perf_counter() - drawn >= REDRAW_S:
-                    self._refresh()
-                    drawn = time.perf_counter()
+                live = self.live_figures.value and time.perf_counter() - drawn >= REDRAW_S
+                self._refresh(figures_too=live)
+                drawn = time.perf_counter() if live else drawn
             elif isinstance(event, GenerationFinished):
                 self.finished = event
         self._refresh()
@@ -172,13 +178,10 @@ class Dashboard:
         self.tree_fig = figures.tree_figure(step, self.growth_slider.value)
         self._draw(self._tree_out, self.tree_fig)
 
-    def _refresh(self) -> None:
+    def _refresh(self, figures_too: bool = True) -> None:
         last = self.steps[-1] if self.steps else None
         self.text.value = figures.text_html(self.steps)
         ar_rate = speedup.decode_rate(self.ar_steps) if self.ar_steps else None
-        running = speedup.running_speedup(self.steps, ar_rate) if ar_rate else None
-        self.steps_fig = figures.steps_figure(self.steps, running)
-        self.calibration_fig = figures.calibration_figure(*figures.calibration_counts(self.steps))
         tokens = sum(len(s.emitted) for s in self.steps)
         stats = (
             f"<b>{tokens} tokens in {len(self.steps)} target forwards</b>, "
@@ -191,6 +194,11 @@ class Dashboard:
         if self.finished:
             stats += f" ({self.finished.stop_reason})"
         self.stats.value = stats
+        if not figures_too:
+            return
+        running = speedup.running_speedup(self.steps, ar_rate) if ar_rate else None
+        self.steps_fig = figures.steps_figure(self.steps, running)
+        self.calibration_fig = figures.calibration_figure(*figures.calibration_counts(self.steps))
         if last is not None:
             with self.step_slider.hold_trait_notifications(), self.growth_slider.hold_trait_notifications():
                 self.step_slider.max = len(self.steps) - 1
@@ -216,7 +224,7 @@ class Dashboard:
                 W.HBox([self.policy, self.budget, self.temperature]),
                 W.HBox([self.threshold, self.h, self.max_depth]),
                 W.HBox([self.seed]),
-                W.HBox([self.max_new_tokens, self.measure_ar]),
+                W.HBox([self.max_new_tokens, self.measure_ar, self.live_figures]),
                 W.HBox([self.run_button, self.stop_button]),
             ]
         )
