@@ -3,7 +3,17 @@ import json
 import jsonschema
 import pytest
 
-from dyspec.bench import SCHEMA, BenchConfig, markdown_table, read_records, record_key, run_bench, write_report
+from dyspec.bench import (
+    SCHEMA,
+    BenchConfig,
+    markdown_table,
+    read_records,
+    record_key,
+    results_page,
+    run_bench,
+    write_report,
+)
+from dyspec.errors import DyspecError
 from dyspec.figures import summarize
 from dyspec.models import load_pair
 from dyspec.prompts import load_prompts
@@ -68,6 +78,15 @@ def test_bench_smoke_and_resume(int8_draft_pair, tmp_path):
             assert cells[-1] == "-"
     write_report(resumed, report, whatif_model=h100)
     assert "modelled on H100" in report.read_text()
+
+    # a results page is made from the records alone, stamped with how they were made
+    assert {r["command"] for r in resumed} == {None} and all(r["date"] and r["host"] for r in resumed)
+    page = results_page([out], "Smoke", h100)
+    first = resumed[0]
+    assert page.startswith("# Smoke\n") and f"Host: {first['host']}; date: {first['date']}" in page
+    assert "(not recorded)" in page and "| mtbench | dyspec | 4 |" in page and "modelled on H100" in page
+    with pytest.raises(DyspecError, match="no bench records"):
+        results_page([tmp_path / "empty.jsonl"], "Empty")
 
 
 def test_prompts_first_or_spread_over_the_set(tmp_path):
