@@ -8,7 +8,6 @@ from __future__ import annotations
 import time
 import warnings
 from collections.abc import Callable, Iterator, Sequence
-from types import ModuleType
 
 import torch
 
@@ -29,7 +28,7 @@ from dyspec.errors import DyspecError
 from dyspec.events import Event, GenerationFinished, StepVerified, TreeExpanded
 from dyspec.kv import FINAL, KVSession, sync
 from dyspec.models import ModelPair
-from dyspec.policies import check_options, get_policy
+from dyspec.policies import Policy, check_options, get_policy
 from dyspec.profile import target_profile
 from dyspec.sampling import to_probs
 from dyspec.tree import Tree
@@ -64,7 +63,7 @@ def check_settings(policy: str, budget: int | str, temperature: float, max_new_t
     """Checks that need no model, so that a CLI can fail before loading anything."""
     check_options(policy, options)
     if budget == "auto":
-        shape = [o for o in getattr(get_policy(policy), "SHAPE_OPTIONS", ()) if options.get(o) is not None]
+        shape = [o for o in get_policy(policy).shape_options if options.get(o) is not None]
         if shape:
             raise DyspecError(
                 f"budget 'auto' sizes {policy}'s tree each step, but the option {shape[0]} fixes it: give a number"
@@ -89,7 +88,7 @@ def check_request(
 ) -> None:
     check_settings(policy, budget, temperature, max_new_tokens, options)
     budget = AUTO_CAP if budget == "auto" else budget
-    if get_policy(policy).NEEDS_DRAFT and pair.draft is None:
+    if get_policy(policy).needs_draft and pair.draft is None:
         raise DyspecError(f"policy '{policy}' needs a draft model; none is loaded")
     if not ids:
         raise DyspecError("the prompt is empty")
@@ -136,13 +135,13 @@ def _emit(event: Event, hooks: Sequence[Hook]) -> Event:
 
 
 def _build_ms(
-    module: ModuleType, drafts: list[DraftSession], options: dict, draft_s: float, forwards: int
+    spec: Policy, drafts: list[DraftSession], options: dict, draft_s: float, forwards: int
 ) -> Callable[[int], float]:
     """Draft ms a tree of n nodes costs, for `--budget auto`'s next cap: as the policy prices it
     (`forwards_for`: DySpec's batched build takes 4 forwards at any size), else the forwards this
     tree's first n nodes took (a chain, or a static tree built layer by layer)."""
-    if hasattr(module, "forwards_for"):
-        return lambda n: 1000 * draft_s * module.forwards_for(n, options) / forwards
+    if spec.forwards_for is not None:
+        return lambda n: 1000 * draft_s * spec.forwards_for(n, options) / forwards
     return lambda n: 1000 * sum(d.seconds_to_build(n) for d in drafts)
 
 
@@ -178,18 +177,16 @@ def stream(
         else None
     )
     profiles = target_profile(pair) if auto else None
-    module = get_policy(policy)
-    if hasattr(module, "prepare"):
-        options = module.prepare(pair, temperature, auto.cap if auto else budget, options)
+    spec = get_policy(policy)
+    if spec.prepare is not None:
+        options = spec.prepare(pair, temperature, auto.cap if auto else budget, options)
     device = pair.device
     generator = torch.Generator(device=device).manual_seed(seed)
     stop_ids = pair.stop_ids
-    multi_draft = getattr(module, "MULTI_DRAFT", False)
-    drafts = [DraftSession(m, ids, temperature) for m in [pair.draft, *(pair.extra_drafts if multi_draft else [])]]
-    source = drafts if multi_draft else drafts[0]  # what the policy drafts from
-    learns = auto is not None and getattr(module, "AUTO_RATES", False)  # the policy grows by auto's rates
-    free = auto is not None and getattr(module, "FREE_NODES", False)  # it adds nodes that need no draft forward
-    grows_by_values = getattr(module, "GROWS_BY_VALUE", False)  # a smaller cap builds the best part of a tree
+    drafts = [DraftSession(m, ids, temperature) for m in [pair.draft, *(pair.extra_drafts if spec.multi_draft else [])]]
+    source = drafts if spec.multi_draft else drafts[0]  # what the policy drafts from
+    learns = auto is not None and spec.auto_rates  # the policy grows by auto's rates
+    free = auto is not None and spec.free_nodes  # it adds nodes that need no draft forward
     layers = [d.feature_layers for d in drafts if d.needs_features]  # one set: load_pair checks
     target = KVSession(pair.target, keep_hidden=bool(layers), hidden_layers=layers[0] if layers else FINAL)
 
@@ -216,7 +213,7 @@ def stream(
         left = max_new_tokens - len(out) - 1  # a node deeper than this (less the bonus token) is worth nothing
         if auto and cap:
             cap = min(cap, max(len(drafts), left))  # a node per merged draft
-        if auto and cap and module.NEEDS_DRAFT and skipped:  # so that auto prices the tree alone
+        if auto and cap and spec.needs_draft and skipped:  # so that auto prices the tree alone
             for draft in drafts:
                 draft.catch_up()
             skipped = False
@@ -229,7 +226,7 @@ def stream(
             learnt = {"auto_rates": bin_rates(auto, sampled=True)} if learns else {}
             if free:  # copies cost no draft time: the cut sizes them, not the cap learnt from draft trees
                 learnt["free_budget"] = max(1, min(AUTO_CAP, left))
-            tree = module.build(source, root, cap, temperature, generator, **options, **learnt)
+            tree = spec.build(source, root, cap, temperature, generator, **options, **learnt)
         tree_draft_s = _seconds(drafts) - draft_s0  # the draft's time for this tree alone
         undrafted = free and _forwards(drafts) == draft_f0  # copies, or nothing: the draft built no tree
         if undrafted:
@@ -237,7 +234,7 @@ def stream(
         if auto and (cap or free):
             sampled = temperature > 0 and tree.sampling != "deterministic"
             forwards = max(1, _forwards(drafts) - draft_f0)
-            build_ms = _build_ms(module, drafts, options, tree_draft_s, forwards)
+            build_ms = _build_ms(spec, drafts, options, tree_draft_s, forwards)
             tree, old_ids, bins = auto_tree(
                 auto,
                 tree,
@@ -246,7 +243,7 @@ def stream(
                 build_ms,
                 1000 * tree_draft_s,
                 -(-tree.size // forwards),
-                grows_by_values and sampled,
+                spec.grows_by_value and sampled,
                 sets_cap=cap >= auto.cap and not undrafted,  # else the tree was sized by the answer's end
                 copied=tree.extra["match"] if undrafted and tree.size else 0,
             )

@@ -261,3 +261,22 @@ def test_lookup_falls_back_to_the_draft_only_where_nothing_matches():
 def test_lookup_rejects_bad_options(options):
     with pytest.raises(DyspecError):
         lookup.build(Context([1, 2, 1]), 2, 4, 0.0, torch.Generator(), **options)
+
+
+def test_the_policy_contract_is_checked_when_a_policy_is_made():
+    from dyspec.policies import POLICIES
+    from dyspec.policies.chain import build as chain_build
+    from dyspec.policies.contract import Policy
+    from dyspec.policies.lookup import build as lookup_build
+
+    assert Policy("mine", chain_build, needs_draft=True).options == {}
+    with pytest.raises(TypeError, match="build must take"):
+        Policy("multi", chain_build, needs_draft=True, multi_draft=True)  # a multi-draft build takes `drafts`
+    with pytest.raises(TypeError, match="free_budget"):
+        Policy("copies", lookup_build, needs_draft=False)  # its build takes free_budget, undeclared
+    with pytest.raises(TypeError, match="auto_rates"):
+        Policy("rates", chain_build, needs_draft=True, auto_rates=True)
+    with pytest.raises(TypeError, match="shape options"):
+        Policy("shaped", chain_build, needs_draft=True, shape_options=("expansion",))
+    assert POLICIES["specinfer"].shape_options == ("expansion",) and "expansion" in POLICIES["specinfer"].options
+    assert [n for n, p in POLICIES.items() if p.free_nodes] == ["lookup"]

@@ -1,44 +1,27 @@
-"""Tree policies. Each module builds one step's draft tree and knows nothing of the loop:
+"""Tree policies. Each module builds one step's draft tree and knows nothing of the loop; it
+declares what it needs and offers as `POLICY = Policy(...)` (dyspec.policies.contract), checked
+when it is made:
 
     build(draft, root, budget, temperature, generator, **options) -> Tree
-    NEEDS_DRAFT: bool
-    MULTI_DRAFT: bool   (optional: build() gets the list of every loaded draft instead of the first)
-    prepare(pair, temperature, budget, options) -> options   (optional: once per generation)
-    available(pair) -> bool   (optional: whether the policy can run on this pair with its defaults)
-    AUTO_RATES: bool   (optional: build() takes `auto_rates`, what `--budget auto` learnt)
-    GROWS_BY_VALUE: bool   (optional: the tree at a smaller budget is about the most valuable part
-        of a bigger one, so under `--budget auto` the next cap follows the nodes the cut kept)
-    FREE_NODES: bool   (optional: build() takes `free_budget`, how many nodes it may add that need
-        no draft forward (lookup's copies, with the length of the match they follow in
-        `tree.extra["match"]`); under `--budget auto` the tokens left bound those, not the cap
-        learnt from draft trees, and the engine's cut sizes them)
 
-To add a policy, write such a module and register it here.
+To add a policy, write such a module and add its POLICY to POLICIES below.
 """
 
 from __future__ import annotations
 
-import inspect
 import json
-from types import ModuleType
 
 from dyspec.errors import DyspecError
 from dyspec.policies import ar, chain, dyspec, dyspec_threshold, eagle2, lookup, sequoia, specdecpp, specinfer
+from dyspec.policies.contract import Policy
 
-POLICIES: dict[str, ModuleType] = {
-    "ar": ar,
-    "chain": chain,
-    "specinfer": specinfer,
-    "sequoia": sequoia,
-    "dyspec": dyspec,
-    "dyspec-threshold": dyspec_threshold,
-    "eagle2": eagle2,
-    "specdecpp": specdecpp,
-    "lookup": lookup,
+POLICIES: dict[str, Policy] = {
+    m.POLICY.name: m.POLICY
+    for m in (ar, chain, specinfer, sequoia, dyspec, dyspec_threshold, eagle2, specdecpp, lookup)
 }
 
 
-def get_policy(name: str) -> ModuleType:
+def get_policy(name: str) -> Policy:
     if name not in POLICIES:
         raise DyspecError(f"unknown policy '{name}'; choose one of: {', '.join(POLICIES)}")
     return POLICIES[name]
@@ -49,18 +32,14 @@ def available_policies(pair) -> list[str]:
     those that need trained parts (SpecDec++'s head) only when the parts ship for the pair."""
     return [
         name
-        for name, module in POLICIES.items()
-        if (pair.draft is not None or not module.NEEDS_DRAFT) and getattr(module, "available", lambda _: True)(pair)
+        for name, policy in POLICIES.items()
+        if (pair.draft is not None or not policy.needs_draft) and policy.available(pair)
     ]
-
-
-ENGINE_SET = {"auto_rates", "free_budget"}  # `build` arguments the engine sets (under `--budget auto`), never a user
 
 
 def policy_options(name: str) -> dict:
     """The options a policy takes beyond budget and temperature, with their defaults."""
-    params = inspect.signature(get_policy(name).build).parameters
-    return {k: p.default for k, p in params.items() if p.kind is p.KEYWORD_ONLY and k not in ENGINE_SET}
+    return get_policy(name).options
 
 
 def check_options(name: str, options: dict) -> None:

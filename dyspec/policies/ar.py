@@ -3,10 +3,12 @@
 import torch
 
 from dyspec.draft import DraftSession
+from dyspec.policies.contract import Policy
 from dyspec.tree import Tree
-
-NEEDS_DRAFT = False
 
 
 def build(draft: DraftSession, root: int, budget: int, temperature: float, generator: torch.Generator) -> Tree:
     return Tree.root(root)
+
+
+POLICY = Policy("ar", build, needs_draft=False)

@@ -3,10 +3,9 @@
 import torch
 
 from dyspec.draft import DraftSession
+from dyspec.policies.contract import Policy
 from dyspec.sampling import sample, to_probs
 from dyspec.tree import Tree
-
-NEEDS_DRAFT = True
 
 
 def extend(tree: Tree, node: int, logits: torch.Tensor, temperature: float, generator: torch.Generator) -> None:
@@ -24,3 +23,6 @@ def build(draft: DraftSession, root: int, budget: int, temperature: float, gener
     for node in range(budget):
         extend(tree, node, draft.logits(tree, [node])[0], temperature, generator)
     return tree
+
+
+POLICY = Policy("chain", build, needs_draft=True)

@@ -19,12 +19,10 @@ from dyspec.draft import DraftSession
 from dyspec.errors import DyspecError
 from dyspec.head import AcceptanceHead, head_for, load_head
 from dyspec.policies.common import child_mode
+from dyspec.policies.contract import Policy
 from dyspec.sampling import ranked_children, to_probs
 from dyspec.tree import Tree
 
-NEEDS_DRAFT = True
-AUTO_RATES = True  # `build` takes `auto_rates`, what `--budget auto` learnt, when it runs under it
-GROWS_BY_VALUE = True  # a tree at a smaller budget is about the most valuable part of a bigger one
 SCORES = ("draft", "head")
 
 
@@ -153,3 +151,8 @@ def build(
     if acceptance_head is not None:
         tree.extra = {"predicted_acceptance": [predicted.get(n) for n in range(1, len(tree))]}
     return tree
+
+
+POLICY = Policy(
+    "dyspec", build, needs_draft=True, prepare=prepare, auto_rates=True, grows_by_value=True, forwards_for=forwards_for
+)

@@ -13,12 +13,9 @@ from dyspec.budget import slot_rate
 from dyspec.draft import DraftSession
 from dyspec.errors import DyspecError
 from dyspec.policies.common import child_mode
+from dyspec.policies.contract import Policy
 from dyspec.sampling import ranked_children, to_probs
 from dyspec.tree import Tree
-
-NEEDS_DRAFT = True
-AUTO_RATES = True  # `build` takes `auto_rates`, what `--budget auto` learnt, when it runs under it
-GROWS_BY_VALUE = True  # a bigger budget lowers the threshold: the smaller tree is the best part of the bigger
 
 
 def build(
@@ -72,3 +69,6 @@ def build(
         tree.end_expansion()
         frontier = sorted(next_frontier, key=lambda n: -reach[n])
     return tree
+
+
+POLICY = Policy("dyspec-threshold", build, needs_draft=True, auto_rates=True, grows_by_value=True)

@@ -6,10 +6,9 @@ sampled, so at T > 0 they are verified as one-hot proposals, which stays exact."
 import torch
 
 from dyspec.draft import DraftSession
+from dyspec.policies.contract import Policy
 from dyspec.sampling import ranked_children, to_probs
 from dyspec.tree import Tree
-
-NEEDS_DRAFT = True
 
 
 def build(
@@ -41,3 +40,6 @@ def build(
     pruned, old_ids = tree.subtree(keep)
     draft.relabel(old_ids)
     return pruned
+
+
+POLICY = Policy("eagle2", build, needs_draft=True)

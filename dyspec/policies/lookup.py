@@ -21,10 +21,8 @@ from dyspec.copying import copied
 from dyspec.draft import DraftSession
 from dyspec.errors import DyspecError
 from dyspec.policies.chain import build as chain_build
+from dyspec.policies.contract import Policy
 from dyspec.tree import Tree
-
-NEEDS_DRAFT = False
-FREE_NODES = True
 
 
 def build(
@@ -53,3 +51,6 @@ def build(
         tree.end_expansion()
     tree.extra = {"match": match}
     return tree
+
+
+POLICY = Policy("lookup", build, needs_draft=False, free_nodes=True)

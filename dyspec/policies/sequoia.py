@@ -6,11 +6,10 @@ import torch
 
 from dyspec.draft import DraftSession
 from dyspec.policies.common import child_mode
+from dyspec.policies.contract import Policy
 from dyspec.sampling import ranked_children, to_probs
 from dyspec.sequoia import acceptance_for, optimal_tree
 from dyspec.tree import Tree
-
-NEEDS_DRAFT = True
 
 
 def prepare(pair, temperature: float, budget: int, options: dict) -> dict:
@@ -62,3 +61,6 @@ def build(
         tree.end_expansion()
         frontier = next_frontier
     return tree
+
+
+POLICY = Policy("sequoia", build, needs_draft=True, prepare=prepare)

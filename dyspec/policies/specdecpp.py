@@ -9,9 +9,8 @@ from dyspec.draft import DraftSession
 from dyspec.errors import DyspecError
 from dyspec.head import head_for, load_head, shipped_head
 from dyspec.policies.chain import extend
+from dyspec.policies.contract import Policy
 from dyspec.tree import Tree
-
-NEEDS_DRAFT = True
 
 
 def available(pair) -> bool:
@@ -59,3 +58,6 @@ def build(
         q_last = torch.softmax(logits.float(), dim=-1)[tree.tokens[-1]]
     tree.extra = {"predicted_acceptance": predicted + [None] * (tree.size - len(predicted))}
     return tree
+
+
+POLICY = Policy("specdecpp", build, needs_draft=True, prepare=prepare, available=available)

@@ -7,12 +7,9 @@ import torch
 
 from dyspec.draft import DraftSession
 from dyspec.errors import DyspecError
+from dyspec.policies.contract import Policy
 from dyspec.sampling import ranked_children, sample_rows, to_probs
 from dyspec.tree import Tree
-
-NEEDS_DRAFT = True
-MULTI_DRAFT = True  # build() gets every loaded draft
-SHAPE_OPTIONS = ("expansion",)  # fixes the tree's size, which `--budget auto` would set
 
 
 def parse_expansion(expansion: str | list[int] | None, budget: int) -> list[int]:
@@ -47,7 +44,7 @@ def build(
     expansion: str | None = None,
     n_drafts: int | None = None,
 ) -> Tree:
-    """`drafts`: every draft loaded (the engine passes them all, since MULTI_DRAFT); the first
+    """`drafts`: every draft loaded (the engine passes them all, since the policy is multi_draft); the first
     `n_drafts` (default: all) each grow the expansion's tree, in one shared token tree."""
     k = len(drafts) if n_drafts is None else n_drafts
     if not 1 <= k <= len(drafts):
@@ -87,3 +84,6 @@ def _expand(
                     tree.child_q[shared] = q[i]
             children.append(shared)
     return children
+
+
+POLICY = Policy("specinfer", build, needs_draft=True, multi_draft=True, shape_options=("expansion",))

@@ -1,0 +1,52 @@
+"""The policy contract: what a policy needs from the engine and what it offers it, declared once in
+each policy module as `POLICY = Policy(...)` and checked when the policy is made, so the engine
+reads fields, never a module's optional attributes."""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from dyspec.tree import Tree
+
+ENGINE_SET = ("auto_rates", "free_budget")  # `build` arguments the engine sets (under `--budget auto`), never a user
+BUILD_ARGS = ("draft", "root", "budget", "temperature", "generator")
+
+
+def _always(pair: Any) -> bool:
+    return True
+
+
+@dataclass(frozen=True)
+class Policy:
+    name: str
+    build: Callable[..., Tree]  # build(draft, root, budget, temperature, generator, **options) -> Tree
+    needs_draft: bool
+    multi_draft: bool = False  # build() gets the list of every loaded draft instead of the first
+    prepare: Callable[[Any, float, int, dict], dict] | None = None  # once per generation: the options resolved
+    available: Callable[[Any], bool] = _always  # whether it runs on a pair with its defaults (trained parts)
+    auto_rates: bool = False  # build() takes `auto_rates`, the acceptance rates `--budget auto` learnt
+    grows_by_value: bool = False  # a smaller cap builds about the most valuable part of a bigger tree
+    free_nodes: bool = False  # build() takes `free_budget`, nodes it may add that need no draft forward
+    forwards_for: Callable[[int, dict], int] | None = None  # draft forwards a tree of n nodes takes
+    shape_options: tuple[str, ...] = ()  # options that fix the tree's size, which `--budget auto` sets
+
+    def __post_init__(self) -> None:
+        params = inspect.signature(self.build).parameters
+        positional = [n for n, p in params.items() if p.kind is not p.KEYWORD_ONLY]
+        expected = ("drafts" if self.multi_draft else "draft", *BUILD_ARGS[1:])  # a multi-draft policy gets a list
+        if tuple(positional) != expected:
+            raise TypeError(f"policy {self.name}: build must take ({', '.join(expected)}), not {positional}")
+        for flag, arg in ((self.auto_rates, "auto_rates"), (self.free_nodes, "free_budget")):
+            if flag != (arg in params):
+                raise TypeError(f"policy {self.name}: build takes `{arg}` exactly when the policy declares it")
+        if unknown := set(self.shape_options) - set(self.options):
+            raise TypeError(f"policy {self.name}: shape options {sorted(unknown)} are not options of build")
+
+    @property
+    def options(self) -> dict[str, Any]:
+        """The options a user may set beyond budget and temperature, with their defaults."""
+        params = inspect.signature(self.build).parameters
+        return {k: p.default for k, p in params.items() if p.kind is p.KEYWORD_ONLY and k not in ENGINE_SET}
