@@ -27,6 +27,7 @@ import torch
 from tqdm.auto import tqdm
 
 from dyspec import figures, whatif
+from dyspec.budget import AutoState
 from dyspec.engine import check_settings, encode_prompt, stream
 from dyspec.errors import DyspecError
 from dyspec.events import GenerationFinished, StepVerified
@@ -92,9 +93,11 @@ def _engine_run(
     seed: int,
     max_new_tokens: int,
     options: dict,
+    auto_state: AutoState | None = None,
 ) -> dict:
     steps, finished = [], None
-    for e in stream(pair, prompt, policy, budget, temperature, seed, max_new_tokens, options):
+    kwargs = {"options": options, "auto_state": auto_state}
+    for e in stream(pair, prompt, policy, budget, temperature, seed, max_new_tokens, **kwargs):
         if isinstance(e, StepVerified):
             steps.append(e)
         elif isinstance(e, GenerationFinished):
@@ -247,6 +250,7 @@ def run_bench(
         for spec, budget in [("ar", 1), *rotated(runs, g)]
     ]
     versions = {m: version(m) for m in ("dyspec", "torch", "transformers")}
+    auto_states: dict[tuple, AutoState] = {}
     stamp = {"host": host(pair.device), "date": datetime.date.today().isoformat(), "command": command}
     for pid, prompt, temperature, seed, policy, opts, budget in tqdm(jobs, desc="bench", disable=not progress):
         base = {
@@ -264,7 +268,9 @@ def run_bench(
         if policy in HF_POLICIES:
             stats = _hf_run(pair, prompt, policy, budget, temperature, seed, config.max_new_tokens)
         else:
-            stats = _engine_run(pair, prompt, policy, budget, temperature, seed, config.max_new_tokens, opts)
+            # `auto` learns across the run's generations of one policy, temperature and options
+            learnt = auto_states.setdefault((policy, temperature, json.dumps(opts, sort_keys=True)), AutoState())
+            stats = _engine_run(pair, prompt, policy, budget, temperature, seed, config.max_new_tokens, opts, learnt)
         tokens_per_s = stats["new_tokens"] / stats["wall_s"]
         if policy == "ar":
             ar_speed[pid, temperature, seed] = tokens_per_s

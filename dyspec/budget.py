@@ -182,9 +182,9 @@ MATCHES = 4  # match lengths with a bin of their own, the last and longer pooled
 
 @dataclass
 class AutoState:
-    """What `--budget auto` carries from step to step, and from one generation to the next of the
-    same pair, policy, temperature and options (`ModelPair.auto_states`); all of it comes from past
-    steps."""
+    """What `--budget auto` carries from step to step, and from one generation to the next when the
+    caller passes the same state again (`stream(..., auto_state=state)`, for one pair, policy,
+    temperature and options); all of it comes from past steps."""
 
     cap: int = AUTO_START  # 0: no tree paid for its draft time, so steps draft nothing (`step_cap`)
     probe_cap: int = 1  # what a step builds while `cap` is 0, when a probe is due

@@ -135,8 +135,8 @@ def cmd_bench(args: argparse.Namespace) -> None:
     from dyspec.bench import BenchConfig, auto_table, markdown_table, run_bench, write_report
     from dyspec.figures import summarize
     from dyspec.models import load_pair, pick_device
-    from dyspec.profile import measure_profile
-    from dyspec.whatif import load_profile
+    from dyspec.profile import machine_profile, measure_profile
+    from dyspec.whatif import from_profile, load_profile
 
     out = Path(args.out)
     if out.is_dir():
@@ -154,8 +154,10 @@ def cmd_bench(args: argparse.Namespace) -> None:
         max_new_tokens=args.max_new_tokens,
         options={p: options for p in args.policies} if options else None,
     )
-    whatif_model = load_profile(args.whatif) if args.whatif else None
+    whatif_model = load_profile(args.whatif) if args.whatif not in (None, THIS_MACHINE_FLAG) else None
     pair = load_pair(args.target, args.draft, args.device, allow_download=args.allow_download, precision=args.precision)
+    if args.whatif == THIS_MACHINE_FLAG:  # the check of the model: priced with this machine's own t(n)
+        whatif_model = from_profile(machine_profile(pair), "this machine")
     records = run_bench(pair, config, out, resume=args.resume, command=shlex.join(["dyspec", *sys.argv[1:]]))
     profile = measure_profile(pair) if args.profile else None
     report = out.with_suffix(".html")
@@ -165,6 +167,9 @@ def cmd_bench(args: argparse.Namespace) -> None:
     if compared := auto_table(records, rows):
         print(f"\n{compared}")
     print(f"records: {out}  report: {report}", file=sys.stderr)
+
+
+THIS_MACHINE_FLAG = "this"
 
 
 def cmd_report(args: argparse.Namespace) -> None:
@@ -337,7 +342,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--whatif",
         metavar="PROFILE",
         help="also show each row's speedup modelled on other hardware from the run's own trees: a file from "
-        "`dyspec profile --json`, or a shipped example (h100)",
+        "`dyspec profile --json`, a shipped example (h100), or `this` (this machine's profile: the model's "
+        "check against the measured column)",
     )
     add_model_args(b)
     b.set_defaults(func=cmd_bench)

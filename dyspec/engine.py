@@ -157,25 +157,23 @@ def stream(
     hooks: Sequence[Hook] = (),
     chat: bool = True,
     stop: Callable[[], bool] | None = None,
+    auto_state: AutoState | None = None,
 ) -> Iterator[Event]:
     """Generate, yielding `TreeExpanded` and `StepVerified` events per step and a final
     `GenerationFinished`. `policy` and `budget` default to the fastest measured on the pair's
     device (`dyspec.defaults`); the final event says which ran. `budget="auto"` sizes each step's
     tree by expected gain against the target's measured latency profile (dyspec.budget), with
-    acceptance rates learnt in earlier steps and generations (`pair.auto_states`). `stop()` is
-    polled between steps: when it returns True the generation ends cleanly with stop_reason
-    "stopped"."""
+    acceptance rates learnt in earlier steps, and in earlier generations when the caller passes the
+    same `auto_state` (a `dyspec.budget.AutoState`) again: without one each call starts afresh, and
+    what one call learnt never changes another's trees. `stop()` is polled between steps: when it
+    returns True the generation ends cleanly with stop_reason "stopped"."""
     defaults = defaults_for(pair.device)
     policy = policy or defaults.policy
     budget = defaults.budget if budget is None else budget
     options = dict(options or {})
     ids = encode_prompt(pair, prompt, chat)
     check_request(pair, ids, policy, budget, temperature, max_new_tokens, options)
-    auto = (
-        pair.auto_states.setdefault((policy, temperature, repr(sorted(options.items()))), AutoState())
-        if budget == "auto"
-        else None
-    )
+    auto = (AutoState() if auto_state is None else auto_state) if budget == "auto" else None
     profiles = target_profile(pair) if auto else None
     spec = get_policy(policy)
     if spec.prepare is not None:

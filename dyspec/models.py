@@ -49,9 +49,6 @@ class ModelPair:
     precision: str = "native"  # "native" (bf16 on a GPU, fp32 on a CPU), "fp32", or "int8" (int8 Linear layers, CPU)
     extra_drafts: list[PreTrainedModel] = field(default_factory=list)  # merged by specinfer only
     extra_draft_names: list[str] = field(default_factory=list)
-    # what `--budget auto` has learnt (dyspec.budget.AutoState), per policy, temperature and options:
-    # it carries from one generation to the next; clear it to start afresh. Not copied by replace().
-    auto_states: dict = field(default_factory=dict, init=False, repr=False, compare=False)
 
     @property
     def drafts_label(self) -> str | None:

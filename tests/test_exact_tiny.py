@@ -152,9 +152,8 @@ def test_auto_takes_trees_of_nothing(pair, steep_profile, temperature):
     alone): at T = 0 the first such tree raised an IndexError where `auto` priced its first node."""
     kwargs = {"temperature": temperature, "max_new_tokens": 24}
     expected = generate(pair, PROMPT, policy="ar", **kwargs).token_ids
-    pair.auto_states.clear()
-    assert generate(pair, PROMPT, policy="ar", budget="auto", **kwargs).token_ids == expected
-    ((state,),) = [pair.auto_states.values()]
+    state = AutoState()
+    assert generate(pair, PROMPT, policy="ar", budget="auto", auto_state=state, **kwargs).token_ids == expected
     assert state.cap == 0  # nothing is ever built, so the cap stays 0 (its probes build nothing too)
     r = generate(pair, PROMPT, policy="sequoia", budget="auto", options={"acceptance": [0.0, 0.9]}, **kwargs)
     assert len(r.token_ids) == 24 and (temperature > 0 or r.token_ids == expected)
@@ -214,10 +213,9 @@ def test_auto_sizes_lookups_copies_apart_from_the_drafts_cap(pair, flat_profile)
     (that cap bounds its fallback alone), copy steps leave that cap alone, and copies learn their
     own acceptance rates (`copy_bin`), not the draft's."""
     options = {"min_ngram": 1, "fallback": 0}
-    pair.auto_states.clear()
-    state = pair.auto_states["lookup", 0.0, repr(sorted(options.items()))] = AutoState(cap=1)
+    state = AutoState(cap=1)
     steps = []
-    kwargs = {"max_new_tokens": 40, "options": options, "hooks": [steps.append]}
+    kwargs = {"max_new_tokens": 40, "options": options, "hooks": [steps.append], "auto_state": state}
     r = generate(pair, PROMPT, policy="lookup", budget="auto", **kwargs)
     assert r.token_ids == generate(pair, PROMPT, policy="ar", max_new_tokens=40).token_ids
     verified = [s for s in steps if isinstance(s, StepVerified)]
@@ -248,7 +246,6 @@ def test_auto_pads_forwards_where_more_tokens_cost_less(pair, lumpy_profile, mon
 
     expected = generate(pair, PROMPT, policy="ar", max_new_tokens=24).token_ids
     monkeypatch.setattr(KVSession, "forward", spy)
-    pair.auto_states.clear()
     assert generate(pair, PROMPT, policy=policy, budget="auto", max_new_tokens=24).token_ids == expected
     assert calls and all(pad == max(n, 4) and rows == n for n, pad, rows in calls)
     assert any(n < 4 for n, _, _ in calls)
@@ -258,9 +255,8 @@ def test_auto_drafts_nothing_where_no_tree_pays(pair, costly_profile):
     """Where no node is worth its cost, `auto` takes autoregressive steps that leave the draft idle,
     and probes with one node after 16 such steps (the first tree was a short run), then 32: the
     draft first reads the tokens it skipped, in one forward, then the probe's root."""
-    pair.auto_states.clear()
-    steps = []
-    r = generate(pair, PROMPT, policy="chain", budget="auto", max_new_tokens=56, hooks=[steps.append])
+    state, steps = AutoState(), []
+    r = generate(pair, PROMPT, policy="chain", budget="auto", max_new_tokens=56, hooks=[steps.append], auto_state=state)
     assert r.token_ids == generate(pair, PROMPT, policy="ar", max_new_tokens=56).token_ids
     steps = [s for s in steps if isinstance(s, StepVerified)]
     assert all(len(s.tokens) == 1 for s in steps)  # every tree was cut to its root
@@ -268,7 +264,6 @@ def test_auto_drafts_nothing_where_no_tree_pays(pair, costly_profile):
     assert drafting == [0, 17, 50]
     # the prompt's catch-up and a chain of 16 (the starting cap), then a catch-up and a probe's root
     assert [steps[i].draft_forwards for i in drafting] == [17, 2, 2]
-    state = pair.auto_states[("chain", 0.0, "[]")]
     assert state.cap == 0 and state.probe_cap == 1 and state.probe_after == 64
 
 
@@ -276,9 +271,8 @@ def test_trees_sized_by_the_answers_end_leave_the_cap_and_probes_alone(pair, cos
     """No tree pays here, but every tree of this 5-token answer is cut short by its end (cap 8, at
     most 4 tokens left to draft): they say nothing of the next answer's trees, so neither the cap
     nor the probes' schedule moves (the probes' wait had doubled at each such tree)."""
-    pair.auto_states.clear()
-    state = pair.auto_states[("chain", 0.0, "[]")] = AutoState(cap=8)
-    generate(pair, PROMPT, policy="chain", budget="auto", max_new_tokens=5)
+    state = AutoState(cap=8)
+    generate(pair, PROMPT, policy="chain", budget="auto", max_new_tokens=5, auto_state=state)
     assert (state.cap, state.probe_after, state.drafted, state.idle) == (8, PROBE_AFTER, 0, 0)
 
 
@@ -286,22 +280,19 @@ def test_a_generations_first_step_teaches_auto_acceptance_not_times(pair, steep_
     """A generation's first step carries one-off costs (in a fresh process, 24 ms beyond its
     forwards against 1-3 ms later, which priced every node out and stopped the drafting), so `auto`
     learns from it what was accepted but not what steps cost; later steps teach both."""
-    pair.auto_states.clear()
-    generate(pair, PROMPT, policy="chain", budget="auto", max_new_tokens=1)
-    state = pair.auto_states[("chain", 0.0, "[]")]
+    state = AutoState()
+    generate(pair, PROMPT, policy="chain", budget="auto", max_new_tokens=1, auto_state=state)
     assert sum(state.reached) > 0
     assert (state.rate, state.ms_scale, state.tree_rest_ms, state.root_rest_ms) == (None, None, None, None)
-    generate(pair, PROMPT, policy="chain", budget="auto", max_new_tokens=4)
+    generate(pair, PROMPT, policy="chain", budget="auto", max_new_tokens=4, auto_state=state)
     assert state.rate is not None and state.ms_scale is not None
 
 
 def test_auto_trees_end_with_the_answer(pair, steep_profile):
     """Under `auto` no node is deeper than the tokens left less the bonus token, and those last,
     shorter trees leave the cap as it was: they say nothing of the next answer's trees."""
-    pair.auto_states.clear()
-    state = pair.auto_states[("chain", 0.0, "[]")] = AutoState(cap=8)
-    steps = []
-    r = generate(pair, PROMPT, policy="chain", budget="auto", max_new_tokens=5, hooks=[steps.append])
+    state, steps = AutoState(cap=8), []
+    r = generate(pair, PROMPT, policy="chain", budget="auto", max_new_tokens=5, hooks=[steps.append], auto_state=state)
     assert r.token_ids == generate(pair, PROMPT, policy="ar", max_new_tokens=5).token_ids
     left, depths = 5, []
     for step in (s for s in steps if isinstance(s, StepVerified)):
