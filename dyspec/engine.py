@@ -243,7 +243,7 @@ def stream(
                 -(-tree.size // forwards),
                 spec.grows_by_value and sampled,
                 sets_cap=cap >= auto.cap and not undrafted,  # else the tree was sized by the answer's end
-                copied=tree.extra["match"] if undrafted and tree.size else 0,
+                copied=tree.copied_after if undrafted and tree.size else 0,
             )
             for draft in drafts:
                 draft.relabel(old_ids)
@@ -320,6 +320,7 @@ def stream(
                 tree_build_s=t1 - t0 - draft_s,
                 draft_forwards=_forwards(drafts) - forwards0,
                 extra=tree.extra,
+                copied_after=tree.copied_after,
             ),
             hooks,
         )

@@ -45,6 +45,7 @@ class StepVerified:
     tree_build_s: float  # the policy's own Python work, part of overhead_s
     draft_forwards: int
     extra: dict = field(default_factory=dict)  # policy-specific data, e.g. predicted acceptance
+    copied_after: int = 0  # the step's nodes were copied from the context after a match this long (lookup)
 
     @property
     def accepted_len(self) -> int:

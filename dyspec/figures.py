@@ -279,7 +279,7 @@ def tree_figure(step, upto: int | None = None, title: str | None = None) -> go.F
                 + "<extra></extra>",
             )
         )
-    made = f"copied after a {step.extra['match']}-token match" if step.extra.get("match") else "drafted"
+    made = f"copied after a {step.copied_after}-token match" if step.copied_after else "drafted"
     leaves = max(y, default=0) + 1
     fig.update_layout(
         title=title or f"step {step.step}: {len(step.tokens) - 1} {made}, {len(step.accepted)} accepted",

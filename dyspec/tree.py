@@ -29,6 +29,7 @@ class Tree:
     growth: list[int] = field(default_factory=list)  # tree size after each expansion, for replay
     # the policy's own data for the views (events' `extra`); a list in it holds one entry per drafted node
     extra: dict = field(default_factory=dict)
+    copied_after: int = 0  # nodes copied from the context (`lookup`): the length of the match they follow
 
     @classmethod
     def root(cls, token: int, sampling: str = "iid") -> Tree:
@@ -83,6 +84,7 @@ class Tree:
         out.child_q = {new_id[u]: q for u, q in self.child_q.items() if u in new_id}
         out.growth = sorted({sum(1 for n in old_ids if n < g) for g in self.growth})
         out.extra = {k: [v[old - 1] for old in keep] if isinstance(v, list) else v for k, v in self.extra.items()}
+        out.copied_after = self.copied_after if keep else 0
         return out, old_ids
 
     def ancestor_mask(self) -> torch.Tensor:

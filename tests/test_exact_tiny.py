@@ -221,7 +221,7 @@ def test_auto_sizes_lookups_copies_apart_from_the_drafts_cap(pair, flat_profile)
     verified = [s for s in steps if isinstance(s, StepVerified)]
     assert max(len(s.tokens) - 1 for s in verified) > 1 and all(s.draft_forwards == 0 for s in verified)
     copy = next(s for s in verified if len(s.tokens) > 1)  # the views say what a copy followed
-    assert "copied after a" in figures.tree_figure(copy).layout.title.text and copy.extra["match"] >= 1
+    assert "copied after a" in figures.tree_figure(copy).layout.title.text and copy.copied_after >= 1
     assert state.cap == 1 and sum(state.reached[COPY:]) > 0 and sum(state.reached[:COPY]) == 0
 
 

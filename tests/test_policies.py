@@ -254,7 +254,7 @@ def test_lookup_falls_back_to_the_draft_only_where_nothing_matches():
     assert tree.tokens[1] == int(path_logits((2,)).argmax())  # the draft's chain, as `chain` builds it
     draft = Context([3, 1, 2, 3, 1], kv="a draft")
     tree = lookup.build(draft, 1, 4, 0.0, torch.Generator(), fallback=2)
-    assert tree.tokens == [1, 2, 3, 1, 2] and tree.extra == {"match": 2} and draft.forwards == 0
+    assert tree.tokens == [1, 2, 3, 1, 2] and tree.copied_after == 2 and draft.forwards == 0
 
 
 @pytest.mark.parametrize("options", [{"min_ngram": 3, "ngram": 2}, {"min_ngram": 0}, {"fallback": -1}])

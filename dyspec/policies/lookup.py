@@ -49,7 +49,7 @@ def build(
         tree.add(tree.size, token, 1.0)
     if tokens:
         tree.end_expansion()
-    tree.extra = {"match": match}
+    tree.copied_after = match
     return tree
 
 
