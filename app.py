@@ -21,12 +21,9 @@ from dyspec.events import GenerationFinished, StepVerified
 from dyspec.examples import EXAMPLES
 from dyspec.models import DEFAULT_DRAFT, DEFAULT_TARGET, PRECISIONS
 from dyspec.policies import available_policies
-from dyspec.speedup import MIN_TOKENS, decode_rate, measured_speedup
+from dyspec.speedup import decode_rate, measured_speedup
 
 LIMITS = {"max_new_tokens": 256, "budget": 64, "prompt_chars": 4000, "temperature": 2.0}
-SPEEDUP_METHOD = (
-    "decode rates on this prompt and settings, prefill excluded, both warm; ar measured once per prompt and settings"
-)
 
 
 def check_limits(prompt: str, budget: int, temperature: float, max_new_tokens: int) -> None:
@@ -47,9 +44,8 @@ def stats_markdown(steps: list[StepVerified], finished: GenerationFinished | Non
         f"({tokens / max(len(steps), 1):.2f} per forward), {decode_rate(steps):.1f} tokens/s while decoding"
     ]
     if ar:
-        measured = measured_speedup(steps, ar) if tokens >= MIN_TOKENS else None
-        shown = f"**{measured}**" if measured else f"waiting for {MIN_TOKENS} tokens"
-        lines.append(f"speedup vs ar: {shown}; {SPEEDUP_METHOD} (ar: {decode_rate(ar):.1f} tokens/s)")
+        shown = speedup.speedup_text(steps, ar, final=finished is not None)
+        lines.append(f"speedup vs ar: **{shown}**; {speedup.METHOD} (ar: {decode_rate(ar):.1f} tokens/s)")
     if finished is not None:
         lines.append(f"done ({finished.stop_reason}): {finished.wall_s:.2f} s wall, prefill included")
     return "\n\n".join(lines)

@@ -27,6 +27,7 @@ from dyspec.events import StepVerified
 from dyspec.models import ModelPair
 
 MIN_TOKENS = 16
+METHOD = "decode rates, prefill excluded, both warm; ar measured once per prompt and settings"
 RESAMPLES = 200
 WARM_PROMPT = "Say hello."
 
@@ -63,6 +64,15 @@ def measured_speedup(steps: Sequence[StepVerified], ar: Sequence[StepVerified], 
     )
     rate, ar_rate = decode_rate(steps), decode_rate(ar)
     return Speedup(rate / ar_rate, ratios[RESAMPLES // 20], ratios[-RESAMPLES // 20 - 1], rate, ar_rate)
+
+
+def speedup_text(steps: Sequence[StepVerified], ar: Sequence[StepVerified], final: bool) -> str:
+    """The speedup as the views show it: nothing until MIN_TOKENS tokens are in, the ratio while the
+    run streams, and with its interval once it is over (the bootstrap costs ~4 ms, too much to
+    repeat after every step)."""
+    if sum(len(s.emitted) for s in steps) < MIN_TOKENS:
+        return f"waiting for {MIN_TOKENS} tokens"
+    return str(measured_speedup(steps, ar)) if final else f"{decode_rate(steps) / decode_rate(ar):.2f}x"
 
 
 def running_speedup(steps: Sequence[StepVerified], ar_tokens_per_s: float) -> list[float | None]:

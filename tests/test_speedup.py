@@ -10,7 +10,7 @@ from dyspec import generate
 from dyspec.defaults import defaults_for
 from dyspec.errors import DyspecError
 from dyspec.events import StepVerified
-from dyspec.speedup import MIN_TOKENS, ar_steps, measured_speedup, running_speedup
+from dyspec.speedup import MIN_TOKENS, ar_steps, measured_speedup, running_speedup, speedup_text
 from dyspec.whatif import (
     PROFILES,
     from_profile,
@@ -93,6 +93,16 @@ def test_measured_speedup_and_its_interval():
     assert s.ratio == pytest.approx(1.2) and s.ar_tokens_per_s == pytest.approx(50)
     assert s.low < s.ratio < s.high and s == measured_speedup(steps, ar)  # seeded: the same twice
     assert measured_speedup([], ar) is None
+
+
+def test_the_views_speedup_waits_then_streams_then_gives_its_interval():
+    ar = [fake_step(1, 1, 0, 0.02)] * 20
+    steps = [fake_step(2, 3, 1, 0.025), fake_step(1, 3, 1, 0.025)] * 10
+    assert speedup_text(steps[:4], ar, final=False) == f"waiting for {MIN_TOKENS} tokens"
+    assert speedup_text(steps, ar, final=False) == "1.20x"
+    assert speedup_text(steps, ar, final=True) == str(measured_speedup(steps, ar)) and "interval" in str(
+        measured_speedup(steps, ar)
+    )
 
 
 def test_running_speedup_waits_for_enough_tokens():

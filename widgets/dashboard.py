@@ -188,9 +188,8 @@ class Dashboard:
             f"{speedup.decode_rate(self.steps):.1f} tokens/s decoding"
         )
         if self.ar_steps:
-            measured = speedup.measured_speedup(self.steps, self.ar_steps) if tokens >= speedup.MIN_TOKENS else None
-            shown = f"<b>{measured}</b>" if measured else f"waiting for {speedup.MIN_TOKENS} tokens"
-            stats += f"; speedup vs ar: {shown} (decode rates, prefill excluded, both warm; ar {ar_rate:.1f} tokens/s)"
+            shown = speedup.speedup_text(self.steps, self.ar_steps, final=self.finished is not None)
+            stats += f"; speedup vs ar: <b>{shown}</b> ({speedup.METHOD}; ar {ar_rate:.1f} tokens/s)"
         if self.finished:
             stats += f" ({self.finished.stop_reason})"
         self.stats.value = stats
