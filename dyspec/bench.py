@@ -191,9 +191,8 @@ def host(device: torch.device) -> str:
     if device.type == "cuda":
         return torch.cuda.get_device_name(device)
     cpuinfo = Path("/proc/cpuinfo")
-    names = [
-        line.split(":", 1)[1].strip() for line in cpuinfo.read_text().splitlines() if line.startswith("model name")
-    ]
+    lines = cpuinfo.read_text().splitlines() if cpuinfo.exists() else []  # none on macOS
+    names = [line.split(":", 1)[1].strip() for line in lines if line.startswith("model name")]
     return f"{names[0] if names else platform.processor() or 'CPU'}, {os.cpu_count()} cores"
 
 
