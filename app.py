@@ -14,14 +14,16 @@ import argparse
 import gradio as gr
 
 import dyspec
-from dyspec import figures, speedup, whatif
+from dyspec.auto import whatif
+from dyspec.core.events import GenerationFinished, StepVerified
 from dyspec.defaults import defaults_for
 from dyspec.errors import DyspecError
-from dyspec.events import GenerationFinished, StepVerified
-from dyspec.examples import EXAMPLES
+from dyspec.eval import speedup
+from dyspec.eval.speedup import decode_rate, measured_speedup
 from dyspec.models import DEFAULT_DRAFT, DEFAULT_TARGET, PRECISIONS
 from dyspec.policies import available_policies
-from dyspec.speedup import decode_rate, measured_speedup
+from dyspec.views import figures
+from dyspec.views.examples import EXAMPLES
 
 LIMITS = {"max_new_tokens": 256, "budget": 64, "prompt_chars": 4000, "temperature": 2.0}
 

@@ -5,8 +5,8 @@ home page is README.md and the changelog page CHANGELOG.md."""
 import json
 from pathlib import Path
 
-from dyspec.bench import SCHEMA
 from dyspec.cli import build_parser
+from dyspec.eval.bench import SCHEMA
 
 ROOT = Path(__file__).resolve().parents[1]
 

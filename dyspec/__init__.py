@@ -1,8 +1,8 @@
 """dyspec: interactive speculative decoding with token trees."""
 
-from dyspec.engine import generate, stream
+from dyspec.core.engine import generate, stream
+from dyspec.core.events import GenerationFinished, StepVerified, TreeExpanded
 from dyspec.errors import DyspecError
-from dyspec.events import GenerationFinished, StepVerified, TreeExpanded
 from dyspec.models import ModelPair, load_pair
 
 __all__ = [

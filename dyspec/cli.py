@@ -87,7 +87,7 @@ def add_decoding_args(p: argparse.ArgumentParser) -> None:
 
 
 def cmd_generate(args: argparse.Namespace) -> None:
-    from dyspec.engine import check_settings, generate
+    from dyspec.core.engine import check_settings, generate
     from dyspec.models import load_pair, pick_device
 
     options = dict(args.option)
@@ -132,11 +132,11 @@ def _csv(kind):
 def cmd_bench(args: argparse.Namespace) -> None:
     from pathlib import Path
 
-    from dyspec.bench import BenchConfig, auto_table, markdown_table, run_bench, write_report
-    from dyspec.figures import summarize
+    from dyspec.auto.profile import measure_profile, pair_profile
+    from dyspec.auto.whatif import from_profile, load_profile
+    from dyspec.eval.bench import BenchConfig, auto_table, markdown_table, run_bench, write_report
     from dyspec.models import load_pair, pick_device
-    from dyspec.profile import machine_profile, measure_profile
-    from dyspec.whatif import from_profile, load_profile
+    from dyspec.views.figures import summarize
 
     out = Path(args.out)
     if out.is_dir():
@@ -157,7 +157,7 @@ def cmd_bench(args: argparse.Namespace) -> None:
     whatif_model = load_profile(args.whatif) if args.whatif not in (None, THIS_MACHINE_FLAG) else None
     pair = load_pair(args.target, args.draft, args.device, allow_download=args.allow_download, precision=args.precision)
     if args.whatif == THIS_MACHINE_FLAG:  # the check of the model: priced with this machine's own t(n)
-        whatif_model = from_profile(machine_profile(pair), "this machine")
+        whatif_model = from_profile(pair_profile(pair), "this machine")
     records = run_bench(pair, config, out, resume=args.resume, command=shlex.join(["dyspec", *sys.argv[1:]]))
     profile = measure_profile(pair) if args.profile else None
     report = out.with_suffix(".html")
@@ -175,16 +175,16 @@ THIS_MACHINE_FLAG = "this"
 def cmd_report(args: argparse.Namespace) -> None:
     from pathlib import Path
 
-    from dyspec.bench import results_page
-    from dyspec.whatif import load_profile
+    from dyspec.auto.whatif import load_profile
+    from dyspec.eval.bench import results_page
 
     whatif_model = load_profile(args.whatif) if args.whatif else None
     print(results_page([Path(f) for f in args.records], args.title, whatif_model))
 
 
 def cmd_profile(args: argparse.Namespace) -> None:
+    from dyspec.auto.profile import CONTEXT, LONG_CONTEXT, measure_profile, profile_path
     from dyspec.models import load_pair, write_cache
-    from dyspec.profile import CONTEXT, LONG_CONTEXT, measure_profile, profile_path
 
     pair = load_pair(args.target, args.draft, args.device, allow_download=args.allow_download, precision=args.precision)
     profile = measure_profile(pair)
@@ -209,11 +209,25 @@ def cmd_profile(args: argparse.Namespace) -> None:
         print(f"{n:>4}" + "".join(f"{profile[c][n]:10.1f}" if n in profile[c] else " " * 10 for c in columns))
 
 
+def cmd_calibrate(args: argparse.Namespace) -> None:
+    from dyspec.eval.calibrate import calibrate
+    from dyspec.models import load_pair
+    from dyspec.policies.sequoia import acceptance_path
+
+    pair = load_pair(args.target, args.draft, args.device, allow_download=args.allow_download, precision=args.precision)
+    if pair.draft is None:
+        raise DyspecError("calibrate measures a draft's acceptance: give --draft")
+    saved = calibrate(pair, args.temperatures, args.num_prompts, args.width)
+    for t, a in saved["acceptance"].items():
+        print(f"T={t}: " + " ".join(f"{x:.3f}" for x in a))
+    print(f"saved for sequoia: {acceptance_path(pair)}", file=sys.stderr)
+
+
 def cmd_train_head(args: argparse.Namespace) -> None:
     from pathlib import Path
 
     from dyspec.models import load_pair
-    from dyspec.train_head import train_head
+    from dyspec.train.head import train_head
 
     pair = load_pair(args.target, args.draft, args.device, allow_download=args.allow_download, precision=args.precision)
     report = train_head(
@@ -234,8 +248,8 @@ def cmd_distill(args: argparse.Namespace) -> None:
 
     import torch
 
-    from dyspec.distill import distill
     from dyspec.models import load_pair, shipped_draft
+    from dyspec.train.distill import distill
 
     init = None if args.init is None else Path(args.init)
     if args.init == "distilled" and (init := shipped_draft(args.target)) is None:
@@ -265,10 +279,10 @@ def cmd_distill(args: argparse.Namespace) -> None:
 def cmd_fit_copy(args: argparse.Namespace) -> None:
     from pathlib import Path
 
-    from dyspec.distill import answer_sequences, copy_eval, fit_copy
-    from dyspec.feature_draft import is_feature_draft
+    from dyspec.eval.prompts import load_prompts
     from dyspec.models import load_pair, shipped_draft
-    from dyspec.prompts import load_prompts
+    from dyspec.models.feature_draft import is_feature_draft
+    from dyspec.train.distill import answer_sequences, copy_eval, fit_copy
 
     folder = shipped_draft(args.target) if args.draft == "distilled" else Path(args.draft)
     if folder is None or not is_feature_draft(folder):
@@ -358,6 +372,13 @@ def build_parser() -> argparse.ArgumentParser:
     add_model_args(pr)
     pr.add_argument("--json", action="store_true")
     pr.set_defaults(func=cmd_profile)
+
+    ca = sub.add_parser("calibrate", help="measure the acceptance vector Sequoia's optimal tree is built from")
+    ca.add_argument("--temperatures", type=float, nargs="+", default=[0.0, 0.6, 1.0], help="(default: %(default)s)")
+    ca.add_argument("--num-prompts", type=int, default=10, help="IFEval prompts to decode (default: %(default)s)")
+    ca.add_argument("--width", type=int, default=16, help="children drawn per step (default: %(default)s)")
+    add_model_args(ca)
+    ca.set_defaults(func=cmd_calibrate)
 
     d = sub.add_parser("distill", help="train a feature-conditioned (EAGLE-style) draft for a target")
     d.add_argument("--out", required=True, help="folder for data, checkpoints and the draft (resumes)")

@@ -13,7 +13,7 @@ import psutil
 import pytest
 import requests
 
-from dyspec.examples import EXAMPLES
+from dyspec.views.examples import EXAMPLES
 
 CHROMIUM = "/usr/bin/chromium"
 ROOT = Path(__file__).resolve().parents[1]

@@ -3,7 +3,9 @@ import json
 import jsonschema
 import pytest
 
-from dyspec.bench import (
+from dyspec.auto.whatif import load_profile, modelled_speedup
+from dyspec.errors import DyspecError
+from dyspec.eval.bench import (
     SCHEMA,
     BenchConfig,
     markdown_table,
@@ -13,11 +15,9 @@ from dyspec.bench import (
     run_bench,
     write_report,
 )
-from dyspec.errors import DyspecError
-from dyspec.figures import summarize
+from dyspec.eval.prompts import load_prompts
 from dyspec.models import load_pair
-from dyspec.prompts import load_prompts
-from dyspec.whatif import load_profile, modelled_speedup
+from dyspec.views.figures import summarize
 
 
 @pytest.fixture(scope="module")
@@ -117,9 +117,9 @@ def test_one_pass_over_the_prompts_per_seed_ar_first_then_a_rotated_order(pair, 
 
 
 def test_policy_specs_carry_options():
-    from dyspec.bench import parse_policy_spec
     from dyspec.errors import DyspecError
-    from dyspec.figures import summarize
+    from dyspec.eval.bench import parse_policy_spec
+    from dyspec.views.figures import summarize
 
     assert parse_policy_spec("specdecpp:h=0.3:min_k=1") == ("specdecpp", {"h": 0.3, "min_k": 1})
     assert parse_policy_spec("chain") == ("chain", {})
@@ -139,8 +139,8 @@ def test_policy_specs_carry_options():
 
 
 def test_auto_is_compared_with_the_best_fixed_budget_per_prompt_and_seed():
-    from dyspec.bench import auto_table
-    from dyspec.figures import auto_vs_fixed, summarize
+    from dyspec.eval.bench import auto_table
+    from dyspec.views.figures import auto_vs_fixed, summarize
 
     def record(policy, budget, prompt, wall_s, new_tokens=10):
         return {

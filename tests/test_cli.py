@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-from dyspec.profile import DEFAULT_SIZES, LONG_CONTEXT, LONG_SIZES
+from dyspec.auto.profile import DEFAULT_SIZES, LONG_CONTEXT, LONG_SIZES
 
 from .tiny import tiny_model, tiny_tokenizer
 

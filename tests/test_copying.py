@@ -1,5 +1,5 @@
-"""Copying from the context's repeats (dyspec.copying): the search `lookup` and a copying draft
-share, the mixture a copying draft proposes from, and the fit of its weights (dyspec.distill)."""
+"""Copying from the context's repeats (dyspec.core.copying): the search `lookup` and a copying draft
+share, the mixture a copying draft proposes from, and the fit of its weights (dyspec.train.distill)."""
 
 import dataclasses
 import json
@@ -8,13 +8,13 @@ import pytest
 import torch
 
 from dyspec import generate
-from dyspec.copying import MATCHES, copied, copy_token, mix
-from dyspec.distill import copy_agreement, fit_copy_weights
-from dyspec.draft import DraftSession
+from dyspec.core.copying import MATCHES, copied, copy_token, mix
+from dyspec.core.draft import DraftSession
+from dyspec.core.sampling import to_probs
+from dyspec.core.tree import Tree
 from dyspec.errors import DyspecError
-from dyspec.feature_draft import CONFIG_NAME, load_feature_draft, save_feature_draft
-from dyspec.sampling import to_probs
-from dyspec.tree import Tree
+from dyspec.models.feature_draft import CONFIG_NAME, load_feature_draft, save_feature_draft
+from dyspec.train.distill import copy_agreement, fit_copy_weights
 
 from .tiny import tiny_feature_pair
 

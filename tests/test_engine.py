@@ -4,12 +4,12 @@ import pytest
 import torch
 
 from dyspec import generate, stream
-from dyspec.engine import encode_prompt
-from dyspec.events import GenerationFinished, StepVerified, TreeExpanded
-from dyspec.kv import KVSession
+from dyspec.core.engine import encode_prompt
+from dyspec.core.events import GenerationFinished, StepVerified, TreeExpanded
+from dyspec.core.kv import KVSession
+from dyspec.core.tree import Tree
 from dyspec.models import load_pair
 from dyspec.policies import POLICIES
-from dyspec.tree import Tree
 
 from .conftest import PROMPTS
 

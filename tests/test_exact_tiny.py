@@ -7,15 +7,26 @@ import pytest
 import torch
 from scipy.stats import chisquare
 
-from dyspec import figures, generate
-from dyspec.budget import COPY, PROBE_AFTER, AutoState
-from dyspec.copying import MATCHES
-from dyspec.draft import DraftSession
-from dyspec.events import StepVerified
-from dyspec.kv import KVSession
-from dyspec.policies import POLICIES
-from dyspec.profile import CONTEXT, DEFAULT_SIZES, LONG_CONTEXT, LONG_SIZES, forward_ms, profile_path, target_profile
-from dyspec.tree import Tree
+from dyspec import generate
+from dyspec.auto.budget import COPY, PROBE_AFTER, AutoState
+from dyspec.auto.profile import (
+    CONTEXT,
+    DEFAULT_SIZES,
+    LONG_CONTEXT,
+    LONG_SIZES,
+    forward_ms,
+    pair_profile,
+    profile_path,
+    target_profiles,
+)
+from dyspec.core.copying import MATCHES
+from dyspec.core.draft import DraftSession
+from dyspec.core.events import StepVerified
+from dyspec.core.kv import KVSession
+from dyspec.errors import DyspecError
+from dyspec.eval.calibrate import calibrate
+from dyspec.policies import POLICIES, available_policies
+from dyspec.views import figures
 
 from .tiny import exact_distribution, tiny_feature_pair, tiny_head_file, tiny_model, tiny_pair
 
@@ -76,7 +87,7 @@ def test_feature_draft_samples_target_distribution(feature_pair, exact, policy, 
 
 @pytest.mark.parametrize("policy,options", FEATURE_CASES, ids=lambda x: str(x))
 def test_a_copying_draft_samples_target_distribution(exact, policy, options):
-    """q mixed with the copied token (dyspec.copying), which may be one the draft cannot propose."""
+    """q mixed with the copied token (dyspec.core.copying), which may be one the draft cannot propose."""
     pair = tiny_feature_pair()
     pair.draft.copy_weights = [0.5] * MATCHES
     check_distribution(pair, exact, policy, options)
@@ -87,22 +98,6 @@ def test_merged_drafts_sample_target_distribution(feature_pair, exact):
     the root, two i.i.d. draws from each, every one verified against its own draft's q."""
     pair = dataclasses.replace(feature_pair, extra_drafts=[tiny_model(2)], extra_draft_names=["tiny-draft"])
     check_distribution(pair, exact, "specinfer", {})
-
-
-@pytest.mark.parametrize("features", [False, True])
-def test_draft_catch_up_reads_the_skipped_tokens_in_one_forward(pair, feature_pair, features):
-    """`catch_up` leaves only the root pending and gives the root the logits it would get without
-    it; its time counts as draft time but not as the tree's (`calls`)."""
-    model = (feature_pair if features else pair).draft
-    tokens = [0, 3, 1, 2, 4, 1]
-    caught, alone = DraftSession(model, tokens), DraftSession(model, tokens)
-    hidden = torch.randn(len(tokens) - 1, 32, generator=torch.Generator().manual_seed(0))
-    for session in (caught, alone):
-        session.set_prompt_features(hidden)
-    caught.catch_up()
-    assert caught.pending == [1] and caught.forwards == 1 and caught.calls == [] and caught.seconds > 0
-    tree = Tree.root(1)
-    torch.testing.assert_close(caught.logits(tree, [0]), alone.logits(tree, [0]))
 
 
 def check_distribution(pair, exact, policy, options, budget=4):
@@ -164,15 +159,19 @@ def save_profile(pair, tmp_path, monkeypatch, ms) -> None:
     monkeypatch.setenv("DYSPEC_CACHE", str(tmp_path))
     path = profile_path(pair)
     path.parent.mkdir(parents=True)
-    path.write_text(json.dumps({"target": {str(n): ms(n) for n in DEFAULT_SIZES}}))
+    draft = {str(n): 0.5 for n in DEFAULT_SIZES}  # the draft's forwards cost 0.5 ms, at any size
+    path.write_text(json.dumps({"target": {str(n): ms(n) for n in DEFAULT_SIZES}, "draft": draft}))
 
 
-def test_auto_times_the_target_behind_two_contexts(pair, tmp_path, monkeypatch):
-    """`auto`'s profile: every size behind CONTEXT tokens, a few behind LONG_CONTEXT, the draft not at all."""
+def test_auto_times_the_target_behind_two_contexts_and_the_draft(pair, tmp_path, monkeypatch):
+    """`auto`'s profile: every size behind CONTEXT tokens, a few behind LONG_CONTEXT, the draft's
+    every size, measured once and then read from the cache."""
     monkeypatch.setenv("DYSPEC_CACHE", str(tmp_path))
-    profiles = target_profile(pair)
+    profile = pair_profile(pair)
+    profiles = target_profiles(profile)
     assert [list(profiles[c]) for c in (CONTEXT, LONG_CONTEXT)] == [list(DEFAULT_SIZES), list(LONG_SIZES)]
-    assert "draft" not in json.loads(profile_path(pair).read_text())
+    assert list(profile["draft"]) == [str(n) for n in DEFAULT_SIZES]
+    assert json.loads(profile_path(pair).read_text()) == profile
 
 
 @pytest.fixture
@@ -180,7 +179,7 @@ def steep_profile(pair, tmp_path, monkeypatch):
     """Every tree node costs as much as the first, so `--budget auto` keeps only some nodes,
     depending on their values."""
     save_profile(pair, tmp_path, monkeypatch, lambda n: 1.0 + n)
-    assert target_profile(pair) == {CONTEXT: {n: 1.0 + n for n in DEFAULT_SIZES}}  # one context: no slope
+    assert target_profiles(pair_profile(pair)) == {CONTEXT: {n: 1.0 + n for n in DEFAULT_SIZES}}  # no slope
 
 
 @pytest.fixture
@@ -254,7 +253,7 @@ def test_auto_pads_forwards_where_more_tokens_cost_less(pair, lumpy_profile, mon
 def test_auto_drafts_nothing_where_no_tree_pays(pair, costly_profile):
     """Where no node is worth its cost, `auto` takes autoregressive steps that leave the draft idle,
     and probes with one node after 16 such steps (the first tree was a short run), then 32: the
-    draft first reads the tokens it skipped, in one forward, then the probe's root."""
+    probe's root forward reads the tokens the draft skipped too."""
     state, steps = AutoState(), []
     r = generate(pair, PROMPT, policy="chain", budget="auto", max_new_tokens=56, hooks=[steps.append], auto_state=state)
     assert r.token_ids == generate(pair, PROMPT, policy="ar", max_new_tokens=56).token_ids
@@ -276,16 +275,23 @@ def test_trees_sized_by_the_answers_end_leave_the_cap_and_probes_alone(pair, cos
     assert (state.cap, state.probe_after, state.drafted, state.idle) == (8, PROBE_AFTER, 0, 0)
 
 
-def test_a_generations_first_step_teaches_auto_acceptance_not_times(pair, steep_profile):
-    """A generation's first step carries one-off costs (in a fresh process, 24 ms beyond its
-    forwards against 1-3 ms later, which priced every node out and stopped the drafting), so `auto`
-    learns from it what was accepted but not what steps cost; later steps teach both."""
+@pytest.mark.parametrize("policy", ["chain", "dyspec"])
+def test_a_seeded_auto_call_repeats_exactly(pair, steep_profile, policy):
+    """`auto` prices every millisecond with the profile, never the clock, and each call starts a
+    fresh state: the same call twice gives the same trees and tokens at T > 0. A state passed on
+    purpose carries what the first call learnt into the second."""
+    steps = [[], []]
+    for i in range(2):
+        kwargs = {"temperature": 0.6, "seed": 3, "max_new_tokens": 24, "hooks": [steps[i].append]}
+        generate(pair, PROMPT, policy=policy, budget="auto", **kwargs)
+    trees = [[(e.tokens, e.parents, e.accepted) for e in run if isinstance(e, StepVerified)] for run in steps]
+    assert trees[0] == trees[1] and len({len(t[0]) for t in trees[0]}) > 1  # trees of several sizes
     state = AutoState()
-    generate(pair, PROMPT, policy="chain", budget="auto", max_new_tokens=1, auto_state=state)
-    assert sum(state.reached) > 0
-    assert (state.rate, state.ms_scale, state.tree_rest_ms, state.root_rest_ms) == (None, None, None, None)
-    generate(pair, PROMPT, policy="chain", budget="auto", max_new_tokens=4, auto_state=state)
-    assert state.rate is not None and state.ms_scale is not None
+    generate(pair, PROMPT, policy=policy, budget="auto", temperature=0.6, auto_state=state, max_new_tokens=24)
+    learnt = (list(state.reached), state.cap, state.rate)
+    assert sum(state.reached) > 0 and state.rate is not None
+    generate(pair, PROMPT, policy=policy, budget="auto", temperature=0.6, auto_state=state, max_new_tokens=24)
+    assert (list(state.reached), state.cap, state.rate) != learnt
 
 
 def test_auto_trees_end_with_the_answer(pair, steep_profile):
@@ -328,10 +334,7 @@ def test_a_trees_first_n_nodes_cost_the_draft_forwards_that_made_them(pair):
     first n of them, so `--budget auto` prices a smaller chain by what it would have cost."""
     session = DraftSession(pair.draft, [0, 3, 1])
     POLICIES["chain"].build(session, 1, 3, 0.0, torch.Generator().manual_seed(0))
-    assert [size for size, _ in session.calls] == [1, 2, 3]
-    seconds = [t for _, t in session.calls]
-    for n in range(4):
-        assert session.seconds_to_build(n) == pytest.approx(sum(seconds[:n]))
+    assert session.calls == [(1, 1), (2, 1), (3, 1)]  # (tree size when issued, nodes forwarded)
 
 
 def test_the_profile_times_each_size_as_the_engine_sends_it(pair, monkeypatch):
@@ -353,3 +356,19 @@ def test_the_profile_times_each_size_as_the_engine_sends_it(pair, monkeypatch):
     who = "profile"
     forward_ms(pair.target, sizes=(1, 2), repeats=1)
     assert calls["engine"] == calls["profile"] == {(1, True), (2, False)}
+
+
+def test_sequoia_reads_a_calibrated_vector_and_never_measures_behind_your_back(pair, tmp_path, monkeypatch):
+    """Without a measured acceptance vector `sequoia` says how to make one (and views do not offer
+    it); `calibrate` saves one per temperature, and a run takes the nearest temperature's."""
+    monkeypatch.setenv("DYSPEC_CACHE", str(tmp_path))
+    with pytest.raises(DyspecError, match="dyspec calibrate"):
+        generate(pair, PROMPT, policy="sequoia", budget=4, max_new_tokens=4)
+    assert "sequoia" not in available_policies(pair)
+    saved = calibrate(pair, temperatures=(0.0, 1.0), num_prompts=2, width=3, progress=False)
+    assert list(saved["acceptance"]) == ["0", "1"]
+    assert all(len(a) == 3 and 0 < sum(a) <= 1 for a in saved["acceptance"].values())
+    assert "sequoia" in available_policies(pair)
+    assert POLICIES["sequoia"].prepare(pair, 0.8, {})["acceptance"] == saved["acceptance"]["1"]
+    r = generate(pair, PROMPT, policy="sequoia", budget=4, max_new_tokens=8)
+    assert r.token_ids == generate(pair, PROMPT, policy="ar", max_new_tokens=8).token_ids

@@ -8,13 +8,14 @@ import time
 import pytest
 import torch
 
-from dyspec import figures, generate, stream
-from dyspec.copying import MATCHES, mix_along
+from dyspec import generate, stream
+from dyspec.core.copying import MATCHES, mix_along
+from dyspec.core.events import StepVerified
+from dyspec.core.kv import KVSession
 from dyspec.errors import DyspecError
-from dyspec.events import StepVerified
-from dyspec.head import auc, head_for, load_head
-from dyspec.kv import KVSession
-from dyspec.train_head import head_examples, train_head
+from dyspec.models.head import auc, head_for, load_head
+from dyspec.train.head import head_examples, train_head
+from dyspec.views import figures
 
 from .tiny import tiny_feature_pair, tiny_head_file, tiny_pair
 
@@ -92,7 +93,7 @@ def test_head_examples_feed_a_feature_draft_the_targets_features():
 
 
 def test_head_examples_of_a_copying_draft_read_its_mixture():
-    """With copy weights, q(y) and y are the copying draft's (dyspec.copying), as in the engine."""
+    """With copy weights, q(y) and y are the copying draft's (dyspec.core.copying), as in the engine."""
     pair = tiny_feature_pair()
     prompt, response = [0, 3, 1], [2, 0, 3, 1, 4, 0, 3]
     seq, n0 = prompt + response, len(prompt) - 1

@@ -6,11 +6,11 @@ from functools import cache
 import pytest
 import torch
 
-from dyspec.budget import BINS
+from dyspec.auto.budget import BINS
+from dyspec.core.tree import Tree
 from dyspec.errors import DyspecError
 from dyspec.policies import dyspec, dyspec_threshold, eagle2, lookup, specinfer
-from dyspec.sequoia import optimal_tree, tree_score
-from dyspec.tree import Tree
+from dyspec.policies.sequoia import optimal_tree, tree_score
 
 V = 4
 

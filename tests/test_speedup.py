@@ -7,11 +7,7 @@ import pytest
 import torch
 
 from dyspec import generate
-from dyspec.defaults import defaults_for
-from dyspec.errors import DyspecError
-from dyspec.events import StepVerified
-from dyspec.speedup import MIN_TOKENS, ar_steps, measured_speedup, running_speedup, speedup_text
-from dyspec.whatif import (
+from dyspec.auto.whatif import (
     PROFILES,
     from_profile,
     interpolate,
@@ -20,6 +16,10 @@ from dyspec.whatif import (
     parametric,
     step_shapes,
 )
+from dyspec.core.events import StepVerified
+from dyspec.defaults import defaults_for
+from dyspec.errors import DyspecError
+from dyspec.eval.speedup import MIN_TOKENS, ar_steps, measured_speedup, running_speedup, speedup_text
 
 from .conftest import PROMPTS
 

@@ -1,6 +1,6 @@
 import torch
 
-from dyspec.tree import Tree
+from dyspec.core.tree import Tree
 
 
 def test_tree_structure_and_mask():

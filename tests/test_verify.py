@@ -4,9 +4,9 @@ import pytest
 import torch
 from scipy.stats import chisquare
 
-from dyspec.sampling import ranked_children, residual, sample_rows
-from dyspec.tree import Tree
-from dyspec.verify import verify_greedy, verify_sampled
+from dyspec.core.sampling import ranked_children, residual, sample_rows
+from dyspec.core.tree import Tree
+from dyspec.core.verify import verify_greedy, verify_sampled
 
 V = 50
 TRIALS = 100_000

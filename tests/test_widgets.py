@@ -60,7 +60,7 @@ def test_compare_runs_both_on_the_same_prompt(pair):
 
 
 def test_dashboard_examples_and_hardware_whatif(pair):
-    from dyspec.examples import EXAMPLES
+    from dyspec.views.examples import EXAMPLES
 
     d = Dashboard(pair)
     assert d.prompt.value == EXAMPLES[0].prompt and EXAMPLES[0].expect in d.expect.value

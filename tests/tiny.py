@@ -62,7 +62,7 @@ def exact_distribution(model: LlamaForCausalLM, prompt: list[int], n: int, tempe
 def tiny_head_file(path, bias: tuple[float, float] | None = None, seed: int = 0) -> str:
     """An acceptance head for the tiny draft, saved like a trained one: random weights, or one whose
     output is fixed by `bias` (logits of reject, accept) whatever the hidden state."""
-    from dyspec.head import AcceptanceHead, save_head
+    from dyspec.models.head import AcceptanceHead, save_head
 
     torch.manual_seed(seed)
     head = AcceptanceHead(32, n_blocks=2)
@@ -79,7 +79,7 @@ def tiny_feature_pair(seed: int = 3, feature_layers: tuple[int, ...] = (-1,), nu
     """The tiny target with a feature-conditioned draft of `num_layers` decoder layers (random
     weights, its fusion of lower layers too) that can propose only 4 of the 5 tokens, so exactness
     is also checked where q is zero."""
-    from dyspec.feature_draft import FeatureDraft
+    from dyspec.models.feature_draft import FeatureDraft
 
     target = tiny_model(1, 2)
     torch.manual_seed(seed)

@@ -1,6 +1,6 @@
 """A notebook dashboard: type a prompt, move the budget or temperature, run, and watch the token tree
 grow, get verified, and pay off against autoregressive decoding. The figures come from
-`dyspec.figures`, the same functions the web app uses; the dashboard keeps them as plotly figures
+`dyspec.views.figures`, the same functions the web app uses; the dashboard keeps them as plotly figures
 (`tree_fig`, `steps_fig`, `calibration_fig`) so they can be inspected from Python and in tests.
 """
 
@@ -15,11 +15,13 @@ import plotly.graph_objects as go
 from IPython.display import display
 
 import dyspec
-from dyspec import figures, speedup, whatif
+from dyspec.auto import whatif
+from dyspec.core.events import GenerationFinished, StepVerified
 from dyspec.defaults import defaults_for
-from dyspec.events import GenerationFinished, StepVerified
-from dyspec.examples import EXAMPLES
+from dyspec.eval import speedup
 from dyspec.policies import available_policies
+from dyspec.views import figures
+from dyspec.views.examples import EXAMPLES
 
 # While a generation runs, the text and stats update every step and the figures at most this often
 # (always once at its end): a browser drawing three plotly figures takes cores from the decoding
@@ -31,7 +33,7 @@ LIVE_FIGURES = (os.cpu_count() or 1) > 2
 
 
 class Dashboard:
-    """`profiles`: latency models (`dyspec.whatif.load_profile`) for the what-if menu, besides the
+    """`profiles`: latency models (`dyspec.auto.whatif.load_profile`) for the what-if menu, besides the
     shipped ones, this machine's and a parametric accelerator. `ar_cache` keeps `ar`'s measured steps
     per prompt and settings; dashboards on one pair may share one."""
 

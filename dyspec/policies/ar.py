@@ -2,9 +2,9 @@
 
 import torch
 
-from dyspec.draft import DraftSession
+from dyspec.core.draft import DraftSession
+from dyspec.core.tree import Tree
 from dyspec.policies.contract import Policy
-from dyspec.tree import Tree
 
 
 def build(draft: DraftSession, root: int, budget: int, temperature: float, generator: torch.Generator) -> Tree:

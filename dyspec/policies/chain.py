@@ -2,10 +2,10 @@
 
 import torch
 
-from dyspec.draft import DraftSession
+from dyspec.core.draft import DraftSession
+from dyspec.core.sampling import sample, to_probs
+from dyspec.core.tree import Tree
 from dyspec.policies.contract import Policy
-from dyspec.sampling import sample, to_probs
-from dyspec.tree import Tree
 
 
 def extend(tree: Tree, node: int, logits: torch.Tensor, temperature: float, generator: torch.Generator) -> None:

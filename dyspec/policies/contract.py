@@ -9,7 +9,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from dyspec.tree import Tree
+from dyspec.core.tree import Tree
 
 ENGINE_SET = ("auto_rates", "free_budget")  # `build` arguments the engine sets (under `--budget auto`), never a user
 BUILD_ARGS = ("draft", "root", "budget", "temperature", "generator")
@@ -25,7 +25,7 @@ class Policy:
     build: Callable[..., Tree]  # build(draft, root, budget, temperature, generator, **options) -> Tree
     needs_draft: bool
     multi_draft: bool = False  # build() gets the list of every loaded draft instead of the first
-    prepare: Callable[[Any, float, int, dict], dict] | None = None  # once per generation: the options resolved
+    prepare: Callable[[Any, float, dict], dict] | None = None  # prepare(pair, temperature, options): resolved once
     available: Callable[[Any], bool] = _always  # whether it runs on a pair with its defaults (trained parts)
     auto_rates: bool = False  # build() takes `auto_rates`, the acceptance rates `--budget auto` learnt
     grows_by_value: bool = False  # a smaller cap builds about the most valuable part of a bigger tree

@@ -14,19 +14,19 @@ import math
 
 import torch
 
-from dyspec.budget import slot_rate
-from dyspec.draft import DraftSession
+from dyspec.auto.budget import slot_rate
+from dyspec.core.draft import DraftSession
+from dyspec.core.sampling import ranked_children, to_probs
+from dyspec.core.tree import Tree
 from dyspec.errors import DyspecError
-from dyspec.head import AcceptanceHead, head_for, load_head
+from dyspec.models.head import AcceptanceHead, head_for, load_head
 from dyspec.policies.common import child_mode
 from dyspec.policies.contract import Policy
-from dyspec.sampling import ranked_children, to_probs
-from dyspec.tree import Tree
 
 SCORES = ("draft", "head")
 
 
-def prepare(pair, temperature: float, budget: int, options: dict) -> dict:
+def prepare(pair, temperature: float, options: dict) -> dict:
     """With score="head", resolve the acceptance head (the `head` option's file, else the shipped one)."""
     if options.get("score") == "head":
         return {**options, "head": head_for(pair, options.get("head"))}
@@ -76,7 +76,7 @@ def build(
     draft's hidden state at it, so it exists once the node is forwarded and scores its descendants
     only: it never decides whether the node itself is kept, which keeps sampling exact.
     `auto_rates` (set by the engine under `--budget auto`): acceptance rates per slot bin
-    (`dyspec.budget.bin_rates`); with sampled children and score="draft", a slot is worth the
+    (`dyspec.auto.budget.bin_rates`); with sampled children and score="draft", a slot is worth the
     chance of reaching its parent times its bin's rate, the value auto's cut will give its node.
     1 - mass prices a later sibling by the mass left, far above its chance (`budget.node_bins`), so
     the heap spent its pops on siblings the cut then dropped, and the main path stayed shallow. A

@@ -9,13 +9,13 @@ its chance, so the tree built more siblings than the cut kept, never paid in ful
 
 import torch
 
-from dyspec.budget import slot_rate
-from dyspec.draft import DraftSession
+from dyspec.auto.budget import slot_rate
+from dyspec.core.draft import DraftSession
+from dyspec.core.sampling import ranked_children, to_probs
+from dyspec.core.tree import Tree
 from dyspec.errors import DyspecError
 from dyspec.policies.common import child_mode
 from dyspec.policies.contract import Policy
-from dyspec.sampling import ranked_children, to_probs
-from dyspec.tree import Tree
 
 
 def build(
@@ -32,7 +32,7 @@ def build(
     auto_rates: list[float] | None = None,
 ) -> Tree:
     """`auto_rates` (set by the engine under `--budget auto`): acceptance rates per slot bin
-    (`dyspec.budget.bin_rates`); with sampled children a slot is worth the chance of reaching its
+    (`dyspec.auto.budget.bin_rates`); with sampled children a slot is worth the chance of reaching its
     parent times its bin's rate, known before the draw (so this stays exact)."""
     t = 1 / max(budget, 2) if threshold is None else threshold
     if not 0 < t < 1:

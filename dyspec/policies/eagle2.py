@@ -5,10 +5,10 @@ sampled, so at T > 0 they are verified as one-hot proposals, which stays exact."
 
 import torch
 
-from dyspec.draft import DraftSession
+from dyspec.core.draft import DraftSession
+from dyspec.core.sampling import ranked_children, to_probs
+from dyspec.core.tree import Tree
 from dyspec.policies.contract import Policy
-from dyspec.sampling import ranked_children, to_probs
-from dyspec.tree import Tree
 
 
 def build(

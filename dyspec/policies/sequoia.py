@@ -1,22 +1,114 @@
-"""Sequoia (Chen et al. 2024): the DP-optimal static tree for a measured acceptance vector, built
-layer by layer (one batched draft forward per layer), children drawn without replacement (or the
-top-k at T = 0) and verified without replacement."""
+"""Sequoia (Chen et al. 2024): the DP-optimal static tree for the pair's positional acceptance
+vector a (a[k] = chance that the k-th drawn child is accepted), built layer by layer (one batched
+draft forward per layer), children drawn without replacement (or the top-k at T = 0) and verified
+without replacement. The vector is measured by `dyspec calibrate` (dyspec.eval.calibrate) and ships
+for the default pair; this module only reads it."""
 
+from __future__ import annotations
+
+import json
+from functools import lru_cache
+from pathlib import Path
+
+import numpy as np
 import torch
 
-from dyspec.draft import DraftSession
+from dyspec.core.draft import DraftSession
+from dyspec.core.sampling import ranked_children, to_probs
+from dyspec.core.tree import Tree
+from dyspec.errors import DyspecError
+from dyspec.models import cache_dir, pair_key
 from dyspec.policies.common import child_mode
 from dyspec.policies.contract import Policy
-from dyspec.sampling import ranked_children, to_probs
-from dyspec.sequoia import acceptance_for, optimal_tree
-from dyspec.tree import Tree
+
+SHIPPED = Path(__file__).parents[1] / "models" / "acceptance"  # vectors measured for the default pairs
 
 
-def prepare(pair, temperature: float, budget: int, options: dict) -> dict:
-    """Fill in the pair's measured acceptance vector (measured once, then cached on disk)."""
-    if options.get("acceptance") is None and options.get("parents") is None:
-        return {**options, "acceptance": acceptance_for(pair, temperature)}
-    return options
+@lru_cache(maxsize=64)
+def optimal_tree(acceptance: tuple[float, ...], budget: int, max_depth: int) -> tuple[list[int], float]:
+    """The best tree of at most `budget` drafted nodes and depth <= max_depth, as parent ids in
+    breadth-first order (siblings in drawing order), and its expected tokens per step (bonus included).
+
+    F[d][n]: best score of a subtree of n nodes (its root included) whose depth below the root is <= d;
+    score = 1 for the subtree root + sum over children k of a[k] * F[d-1][size_k]. Children are filled
+    in order: H[k][n] is the best for children k, k+1, ... using n nodes in all (Alg. 1 of the paper,
+    with a depth bound)."""
+    a = np.asarray(acceptance, dtype=np.float64)
+    n_max, K = budget + 1, len(a)
+    neg = -np.inf
+    F = np.full((max_depth + 1, n_max + 1), neg)
+    F[:, 1] = 1.0
+    choice = {}  # (d, k, n) -> size of child k's subtree
+    for d in range(1, max_depth + 1):
+        H = np.full((K + 1, n_max + 1), neg)
+        H[:, 0] = 0.0
+        for k in range(K - 1, -1, -1):
+            for n in range(1, n_max):
+                m = np.arange(1, n + 1)
+                sub = F[d - 1, m]
+                # a child of acceptance 0 adds nothing, even where its subtree is impossible (0 * -inf)
+                with np.errstate(invalid="ignore"):
+                    scores = np.where(np.isneginf(sub), neg, a[k] * sub) + H[k + 1, n - m]
+                best = int(np.argmax(scores))
+                if scores[best] > neg:
+                    H[k, n], choice[d, k, n] = scores[best], int(m[best])
+        F[d, 2:] = 1.0 + H[0, 1:n_max]
+        F[d, 1] = 1.0
+    sizes = F[max_depth, 1:]
+    n_best = 1 + int(np.argmax(sizes))  # more nodes never score less, but a tie keeps it smaller
+    parents = [-1]
+    queue = [(0, n_best, max_depth)]
+    while queue:
+        node, n, d = queue.pop(0)
+        k, left = 0, n - 1
+        while left > 0:
+            m = choice[d, k, left]
+            parents.append(node)
+            queue.append((len(parents) - 1, m, d - 1))
+            k, left = k + 1, left - m
+    return parents, float(F[max_depth, n_best])
+
+
+def tree_score(parents: list[int], acceptance: list[float]) -> float:
+    """Expected tokens per step of a static tree: 1 + sum over nodes of the product of a along its path."""
+    reach = [1.0]
+    rank: dict[int, int] = {}
+    for p in parents[1:]:
+        k = rank.get(p, 0)
+        rank[p] = k + 1
+        reach.append(reach[p] * (acceptance[k] if k < len(acceptance) else 0.0))
+    return sum(reach)
+
+
+def acceptance_path(pair) -> Path:
+    """Where `dyspec calibrate` writes the pair's vectors (it takes precedence over a shipped file)."""
+    return cache_dir() / "acceptance" / f"{pair_key(pair)}.json"
+
+
+def measured_vectors(pair) -> dict[float, list[float]]:
+    """The pair's acceptance vectors by temperature: calibrated here, else shipped, else none."""
+    for path in (acceptance_path(pair), SHIPPED / f"{pair_key(pair)}.json"):
+        if path.is_file():
+            return {float(t): a for t, a in json.loads(path.read_text())["acceptance"].items()}
+    return {}
+
+
+def available(pair) -> bool:
+    return pair.draft is not None and bool(measured_vectors(pair))
+
+
+def prepare(pair, temperature: float, options: dict) -> dict:
+    """Fill in the pair's acceptance vector measured at the temperature nearest this one: the tree's
+    shape only sets the speed, never the output's distribution."""
+    if options.get("acceptance") is not None or options.get("parents") is not None:
+        return options
+    vectors = measured_vectors(pair)
+    if not vectors:
+        raise DyspecError(
+            f"sequoia needs the acceptance vector of {pair.target_name} with {pair.draft_name}: measure it once "
+            "with `dyspec calibrate` (same --target/--draft), or give one with --option acceptance=[0.6,0.2,...]"
+        )
+    return {**options, "acceptance": vectors[min(vectors, key=lambda t: abs(t - temperature))]}
 
 
 def build(
@@ -63,4 +155,4 @@ def build(
     return tree
 
 
-POLICY = Policy("sequoia", build, needs_draft=True, prepare=prepare)
+POLICY = Policy("sequoia", build, needs_draft=True, prepare=prepare, available=available)

@@ -5,19 +5,19 @@ Verification is plain chain speculative sampling, so the output is exact whateve
 
 import torch
 
-from dyspec.draft import DraftSession
+from dyspec.core.draft import DraftSession
+from dyspec.core.tree import Tree
 from dyspec.errors import DyspecError
-from dyspec.head import head_for, load_head, shipped_head
+from dyspec.models.head import head_for, load_head, shipped_head
 from dyspec.policies.chain import extend
 from dyspec.policies.contract import Policy
-from dyspec.tree import Tree
 
 
 def available(pair) -> bool:
     return pair.draft is not None and shipped_head(pair).is_file()
 
 
-def prepare(pair, temperature: float, budget: int, options: dict) -> dict:
+def prepare(pair, temperature: float, options: dict) -> dict:
     """Resolve the head: the `head` option's file, else the head shipped for this model pair."""
     return {**options, "head": head_for(pair, options.get("head"))}
 

@@ -1,6 +1,6 @@
 """SpecDec++'s acceptance head (Huang et al. 2024): a small MLP on the draft's final hidden state at
 a drafted token that predicts the chance the target accepts that token. Trained by
-`dyspec train-head` (dyspec.train_head); heads for the default pairs ship in dyspec/heads/."""
+`dyspec train-head` (dyspec.train.head); heads for the default pairs ship in dyspec/models/heads/."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from safetensors.torch import load_file, save_file
 from torch import nn
 
 from dyspec.errors import DyspecError
-from dyspec.models import ModelPair
+from dyspec.models import ModelPair, pair_key
 
 SHIPPED = Path(__file__).with_name("heads")
 
@@ -23,7 +23,7 @@ class AcceptanceHead(nn.Module):
     """Residual blocks x + SiLU(W_l x) with independent W_l (the reference code repeats one block,
     sharing its weights), then Linear(., 2); class 1 is "accepted". The input is the draft's final
     hidden state at the drafted token y and log q(y), the draft's own probability of y (T = 1):
-    the hidden state alone predicted acceptance worse than q(y) does (see dyspec/heads/README.md)."""
+    the hidden state alone predicted acceptance worse than q(y) does (see dyspec/models/heads/README.md)."""
 
     def __init__(self, hidden_size: int, n_blocks: int = 3):
         super().__init__()
@@ -46,10 +46,6 @@ class AcceptanceHead(nn.Module):
         """On the head's device (it loads on the CPU; a draft on a GPU hands it a few rows a step)."""
         device = self.out.weight.device
         return torch.softmax(self.forward(hidden.to(device), q.to(device)), dim=-1)[..., 1]
-
-
-def pair_key(pair: ModelPair) -> str:
-    return f"{pair.target_name}--{pair.draft_name}".replace("/", "_").replace(":", "_")
 
 
 def save_head(head: AcceptanceHead, path: Path, info: dict) -> None:

@@ -42,7 +42,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from itertools import accumulate
 
-from dyspec.tree import Tree
+from dyspec.core.tree import Tree
 
 AUTO_CAP = 64
 AUTO_START = 16
@@ -73,7 +73,7 @@ def interpolate_ms(profile: dict[int, float], n: int) -> float:
 
 
 def profile_at(profiles: dict[int, dict[int, float]], context: int) -> dict[int, float]:
-    """t(n) behind `context` cached tokens, from profiles timed at a few contexts (`target_profile`):
+    """t(n) behind `context` cached tokens, from profiles timed at a few contexts (`target_profiles`):
     the shortest context's t(n), moved by the difference the longest one measured (interpolated
     over n between its sizes, so the short profile's lumps stay), in proportion to where `context`
     lies between the two, and no further."""
@@ -201,12 +201,7 @@ class AutoState:
     # the same per depth (1 .. DEPTHS, deeper pooled), for nodes of the first group (`group_rates`)
     depth_reached: list[float] = field(default_factory=lambda: [0.0] * DEPTHS)
     depth_accepted: list[float] = field(default_factory=lambda: [0.0] * DEPTHS)
-    rate: float | None = None  # decayed tokens per ms of the steps so far
-    ms_scale: float | None = None  # decayed ratio of measured verification ms to the saved profile's
-    # decayed ms of a step beyond its draft and target forwards (sampling, verification, cache
-    # commits), in steps that drafted and in steps that did not (`drafting_ms`)
-    tree_rest_ms: float | None = None
-    root_rest_ms: float | None = None
+    rate: float | None = None  # decayed tokens per ms of the steps so far, their ms priced by the profile
 
 
 def step_cap(state: AutoState) -> int:
@@ -361,7 +356,6 @@ def auto_tree(
     1 / cap); `copied`: the nodes are tokens copied from the context after a match of that many
     tokens (`lookup`; 0: drafted nodes), valued at the rate learnt for copies after matches of
     its length (`copy_bin`), which is not the draft's."""
-    target_ms = {n: ms * (state.ms_scale or 1.0) for n, ms in target_ms.items()}
     bins = [copy_bin(copied)] * tree.size if copied else node_bins(tree, sampled)
     values = estimates(bin_rates(state, sampled), tree, bins)
     if sampled:
@@ -390,17 +384,6 @@ def auto_tree(
     return pruned, old_ids, [bins[i - 1] for i in keep]
 
 
-def drafting_ms(state: AutoState) -> tuple[float, float]:
-    """What a step costs beyond its forwards, as `plan_next_cap` prices it: (ms every step spends,
-    ms more that a step which drafts spends). A drafting step samples from the draft, builds and
-    verifies a tree and commits it in two caches: with the int8 draft on a CPU with AMX, whose
-    forward costs 0.93x the target's, 2-4 ms more than an `ar` step. Unpriced, one node a step at
-    T = 0.6 looked just worth its draft forward: DySpec verified 0.76 nodes a step (0.92x of `ar`);
-    priced, 0.34 (0.92x in one run too: the bound on the pooled rate lets a near-even node by)."""
-    root_ms = state.root_rest_ms or 0.0
-    return root_ms, max(0.0, (state.tree_rest_ms or root_ms) - root_ms)
-
-
 def plan_next_cap(
     state: AutoState,
     order: list[int],
@@ -414,11 +397,9 @@ def plan_next_cap(
     `ranked`: the size worth building, or 0 (`set_next_cap`). `built`: the nodes the tree had."""
     # building the first n nodes of `order` takes the draft forwards up to the last of them (by id)
     last = [0, *accumulate(order, max)]
-    root_ms, tree_ms = drafting_ms(state)
-    target_ms = {n: ms + root_ms for n, ms in target_ms.items()}
 
     def draft_ms(n: int) -> float:
-        return build_ms(last[n]) + tree_ms if n else 0.0
+        return build_ms(last[n]) if n else 0.0
 
     worth = best_prefix_size(ranked, target_ms, draft_ms)
     # Values read past steps' rates per position, or this step's slot keys (DySpec's kept nodes,
@@ -437,14 +418,14 @@ def plan_next_cap(
     if sum(state.reached[:BINS]) < STOP_EVIDENCE:
         bound = max(bound, PRIOR_BOUND)
     node_ms = build_ms(built) / built if built else build_ms(1)  # a tree's first forward reads last step's tokens too
-    least = least_paying_chain(bound, target_ms, node_ms, tree_ms)
+    least = least_paying_chain(bound, target_ms, node_ms)
     stop = worth == 0 and (not built or least == 0)
     set_next_cap(state, worth, per_forward, stop, paid=worth >= built, least=least)
 
 
-def least_paying_chain(rate: float, target_ms: dict[int, float], node_ms: float, tree_ms: float = 0.0) -> int:
+def least_paying_chain(rate: float, target_ms: dict[int, float], node_ms: float) -> int:
     """The fewest nodes of a chain, each accepted at `rate` if its parent was and costing `node_ms`
-    of draft time (and `tree_ms` a step: `drafting_ms`), whose step makes more tokens per ms than
+    of draft time, whose step makes more tokens per ms than
     one that drafts nothing; 0 if no chain of up to AUTO_CAP nodes does. Where t(n) is convex that
     is one node or none. Where it is not, a chain can pay where one node cannot: fp32 forwards of a
     few rows on a CPU cost t(2) = 114 ms against t(1) = 71 and t(4) = 103 (a 2-core AMD EPYC), so
@@ -454,29 +435,14 @@ def least_paying_chain(rate: float, target_ms: dict[int, float], node_ms: float,
     for n in range(1, AUTO_CAP + 1):
         value *= rate
         gain += value
-        if gain / (n * node_ms + tree_ms + interpolate_ms(target_ms, n + 1)) > root_rate:
+        if gain / (n * node_ms + interpolate_ms(target_ms, n + 1)) > root_rate:
             return n
     return 0
 
 
-def auto_update(
-    state: AutoState,
-    tree: Tree,
-    bins: list[int],
-    accepted: list[int],
-    emitted: int,
-    step_ms: float,
-    draft_ms: float,
-    verify_ms: float,
-    target_ms: dict[int, float],
-    timed: bool = True,
-) -> None:
-    """Learn from the verified (cut) tree and its nodes' bins: acceptance counts per bin, tokens per
-    ms, how verification's measured ms compares with the saved profile `target_ms`, and the ms a
-    step spends beyond its draft and target forwards (`draft_ms`: this step's draft forwards).
-    Not `timed`: a generation's first step, whose times carry one-off costs (in a fresh process
-    24 ms beyond its forwards, against 1-3 ms later, which priced every node out and stopped the
-    drafting for two answers), teaches acceptance only."""
+def auto_update(state: AutoState, tree: Tree, bins: list[int], accepted: list[int], step_ms: float) -> None:
+    """Learn from the verified (cut) tree and its nodes' bins: acceptance counts per bin, and tokens
+    per ms, the step's ms priced by the profile (`AutoBudget`), so that a seeded run repeats."""
     # old evidence fades as new evidence of its kind comes: not in steps that verified no node, and
     # the draft's bins not in copy steps nor the copies' in drafting steps (`lookup` copies on ~1
     # step in 10, and its copy rates, decayed every step, stayed near their prior)
@@ -497,16 +463,5 @@ def auto_update(
                 d = min(tree.depths[s], DEPTHS) - 1
                 state.depth_reached[d] += 1
                 state.depth_accepted[d] += s in on_path
-    if not timed:
-        return
-    state.rate = _decayed(state.rate, emitted / step_ms)
-    state.ms_scale = _decayed(state.ms_scale, verify_ms / interpolate_ms(target_ms, len(tree)))
-    rest_ms = step_ms - draft_ms - verify_ms
-    if draft_ms > 0:
-        state.tree_rest_ms = _decayed(state.tree_rest_ms, rest_ms)
-    else:
-        state.root_rest_ms = _decayed(state.root_rest_ms, rest_ms)
-
-
-def _decayed(mean: float | None, x: float) -> float:
-    return x if mean is None else DECAY * mean + (1 - DECAY) * x
+    rate = (len(accepted) + 1) / step_ms
+    state.rate = rate if state.rate is None else DECAY * state.rate + (1 - DECAY) * rate

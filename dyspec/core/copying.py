@@ -10,7 +10,7 @@ length n (1 to 6+):
 
 q' is a distribution like any draft's: policies draw from it and verification tests against it,
 so outputs keep the target's distribution. `fit_copy` fits the weights for a feature draft on the
-target's own answers to training prompts (dyspec.distill) and stores them with the draft
+target's own answers to training prompts (dyspec.train.distill) and stores them with the draft
 (`copy_weights`).
 """
 

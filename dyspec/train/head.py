@@ -1,6 +1,6 @@
-"""`dyspec train-head`: training data and training for SpecDec++'s acceptance head (dyspec.head).
+"""`dyspec train-head`: training data and training for SpecDec++'s acceptance head (dyspec.models.head).
 
-Training data: the target's own greedy continuations of real instructions (dyspec.corpus); at
+Training data: the target's own greedy continuations of real instructions (dyspec.train.corpus); at
 every response position the draft samples y from q, and the soft label is min(1, p(y) / q(y)), the
 chance that speculative sampling accepts y. The hidden state is the draft's at y on the real
 prefix: where y differs from the real next token, y is forwarded as an extra branch token with tree
@@ -18,14 +18,14 @@ import torch
 from safetensors.torch import load_file, save_file
 from tqdm.auto import tqdm
 
-from dyspec.copying import mix_along
-from dyspec.corpus import continuations, training_prompts
+from dyspec.core.copying import mix_along
+from dyspec.core.kv import KVSession, target_features
+from dyspec.core.sampling import sample_rows, to_probs
 from dyspec.errors import DyspecError
-from dyspec.feature_draft import features_before
-from dyspec.head import AcceptanceHead, auc, save_head
-from dyspec.kv import KVSession, target_features
 from dyspec.models import ModelPair
-from dyspec.sampling import sample_rows, to_probs
+from dyspec.models.feature_draft import features_before
+from dyspec.models.head import AcceptanceHead, auc, save_head
+from dyspec.train.corpus import continuations, training_prompts
 
 
 @torch.inference_mode()
@@ -35,7 +35,7 @@ def head_examples(
     """Training examples from one sequence: for every response token position, the draft's hidden
     state at a draft-sampled y on the real prefix, the soft label min(1, p(y)/q(y)) at `temperature`,
     and q(y) at T = 1 (the raw draft probability that the head is compared against); a copying
-    draft's q is the mixture with its copies (dyspec.copying)."""
+    draft's q is the mixture with its copies (dyspec.core.copying)."""
     seq = prompt + response
     n0 = len(prompt) - 1  # logits row n0 predicts the first response token
     needs_features = getattr(pair.draft, "needs_features", False)

@@ -13,7 +13,7 @@ share the call. Rows are grouped by padded length, so a tree forward makes one o
 layer (the first version made one SDPA call per row and cost 1.6x t(1) at 8 tokens).
 
 Hugging Face builds no mask for an attention name it does not know, so a padded batch (batched
-`generate`, as `dyspec.corpus.continuations` runs it) would attend to its padding: `padding_mask`
+`generate`, as `dyspec.train.corpus.continuations` runs it) would attend to its padding: `padding_mask`
 gives such a batch SDPA's mask.
 """
 

@@ -19,10 +19,10 @@ import transformers
 from filelock import FileLock
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
-from dyspec import attention
+from dyspec.core import attention
 from dyspec.errors import DyspecError
-from dyspec.feature_draft import FeatureDraft, is_feature_draft, load_feature_draft
-from dyspec.quant import int8_available, quantize_int8
+from dyspec.models.feature_draft import FeatureDraft, is_feature_draft, load_feature_draft
+from dyspec.models.quant import int8_available, quantize_int8
 
 transformers.utils.logging.disable_progress_bar()  # per-tensor load bars are noise for models this size
 
@@ -70,6 +70,11 @@ class ModelPair:
         return int(getattr(self.target.config, "max_position_embeddings", 2048))
 
 
+def pair_key(pair: ModelPair) -> str:
+    """The file name stem of what is trained or measured for a target and draft (heads, acceptance)."""
+    return f"{pair.target_name}--{pair.draft_name}".replace("/", "_").replace(":", "_")
+
+
 def cache_dir() -> Path:
     root = os.environ.get("DYSPEC_CACHE") or Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "dyspec"
     return Path(root)
@@ -107,7 +112,7 @@ PRECISIONS = ("auto", "native", "fp32", "int8")
 
 
 def pick_precision(precision: str, device: torch.device) -> str:
-    """ "auto": int8 Linear layers on a CPU (1.2-1.8x faster forwards, see dyspec.quant), else
+    """ "auto": int8 Linear layers on a CPU (1.2-1.8x faster forwards, see dyspec.models.quant), else
     native: bf16 on a GPU. "fp32" is native on a CPU (the GGUF's weights as they are); on a GPU it
     keeps greedy outputs token-identical to autoregressive decoding, which bf16 does not quite (a
     tree forward rounds differently from a one-token forward: docs, "On a GPU")."""

@@ -12,10 +12,10 @@ from pathlib import Path
 import torch
 from tqdm.auto import tqdm
 
-from dyspec.engine import encode_prompt, until_stop
+from dyspec.core.engine import encode_prompt, until_stop
 from dyspec.errors import DyspecError
+from dyspec.eval.prompts import load_prompts, package_file
 from dyspec.models import ModelPair
-from dyspec.prompts import load_prompts, package_file
 
 TRAIN_SETS = ("arena-hard", "ifeval")
 MAX_PROMPT_TOKENS = 512

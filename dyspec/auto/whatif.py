@@ -25,6 +25,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from dyspec.auto.profile import pair_profile
 from dyspec.errors import DyspecError
 
 PROFILES = {p.stem: p for p in sorted(Path(__file__).with_name("profiles").glob("*.json"))}
@@ -122,11 +123,9 @@ def choose_model(
     choice: str, pair, profiles: dict[str, LatencyModel], width: int = 64, draft_fraction: float = 0.1
 ) -> LatencyModel:
     """The latency model a view's what-if menu names: THIS_MACHINE (measured once and cached,
-    `dyspec.profile.machine_profile`), one of `profiles`, or PARAMETRIC."""
+    `dyspec.auto.profile.pair_profile`), one of `profiles`, or PARAMETRIC."""
     if choice == THIS_MACHINE:
-        from dyspec.profile import machine_profile  # measures models: only when asked for
-
-        return from_profile(machine_profile(pair), THIS_MACHINE)
+        return from_profile(pair_profile(pair), THIS_MACHINE)
     if choice == PARAMETRIC:
         return parametric(1.0, width, draft_fraction)  # t(1) cancels out of a speedup
     if choice not in profiles:

@@ -13,7 +13,7 @@ from pathlib import Path
 import torch
 from transformers import PreTrainedModel
 
-from dyspec.kv import KVSession, sync
+from dyspec.core.kv import KVSession, sync
 from dyspec.models import cache_dir, load_model, write_cache
 
 # Every n up to 16: fp32 forwards of a few rows on a CPU are lumpy, not smooth between powers of
@@ -79,30 +79,24 @@ def measure_profile(pair, baseline: bool = True, draft: bool = True) -> dict:
 
 
 def profile_path(pair) -> Path:
-    """Where the target's t(n) for this pair, device and precision is cached: one file per dyspec
+    """Where the pair's profile is cached: one file per target, draft, device and precision, dyspec
     and torch version (a new kernel makes an old profile lie) and way of measuring (`METHOD`)."""
-    key = (pair.target_name, pair.device.type, pair.precision, version("dyspec"), version("torch"), f"m{METHOD}")
-    return cache_dir() / "profiles" / ("__".join(str(x).replace("/", "_") for x in key) + ".json")
+    key = (pair.target_name, pair.drafts_label, pair.device.type, pair.precision, version("dyspec"), version("torch"))
+    return cache_dir() / "profiles" / ("__".join(str(x).replace("/", "_") for x in (*key, f"m{METHOD}")) + ".json")
 
 
-def target_profile(pair) -> dict[int, dict[int, float]]:
-    """The target's t(n) in ms per context (cached tokens), measured once (~35 s for the default
-    target on a 2-core CPU) and cached on disk (`profile_path`)."""
+def pair_profile(pair) -> dict:
+    """This machine's t(n) of the pair's target (behind two contexts) and draft as they run: what
+    `--budget auto` prices trees with and the hardware what-if prices a run with (dyspec.auto.whatif).
+    Measured once (~40 s for the default pair on a 2-core CPU), then read from `profile_path`;
+    `dyspec profile` measures it again."""
     path = profile_path(pair)
     if not path.exists():
-        write_cache(path, json.dumps(measure_profile(pair, baseline=False, draft=False)))
-    saved = json.loads(path.read_text())
-    contexts = {CONTEXT: saved["target"], LONG_CONTEXT: saved.get(f"target_at_{LONG_CONTEXT}")}
-    return {c: {int(n): ms for n, ms in t.items()} for c, t in contexts.items() if t}
-
-
-def machine_profile(pair) -> dict:
-    """This machine's t(n) of the pair's target and draft as they run, what the hardware what-if
-    prices a run with (`dyspec.whatif`): measured once (~40 s for the default pair on a 2-core CPU)
-    and cached per draft beside `target_profile`'s file."""
-    base = profile_path(pair)
-    draft = str(pair.drafts_label).replace("/", "_").replace(",", "+")
-    path = base.with_name(f"{base.stem}__draft-{draft}.json")
-    if not path.exists():
-        write_cache(path, json.dumps({"name": "this machine", **measure_profile(pair, baseline=False)}))
+        write_cache(path, json.dumps(measure_profile(pair, baseline=False)))
     return json.loads(path.read_text())
+
+
+def target_profiles(profile: dict) -> dict[int, dict[int, float]]:
+    """The target's t(n) in ms per context (cached tokens) of a `pair_profile`."""
+    contexts = {CONTEXT: profile["target"], LONG_CONTEXT: profile.get(f"target_at_{LONG_CONTEXT}")}
+    return {c: {int(n): ms for n, ms in t.items()} for c, t in contexts.items() if t}

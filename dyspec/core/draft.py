@@ -5,13 +5,13 @@ distribution, so a policy that never drafts (`ar`) never runs the draft. Within 
 are forwarded in batches with tree attention; after verification the accepted nodes the draft has
 already seen keep their KV, and the rest of the accepted path joins `pending`.
 
-A feature-conditioned draft (dyspec.feature_draft) also reads, with each token, the target's hidden
+A feature-conditioned draft (dyspec.models.feature_draft) also reads, with each token, the target's hidden
 state at the token before it: `pending_features` holds those for the pending tokens. Inside a tree
 it reads its own predicted feature at the parent instead; after verification it forgets its tree
 nodes and reads the accepted path again with the target's real features (as EAGLE does).
 
 A draft with `copy_weights` (a feature draft fitted by `dyspec distill`) copies: each node's
-distribution gets the token that followed the latest repeat of its context (dyspec.copying).
+distribution gets the token that followed the latest repeat of its context (dyspec.core.copying).
 """
 
 from __future__ import annotations
@@ -22,9 +22,9 @@ from array import array
 import torch
 from transformers import PreTrainedModel
 
-from dyspec.copying import copy_token, mix
-from dyspec.kv import FINAL, KVSession, sync
-from dyspec.tree import Tree
+from dyspec.core.copying import copy_token, mix
+from dyspec.core.kv import FINAL, KVSession, sync
+from dyspec.core.tree import Tree
 
 
 class DraftSession:
@@ -33,7 +33,7 @@ class DraftSession:
         self.needs_features = bool(getattr(model, "needs_features", False))
         self.feature_layers = getattr(model, "feature_layers", FINAL)  # the target layers it reads
         self.copy_weights = getattr(model, "copy_weights", None)
-        self.temperature = temperature  # the mixture with copies is taken at it (dyspec.copying.mix)
+        self.temperature = temperature  # the mixture with copies is taken at it (dyspec.core.copying.mix)
         self.pending = list(prompt)  # committed tokens not in the draft cache yet; the root is last
         # every committed token, the root last (what `lookup` and copying search): an int array, so that
         # a node's context (these and its path) is a memcpy, not a conversion of every token (~75 us at 4,000)
@@ -42,7 +42,9 @@ class DraftSession:
         self.node_features: dict[int, torch.Tensor] = {}  # tree node -> the draft's predicted feature
         self.slot_of: dict[int, int] = {}  # tree node -> cache slot, for nodes forwarded this step
         self.seconds = 0.0
-        self.calls: list[tuple[int, float]] = []  # this step's forwards: (tree size when issued, seconds)
+        # this step's forwards as (tree size when issued, tree nodes forwarded): a forward issued at
+        # tree size s adds nodes s and up, so a tree's first n nodes needed those issued at s <= n
+        self.calls: list[tuple[int, int]] = []
 
     @property
     def forwards(self) -> int:
@@ -67,38 +69,14 @@ class DraftSession:
             if weight:
                 logits[i] = mix(logits[i], token, weight, self.temperature)
         sync(self.kv.device)
-        elapsed = time.perf_counter() - t
-        self.seconds += elapsed
-        self.calls.append((len(tree), elapsed))
+        self.seconds += time.perf_counter() - t
+        self.calls.append((len(tree), len(nodes)))
         return logits
 
     @property
     def hidden(self) -> torch.Tensor:
         """The draft's final hidden states [n, H] of the nodes in the last `logits` call."""
         return self.kv.hidden
-
-    def seconds_to_build(self, n: int) -> float:
-        """Draft seconds this step spent before node n could exist: the forwards issued while the tree
-        had fewer than n drafted nodes (a forward issued at tree size s adds nodes s and up). Counting
-        the forward issued at n nodes too priced each smaller tree one forward dearer, so the last
-        node built looked free of draft time and `--budget auto` grew a chain it should not have."""
-        return sum(t for size, t in self.calls if size <= n)
-
-    def catch_up(self) -> None:
-        """Feed the draft, in one forward, the committed tokens it has not seen but the root: the
-        prompt, or the tokens of steps that did not draft. Its time counts in `seconds` but not in
-        `calls`, so `--budget auto` prices a tree by what building it costs when the draft keeps up."""
-        if self.kv is None or len(self.pending) < 2:
-            return
-        t = time.perf_counter()
-        features = None if self.pending_features is None else self.pending_features[:-1]
-        self.kv.forward(self.pending[:-1], last_only=True, features=features)
-        sync(self.kv.device)
-        self.seconds += time.perf_counter() - t
-        self.kv.length = self.kv.cached
-        self.pending = self.pending[-1:]
-        if features is not None:
-            self.pending_features = self.pending_features[-1:]
 
     def logits(self, tree: Tree, nodes: list[int]) -> torch.Tensor:
         """Draft logits [len(nodes), V] after each of `nodes`, in one forward with tree attention.

@@ -11,8 +11,8 @@ from collections.abc import Sequence
 
 import torch
 
-from dyspec.sampling import residual, sample
-from dyspec.tree import Tree
+from dyspec.core.sampling import residual, sample
+from dyspec.core.tree import Tree
 
 
 def verify_greedy(tree: Tree, target_argmax: Sequence[int]) -> tuple[list[int], int]:

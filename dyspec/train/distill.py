@@ -1,7 +1,7 @@
-"""`dyspec distill`: train a feature-conditioned draft (dyspec.feature_draft) for any target.
+"""`dyspec distill`: train a feature-conditioned draft (dyspec.models.feature_draft) for any target.
 
 Data: the target's greedy continuations of real instructions, or real conversations (ShareGPT;
-both in dyspec.corpus), run once through the target, teacher-forced, to store its final hidden
+both in dyspec.train.corpus), run once through the target, teacher-forced, to store its final hidden
 states (fp16 shards, resumable). Teacher forcing is several times faster than generating on a
 CPU, so conversations that need no generating give far more data per hour. The target's
 next-token distribution at every position is recomputed from the stored features during training,
@@ -27,10 +27,13 @@ from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 from tqdm.auto import tqdm
 
-from dyspec.copying import MATCHES, copied
-from dyspec.corpus import continuations, sharegpt_sequences, training_prompts
+from dyspec.auto.profile import forward_ms
+from dyspec.core.copying import MATCHES, copied
+from dyspec.core.kv import FINAL, KVSession, target_features
+from dyspec.core.sampling import to_probs
 from dyspec.errors import DyspecError
-from dyspec.feature_draft import (
+from dyspec.models import ModelPair
+from dyspec.models.feature_draft import (
     CONFIG_NAME,
     FeatureDraft,
     features_before,
@@ -38,10 +41,7 @@ from dyspec.feature_draft import (
     load_feature_draft,
     save_feature_draft,
 )
-from dyspec.kv import FINAL, KVSession, target_features
-from dyspec.models import ModelPair
-from dyspec.profile import forward_ms
-from dyspec.sampling import to_probs
+from dyspec.train.corpus import continuations, sharegpt_sequences, training_prompts
 
 SHARD = 32  # sequences per feature shard
 REG_WEIGHT = 0.1
@@ -406,7 +406,7 @@ Row = tuple[int, bool, bool, float, float]  # one position: match length, copy r
 
 
 def copy_agrees(row: Row, weight: float) -> bool:
-    """Whether the argmax of the copying draft's mixture (dyspec.copying.mix, T = 1) is the target's token."""
+    """Whether the argmax of the copying draft's mixture (dyspec.core.copying.mix, T = 1) is the target's token."""
     n, copy_right, draft_right, q_copy, q_max = row
     return copy_right if n and weight + (1 - weight) * q_copy > (1 - weight) * q_max else draft_right
 
@@ -472,7 +472,7 @@ def fit_copy(
     max_new_tokens: int = 96,
     prompts: list | None = None,
 ) -> dict:
-    """Fit the copy weights (dyspec.copying) of the feature draft in `folder`, loaded as
+    """Fit the copy weights (dyspec.core.copying) of the feature draft in `folder`, loaded as
     `pair.draft`, on the target's greedy answers to `num_prompts` training prompts (or `prompts`;
     generated into the JSONL `answers_file`, resumable; the last fifth held out from the fit for the
     report's agreement), and store them in its config."""

@@ -26,15 +26,16 @@ import plotly.io as pio
 import torch
 from tqdm.auto import tqdm
 
-from dyspec import figures, whatif
-from dyspec.budget import AutoState
-from dyspec.engine import check_settings, encode_prompt, stream
+from dyspec.auto import whatif
+from dyspec.auto.budget import AutoState
+from dyspec.core.engine import check_settings, encode_prompt, stream
+from dyspec.core.events import GenerationFinished, StepVerified
+from dyspec.core.kv import sync
 from dyspec.errors import DyspecError
-from dyspec.events import GenerationFinished, StepVerified
-from dyspec.kv import sync
+from dyspec.eval.prompts import load_prompts
 from dyspec.models import ModelPair
 from dyspec.policies import parse_option
-from dyspec.prompts import load_prompts
+from dyspec.views import figures
 
 HF_POLICIES = ("hf", "hf-assisted", "hf-lookup")
 SCHEMA = json.loads((Path(__file__).with_name("bench_schema.json")).read_text())
@@ -293,7 +294,7 @@ def run_bench(
 
 
 def modelled(records: list[dict], row: dict, model: whatif.LatencyModel) -> float | None:
-    """A summary row's speedup under `model`, from its records' step shapes (`dyspec.whatif`)."""
+    """A summary row's speedup under `model`, from its records' step shapes (`dyspec.auto.whatif`)."""
     shapes = [
         tuple(shape)
         for r in records

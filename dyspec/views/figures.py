@@ -309,7 +309,7 @@ def text_html(steps) -> str:
 
 def steps_figure(steps, running: list[float | None] | None = None) -> go.Figure:
     """Tokens committed per target forward at each step, and the running speedup over `ar` on the
-    same prompt (`dyspec.speedup.running_speedup`: None until enough tokens are in)."""
+    same prompt (`dyspec.eval.speedup.running_speedup`: None until enough tokens are in)."""
     fig = go.Figure()
     fig.add_trace(go.Bar(x=[s.step for s in steps], y=[len(s.emitted) for s in steps], name="tokens per forward"))
     if running and any(r is not None for r in running):

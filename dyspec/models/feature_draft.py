@@ -21,10 +21,10 @@ from safetensors.torch import load_file, save_file
 from torch import nn
 from transformers import PreTrainedModel
 
-from dyspec.copying import MATCHES
+from dyspec.core.copying import MATCHES
+from dyspec.core.kv import FINAL, cache_kwarg
 from dyspec.errors import DyspecError
-from dyspec.kv import FINAL, cache_kwarg
-from dyspec.quant import Int8Linear, quantize_int8
+from dyspec.models.quant import Int8Linear, quantize_int8
 
 CONFIG_NAME = "feature_draft.json"
 WEIGHTS_NAME = "feature_draft.safetensors"
@@ -32,7 +32,7 @@ WEIGHTS_NAME = "feature_draft.safetensors"
 
 class FeatureDraft(nn.Module):
     needs_features = True
-    copy_weights: list[float] | None = None  # per match length (dyspec.copying), fitted by `dyspec distill`
+    copy_weights: list[float] | None = None  # per match length (dyspec.core.copying), fitted by `dyspec distill`
 
     def __init__(
         self,
@@ -205,7 +205,8 @@ def is_feature_draft(folder: Path) -> bool:
 
 
 def check_copy_weights(weights: list | None, folder: Path) -> list[float] | None:
-    """A draft's copy weights (dyspec.copying) as its config stores them: none, or one per match length in [0, 1)."""
+    """A draft's copy weights (dyspec.core.copying) as its config stores them: none, or one per match
+    length in [0, 1)."""
     if weights is not None and (len(weights) != MATCHES or not all(0 <= w < 1 for w in weights)):
         raise DyspecError(f"{folder / CONFIG_NAME}: copy_weights must be {MATCHES} numbers in [0, 1), got {weights}")
     return weights

@@ -1,0 +1,253 @@
+"""The decoding loop: prefill, then speculative steps (dyspec.core.step) until the answer ends,
+with an event per tree expansion and step for the views, and one when the generation ends."""
+
+from __future__ import annotations
+
+import time
+import warnings
+from collections.abc import Callable, Iterator, Sequence
+
+import torch
+
+from dyspec.auto.budget import AUTO_CAP, AutoState
+from dyspec.auto.controller import budget_controller
+from dyspec.core.draft import DraftSession
+from dyspec.core.events import Event, GenerationFinished, StepVerified, TreeExpanded
+from dyspec.core.kv import FINAL, KVSession, sync
+from dyspec.core.step import Decoding, Step, speculative_step
+from dyspec.core.tree import Tree
+from dyspec.defaults import defaults_for
+from dyspec.errors import DyspecError
+from dyspec.models import ModelPair
+from dyspec.policies import check_options, get_policy
+
+MAX_BUDGET = 256
+MAX_TEMPERATURE = 5.0
+
+Hook = Callable[[Event], None]
+
+
+def until_stop(tokens: list[int], stop_ids: frozenset[int]) -> int:
+    """How many of `tokens` to keep when one ends the generation (up to and including the first
+    stop token), or 0 when none does."""
+    return next((i + 1 for i, t in enumerate(tokens) if t in stop_ids), 0)
+
+
+def encode_prompt(pair: ModelPair, prompt: str | Sequence[int], chat: bool = True) -> list[int]:
+    """Token ids of a prompt: a string goes through the tokenizer's chat template when it has one."""
+    if not isinstance(prompt, str):
+        return [int(t) for t in prompt]
+    tok = pair.tokenizer
+    if chat and tok.chat_template:
+        text = tok.apply_chat_template(
+            [{"role": "user", "content": prompt}], add_generation_prompt=True, tokenize=False
+        )
+        return tok(text, add_special_tokens=False).input_ids
+    return tok(prompt).input_ids
+
+
+def check_settings(policy: str, budget: int | str, temperature: float, max_new_tokens: int, options: dict) -> None:
+    """Checks that need no model, so that a CLI can fail before loading anything."""
+    check_options(policy, options)
+    if budget == "auto":
+        shape = [o for o in get_policy(policy).shape_options if options.get(o) is not None]
+        if shape:
+            raise DyspecError(
+                f"budget 'auto' sizes {policy}'s tree each step, but the option {shape[0]} fixes it: give a number"
+            )
+        return check_settings(policy, AUTO_CAP, temperature, max_new_tokens, options)
+    if not isinstance(budget, int) or not 1 <= budget <= MAX_BUDGET:
+        raise DyspecError(f"budget must be 'auto' or between 1 and {MAX_BUDGET}, got {budget}")
+    if not 0 <= temperature <= MAX_TEMPERATURE:
+        raise DyspecError(f"temperature must be between 0 and {MAX_TEMPERATURE}, got {temperature}")
+    if max_new_tokens < 1:
+        raise DyspecError(f"max new tokens must be at least 1, got {max_new_tokens}")
+
+
+def check_request(
+    pair: ModelPair,
+    ids: list[int],
+    policy: str,
+    budget: int | str,
+    temperature: float,
+    max_new_tokens: int,
+    options: dict,
+) -> None:
+    check_settings(policy, budget, temperature, max_new_tokens, options)
+    budget = AUTO_CAP if budget == "auto" else budget
+    if get_policy(policy).needs_draft and pair.draft is None:
+        raise DyspecError(f"policy '{policy}' needs a draft model; none is loaded")
+    if not ids:
+        raise DyspecError("the prompt is empty")
+    need = len(ids) + max_new_tokens + budget + 1
+    if need > pair.max_context:
+        raise DyspecError(
+            f"prompt of {len(ids)} tokens + {max_new_tokens} new tokens + a tree of {budget} does not fit "
+            f"the model's context of {pair.max_context} tokens"
+        )
+
+
+def _texts(pair: ModelPair, ids: list[int]) -> list[str]:
+    return pair.tokenizer.batch_decode([[i] for i in ids])
+
+
+def _target_probs(logits: torch.Tensor, tree: Tree, p: torch.Tensor | None) -> list[float]:
+    """Target probability of each node's token after its parent (at T = 1 when decoding greedily)."""
+    if tree.size == 0:
+        return [1.0]
+    parents = torch.tensor(tree.parents[1:], device=logits.device)
+    tokens = torch.tensor(tree.tokens[1:], device=logits.device)
+    if p is None:
+        rows, inverse = torch.unique(parents, return_inverse=True)
+        p = torch.softmax(logits[rows], dim=-1)
+        parents = inverse
+    return [1.0] + p[parents, tokens].tolist()
+
+
+def _emit(event: Event, hooks: Sequence[Hook]) -> Event:
+    for hook in hooks:
+        try:
+            hook(event)
+        except Exception as e:  # a broken view must never break a generation
+            warnings.warn(f"dyspec hook {hook!r} raised {e!r}; ignored", stacklevel=2)
+    return event
+
+
+def step_events(pair: ModelPair, number: int, s: Step, emitted: list[int], step_s: float) -> list[Event]:
+    """The views' events of one step: each expansion of its tree, then the verified step."""
+    tree, texts = s.tree, _texts(pair, s.tree.tokens)
+    starts = [1, *tree.growth[:-1]]
+    grown = [
+        TreeExpanded(
+            number,
+            list(range(a, b)),
+            tree.parents[a:b],
+            tree.tokens[a:b],
+            texts[a:b],
+            tree.draft_probs[a:b],
+            tree.values[a:b],
+        )
+        for a, b in zip(starts, tree.growth)
+    ]
+    verified = StepVerified(
+        step=number,
+        tokens=tree.tokens,
+        texts=texts,
+        parents=tree.parents,
+        depths=tree.depths,
+        draft_probs=tree.draft_probs,
+        values=tree.values,
+        target_probs=_target_probs(s.logits, tree, s.p),
+        accepted=s.accepted,
+        emitted=emitted,
+        emitted_texts=_texts(pair, emitted),
+        next_token=s.next_token,
+        draft_s=s.draft_s,
+        target_s=s.target_s,
+        overhead_s=step_s - s.draft_s - s.target_s,
+        tree_build_s=s.build_s,
+        draft_forwards=s.draft_forwards,
+        extra=tree.extra,
+        copied_after=tree.copied_after,
+    )
+    return [*grown, verified]
+
+
+def prefill(pair: ModelPair, ids: list[int], policy: str, options: dict, temperature: float, seed: int) -> Decoding:
+    """Both caches hold the prompt but its last token, the first step's root (the draft reads its
+    share when a policy first asks it for a distribution)."""
+    spec = get_policy(policy)
+    models = [pair.draft, *(pair.extra_drafts if spec.multi_draft else [])]
+    drafts = [DraftSession(m, ids, temperature) for m in models]
+    layers = [d.feature_layers for d in drafts if d.needs_features]  # one set: load_pair checks
+    target = KVSession(pair.target, keep_hidden=bool(layers), hidden_layers=layers[0] if layers else FINAL)
+    if len(ids) > 1:
+        target.forward(ids[:-1], last_only=True)
+        target.length = target.cached
+        target.forwards = 0  # count decoding steps only
+    for draft in drafts:
+        draft.set_prompt_features(target.hidden)
+    sync(pair.device)
+    generator = torch.Generator(device=pair.device).manual_seed(seed)
+    return Decoding(spec, options, target, drafts, temperature, generator)
+
+
+def stream(
+    pair: ModelPair,
+    prompt: str | Sequence[int],
+    policy: str | None = None,
+    budget: int | str | None = None,
+    temperature: float = 0.0,
+    seed: int = 0,
+    max_new_tokens: int = 64,
+    options: dict | None = None,
+    hooks: Sequence[Hook] = (),
+    chat: bool = True,
+    stop: Callable[[], bool] | None = None,
+    auto_state: AutoState | None = None,
+) -> Iterator[Event]:
+    """Generate, yielding `TreeExpanded` and `StepVerified` events per step and a final
+    `GenerationFinished`. `policy` and `budget` default to the fastest measured on the pair's
+    device (`dyspec.defaults`); the final event says which ran. `budget="auto"` sizes each step's
+    tree by expected gain against the pair's measured latency profile (dyspec.auto.controller),
+    with acceptance rates learnt in earlier steps, and in earlier generations when the caller
+    passes the same `auto_state` (a `dyspec.auto.budget.AutoState`) again: without one, each call
+    starts afresh and a seeded call repeats exactly. `stop()` is polled between steps: when it
+    returns True the generation ends cleanly with stop_reason "stopped"."""
+    defaults = defaults_for(pair.device)
+    policy, budget = policy or defaults.policy, defaults.budget if budget is None else budget
+    ids = encode_prompt(pair, prompt, chat)
+    check_request(pair, ids, policy, budget, temperature, max_new_tokens, dict(options or {}))
+    spec = get_policy(policy)
+    options = spec.prepare(pair, temperature, dict(options or {})) if spec.prepare else dict(options or {})
+    controller = budget_controller(pair, spec, budget, options, temperature, auto_state)
+
+    t_start = time.perf_counter()
+    run = prefill(pair, ids, policy, options, temperature, seed)
+    prefill_s = time.perf_counter() - t_start
+    root, out, number, stop_reason = ids[-1], [], 0, "max_new_tokens"
+    while len(out) < max_new_tokens:
+        if stop is not None and stop():
+            stop_reason = "stopped"
+            break
+        t0 = time.perf_counter()
+        s = speculative_step(run, root, controller, left=max_new_tokens - len(out) - 1)
+        emitted = [s.tree.tokens[i] for i in s.accepted] + [s.next_token]
+        if cut := until_stop(emitted, pair.stop_ids):
+            emitted, stop_reason = emitted[:cut], "eos"
+        emitted = emitted[: max_new_tokens - len(out)]
+        out, root = out + emitted, s.next_token
+        for event in step_events(pair, number, s, emitted, time.perf_counter() - t0):
+            yield _emit(event, hooks)
+        number += 1
+        if stop_reason == "eos":
+            break
+
+    wall_s = time.perf_counter() - t_start
+    forwards = sum(d.forwards for d in run.drafts)
+    yield _emit(
+        GenerationFinished(
+            text=pair.tokenizer.decode(out, skip_special_tokens=True),
+            token_ids=out,
+            new_tokens=len(out),
+            target_forwards=number,
+            draft_forwards=forwards,
+            tokens_per_forward=len(out) / max(number, 1),
+            wall_s=wall_s,
+            prefill_s=prefill_s,
+            tokens_per_s=len(out) / wall_s,
+            policy=policy,
+            budget=budget,
+            temperature=temperature,
+            seed=seed,
+            options=options,
+            stop_reason=stop_reason,
+        ),
+        hooks,
+    )
+
+
+def generate(pair: ModelPair, prompt: str | Sequence[int], **kwargs) -> GenerationFinished:
+    """Blocking form of `stream`: the final text and statistics."""
+    *_, finished = stream(pair, prompt, **kwargs)
+    return finished

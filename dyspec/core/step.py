@@ -1,0 +1,98 @@
+"""One speculative step: the policy drafts a token tree under the budget's cap, the target scores
+every node in one forward with tree attention, the verifier accepts one root path and draws the
+token after it, and both KV caches keep that path only. Autoregressive decoding is the same step
+with a tree of the root alone."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import torch
+
+from dyspec.auto.controller import Budget
+from dyspec.core.draft import DraftSession
+from dyspec.core.kv import KVSession, sync
+from dyspec.core.sampling import to_probs
+from dyspec.core.tree import Tree
+from dyspec.core.verify import verify_greedy, verify_sampled
+from dyspec.policies.contract import Policy
+
+
+@dataclass
+class Decoding:
+    """What the steps of one generation share."""
+
+    policy: Policy
+    options: dict
+    target: KVSession
+    drafts: list[DraftSession]  # the first, or every merged one for a multi-draft policy
+    temperature: float
+    generator: torch.Generator
+
+
+@dataclass
+class Step:
+    """What one step did: its (cut) tree, the accepted node ids, the token after them, the target's
+    logits (and probabilities at T > 0) over the tree, and where the time went."""
+
+    tree: Tree
+    accepted: list[int]
+    next_token: int
+    logits: torch.Tensor
+    p: torch.Tensor | None
+    draft_s: float
+    build_s: float  # building the tree beyond the draft's forwards
+    target_s: float
+    draft_forwards: int
+
+
+def tree_mask(tree: Tree, cached: int) -> torch.Tensor | None:
+    """What each tree token may attend to: the whole cache and its ancestors. Even a chain gets one:
+    a causal forward of several tokens is read as a prefill."""
+    if len(tree) == 1:
+        return None
+    return torch.cat([torch.ones(len(tree), cached, dtype=torch.bool), tree.ancestor_mask()], dim=1)
+
+
+def speculative_step(run: Decoding, root: int, budget: Budget, left: int) -> Step:
+    """One step from the last committed token `root`, with `left` tokens of the answer to draft."""
+    d = run.drafts
+    t0, draft_s0, forwards0 = time.perf_counter(), sum(x.seconds for x in d), sum(x.forwards for x in d)
+    cap, args = budget.cap(run.target.length, left)
+    source = d if run.policy.multi_draft else d[0]
+    tree = (
+        Tree.root(root)
+        if cap is None
+        else run.policy.build(source, root, cap, run.temperature, run.generator, **run.options, **args)
+    )
+    tree, old_ids = budget.cut(tree, d)
+    for draft in d if old_ids else []:
+        draft.relabel(old_ids)
+    positions, visible = [run.target.length + depth for depth in tree.depths], tree_mask(tree, run.target.length)
+    t1 = time.perf_counter()
+    logits = run.target.forward(tree.tokens, positions, visible, pad_to=budget.pad_to(len(tree)))
+    sync(run.target.device)
+    t2 = time.perf_counter()
+
+    if run.temperature == 0:
+        p, (accepted, next_token) = None, verify_greedy(tree, logits.argmax(-1).tolist())
+    else:
+        p = to_probs(logits, run.temperature)
+        accepted, next_token = verify_sampled(tree, p, run.generator)
+    run.target.commit([run.target.length + i for i in [0, *accepted]])
+    for draft in d:
+        draft.commit(tree, accepted, next_token, run.target.hidden)
+    budget.learn(tree, accepted)
+    draft_s = sum(x.seconds for x in d) - draft_s0
+    return Step(
+        tree,
+        accepted,
+        next_token,
+        logits,
+        p,
+        draft_s,
+        t1 - t0 - draft_s,
+        t2 - t1,
+        sum(x.forwards for x in d) - forwards0,
+    )

@@ -1,0 +1,58 @@
+"""The package's shape: imports run one way, so a module can be read (and tested) without the ones
+built on it."""
+
+import ast
+from pathlib import Path
+
+import dyspec
+
+PACKAGE = Path(dyspec.__file__).parent
+
+
+def import_graph() -> dict[str, set[str]]:
+    """Module -> the dyspec modules it imports, at any level of its code (an import inside a function
+    counts), and the packages above them (importing dyspec.a.b runs dyspec/a/__init__.py first) but
+    its own (they are running when it runs); the top package, which re-exports the public names, is
+    left out."""
+    modules = {}
+    for path in PACKAGE.rglob("*.py"):
+        parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+        modules[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
+    graph = {}
+    for name, path in modules.items():
+        names = set()
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("dyspec"):
+                names |= {node.module, *(f"{node.module}.{a.name}" for a in node.names)}
+            elif isinstance(node, ast.Import):
+                names |= {a.name for a in node.names if a.name.startswith("dyspec")}
+        parents = {".".join(n.split(".")[:i]) for n in names for i in range(2, n.count(".") + 1)}
+        own = {".".join(name.split(".")[:i]) for i in range(1, name.count(".") + 2)}
+        graph[name] = {n for n in names | parents if n in modules and n not in own}
+    return graph
+
+
+def test_no_import_cycles():
+    graph, done, cycles = import_graph(), set(), []
+
+    def visit(module: str, path: list[str]) -> None:
+        for dep in sorted(graph[module]):
+            if dep in path:
+                cycles.append(" -> ".join([*path[path.index(dep) :], dep]))
+            elif dep not in done:
+                visit(dep, [*path, dep])
+        done.add(module)
+
+    for module in sorted(graph):
+        visit(module, [module])
+    assert "dyspec.core.engine" in graph and "dyspec.policies" in graph["dyspec.core.engine"]
+    assert not cycles, cycles
+
+
+def test_the_core_imports_no_front_end():
+    """The engine knows nothing of the views, the bench or training."""
+    graph = import_graph()
+    for module, deps in graph.items():
+        if module.startswith(("dyspec.core", "dyspec.policies", "dyspec.auto")):
+            outside = {d for d in deps if d.startswith(("dyspec.views", "dyspec.eval", "dyspec.train", "dyspec.cli"))}
+            assert not outside, (module, outside)
