@@ -261,8 +261,8 @@ def test_auto_drafts_nothing_where_no_tree_pays(pair, costly_profile):
     assert all(len(s.tokens) == 1 for s in steps)  # every tree was cut to its root
     drafting = [i for i, s in enumerate(steps) if s.draft_forwards]
     assert drafting == [0, 17, 50]
-    # the prompt's catch-up and a chain of 16 (the starting cap), then a catch-up and a probe's root
-    assert [steps[i].draft_forwards for i in drafting] == [17, 2, 2]
+    # a chain of 16 (the starting cap), then a probe's root, which reads the skipped tokens with it
+    assert [steps[i].draft_forwards for i in drafting] == [16, 1, 1]
     assert state.cap == 0 and state.probe_cap == 1 and state.probe_after == 64
 
 
