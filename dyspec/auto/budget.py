@@ -1,37 +1,19 @@
-"""`--budget auto`: size each step's tree by expected gain against measured verification cost.
+"""`--budget auto`'s rules: size each step's tree by expected committed tokens per ms, every ms
+priced by the pair's measured profile. The controller that applies them is dyspec.auto.controller;
+docs/concepts/budget-auto.md states each rule with its reason.
 
-The papers fix the budget (or pick it offline, Sequoia); on a CPU, where one target forward of n
-tree tokens costs t(n) that grows with n, the right size depends on how confident the draft is this
-step. A policy builds up to a cap, then the engine cuts the tree:
-- children chosen, not sampled (T = 0, top-k, EAGLE-2): any cut closed under ancestors keeps
-  verification exact, so it keeps the n most valuable nodes (a node is worth no more than its
-  parent, so they form a tree), n maximising expected committed tokens per ms,
-  (1 + sum of node values) / (draft ms + t(n + 1)). A cut by id kept whole early layers of a wide
-  tree (DySpec's batches) and dropped the deep nodes that pay;
-- children sampled (T > 0): keeping a drafted token only when the draft liked it biases the output,
-  so no decision may read a node's own token. In id order, a node stays when its parent and earlier
-  siblings did and its value (known before its draw) pays for its marginal cost, the slope of
-  t(n)'s convex hull times the recent tokens per ms.
-A node's value is its estimated chance of acceptance: the product over its path of acceptance rates
-learnt online, per bin of draft probability (chosen children) or, for sampled children, of whether
-the node is a first child or a later sibling and of the slot's key, sum of q(x)^2 over the tokens
-earlier siblings left (both known before the draw), from the nodes that verification reached in
-past steps. A single scale (accepted / predicted, the first version) let the many low-probability
-nodes of a big tree borrow the acceptance of the few likely ones.
-The draft time of this step is spent by the cut, so it counts in full for every n; the next
-step's cap follows the n worth *building*, counting the draft forwards the first n nodes needed
-and what a drafting step spends beyond its forwards (`drafting_ms`), over the kept nodes for a
-policy whose smaller trees are the best part of its bigger ones (DySpec, its threshold build, with
-children sampled), and otherwise over every node valued by its position alone (`position_values`),
-never below the shortest chain that would pay (`least_paying_chain`). It grows by one
-draft forward's nodes only where everything built paid, less often where growing did not pay
-(`set_next_cap`). Where no chain pays against a step that runs no draft, the cap is 0:
-steps are autoregressive, with a probe tree now and then (`step_cap`). The engine also bounds each
-tree by the tokens the answer has left. The saved profile t(n) is scaled by what verification
-measured in recent steps: a shared machine's speed drifts, and a profile taken under load
-overstates t(1) and so favours big trees. Where the profile says a few more tokens cost less (a
-CPU's lumpy fp32 forwards), verification pads the tree to that size (`padded_size`), and every
-decision prices t(n) as padded (`padded_profile`).
+- A node's value is its estimated chance of acceptance: the product over its path of rates learnt
+  per bin (`node_bins`, `copy_bin`, `bin_rates`).
+- Chosen children (T = 0, top-k): any cut closed under ancestors keeps verification exact, so the
+  cut keeps the n most valuable nodes, n maximising (1 + sum of values) / (draft ms + t(n + 1))
+  (`best_prefix_size`). Sampled children (T > 0): no decision may read a node's own token, so a
+  node stays in id order while its value as known before its draw pays its marginal cost
+  (`sampled_keep`).
+- The next cap is the size worth building, grown by one draft forward's nodes after steps in
+  which everything built paid (`plan_next_cap`, `set_next_cap`); where no chain pays, steps draft
+  nothing but an occasional probe (`step_cap`).
+- Verification runs at a padded size where the profile says more tokens cost less
+  (`padded_size`), and t(n) is read at each step's context (`profile_at`).
 """
 
 from __future__ import annotations
