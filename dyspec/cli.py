@@ -9,6 +9,7 @@ import sys
 
 from dyspec.defaults import BENCH_POLICIES, DEFAULTS, defaults_for
 from dyspec.errors import DyspecError
+from dyspec.export import FORMATS
 from dyspec.models import DEFAULT_DRAFT, DEFAULT_TARGET, PRECISIONS
 from dyspec.policies import parse_option
 
@@ -209,6 +210,70 @@ def cmd_profile(args: argparse.Namespace) -> None:
         print(f"{n:>4}" + "".join(f"{profile[c][n]:10.1f}" if n in profile[c] else " " * 10 for c in columns))
 
 
+def cmd_export(args: argparse.Namespace) -> None:
+    from pathlib import Path
+
+    from dyspec.export import (
+        export,
+        frequent_tree,
+        is_level_uniform,
+        nearest_level_uniform,
+        tree_parents,
+        tree_paths,
+        write,
+    )
+    from dyspec.policies.sequoia import optimal_tree, tree_score
+
+    if args.format == "sequoia" and not args.out:
+        raise DyspecError("a Sequoia growmap is a torch file: give --out FILE.pt")
+    acceptance = args.acceptance
+    if args.source != "sequoia":
+        from dyspec.policies import get_policy
+
+        get_policy(args.source)  # an unknown name fails before a model loads
+    if args.source == "sequoia":
+        if acceptance is None:  # the pair's measured vector (`dyspec calibrate`, or shipped)
+            from dyspec.models import load_pair
+            from dyspec.policies import get_policy
+
+            pair = load_pair(
+                args.target, args.draft, args.device, allow_download=args.allow_download, precision=args.precision
+            )
+            acceptance = get_policy("sequoia").prepare(pair, args.temperature, {})["acceptance"]
+        parents, _ = optimal_tree(tuple(acceptance), args.budget, args.max_depth)
+        source = f"Sequoia's optimal tree for a = {[round(a, 3) for a in acceptance]}"
+    else:
+        from tqdm.auto import tqdm
+
+        from dyspec.core.engine import stream
+        from dyspec.core.events import StepVerified
+        from dyspec.eval.prompts import load_prompts
+        from dyspec.models import load_pair
+
+        pair = load_pair(
+            args.target, args.draft, args.device, allow_download=args.allow_download, precision=args.precision
+        )
+        trees = []
+        for _, prompt in tqdm(load_prompts(args.dataset, args.num_prompts, spread=True), desc=f"{args.source} trees"):
+            events = stream(
+                pair, prompt, args.source, args.budget, args.temperature, max_new_tokens=args.max_new_tokens
+            )
+            trees += [e.parents for e in events if isinstance(e, StepVerified)]
+        parents = frequent_tree(trees, args.budget)
+        source = f"the {args.budget} paths {args.source} grew most often over {len(trees)} steps"
+    if args.nearest and args.format == "vllm" and not is_level_uniform(tree_paths(parents)):
+        parents = tree_parents(nearest_level_uniform(tree_paths(parents), acceptance))
+        source += ", made level-uniform"
+    snippet, obj = export(parents, args.format, acceptance)
+    print(f"# {source}", file=sys.stderr)
+    if acceptance is not None:
+        print(f"# expected tokens per step: {tree_score(parents, acceptance):.2f}", file=sys.stderr)
+    print(snippet)
+    if args.out:
+        write(obj, Path(args.out))
+        print(f"written: {args.out}", file=sys.stderr)
+
+
 def cmd_calibrate(args: argparse.Namespace) -> None:
     from dyspec.eval.calibrate import calibrate
     from dyspec.models import load_pair
@@ -372,6 +437,31 @@ def build_parser() -> argparse.ArgumentParser:
     add_model_args(pr)
     pr.add_argument("--json", action="store_true")
     pr.set_defaults(func=cmd_profile)
+
+    ex = sub.add_parser(
+        "export", help="a tuned tree in a serving engine's format (TensorRT-LLM, Medusa, vLLM, SGLang, Sequoia)"
+    )
+    ex.add_argument("--format", required=True, choices=FORMATS)
+    ex.add_argument(
+        "--from",
+        dest="source",
+        default="sequoia",
+        help="sequoia (default): the DP-optimal tree for an acceptance vector; or a policy (dyspec, eagle2, ...): "
+        "the union of the paths it grew most often on --dataset",
+    )
+    ex.add_argument("--budget", type=int, default=16, help="drafted nodes (default: %(default)s)")
+    ex.add_argument("--max-depth", type=int, default=8, help="levels of Sequoia's tree (default: %(default)s)")
+    ex.add_argument(
+        "--acceptance", type=json.loads, help="a vector such as [0.6,0.2,0.1] (default: the pair's measured one)"
+    )
+    ex.add_argument("--temperature", type=float, default=0.0)
+    ex.add_argument("--dataset", default="mtbench", help="prompts for --from POLICY (default: %(default)s)")
+    ex.add_argument("--num-prompts", type=int, default=10)
+    ex.add_argument("--max-new-tokens", type=int, default=64)
+    ex.add_argument("--out", help="write the config (or the growmap, for sequoia) to this file")
+    ex.add_argument("--nearest", action="store_true", help="vllm: export the nearest level-uniform tree instead")
+    add_model_args(ex)
+    ex.set_defaults(func=cmd_export)
 
     ca = sub.add_parser("calibrate", help="measure the acceptance vector Sequoia's optimal tree is built from")
     ca.add_argument("--temperatures", type=float, nargs="+", default=[0.0, 0.6, 1.0], help="(default: %(default)s)")
