@@ -20,6 +20,7 @@ from dyspec.defaults import defaults_for
 from dyspec.errors import DyspecError
 from dyspec.eval import speedup
 from dyspec.eval.speedup import decode_rate, measured_speedup
+from dyspec.export import VIEW_FORMATS, run_snippet
 from dyspec.models import DEFAULT_DRAFT, DEFAULT_TARGET, PRECISIONS
 from dyspec.policies import available_policies
 from dyspec.views import figures
@@ -130,6 +131,10 @@ def build_app(pair: dyspec.ModelPair, concurrency: int = 1, profiles: dict | Non
         steps, ar = state if state else ([], [])
         return whatif_markdown(steps, ar, choice, width, fraction)
 
+    def export_tree(state, fmt):
+        steps = state[0] if state else []
+        return run_snippet([s.parents for s in steps], fmt) if steps else "# run a generation first"
+
     def compare(prompt, policy_a, policy_b, budget, temperature, seed, max_new_tokens):
         budget, seed, max_new_tokens = int(budget), int(seed), int(max_new_tokens)
         check_limits(prompt, budget, temperature, max_new_tokens)
@@ -205,6 +210,13 @@ def build_app(pair: dyspec.ModelPair, concurrency: int = 1, profiles: dict | Non
                     tree = gr.Plot(label="Token tree", elem_id="tree")
                     step_slider = gr.Slider(0, 1, value=0, step=1, label="Step")
                     growth_slider = gr.Slider(1, 2, value=1, step=1, label="Growth (nodes shown, in growth order)")
+                    with gr.Accordion("Export this run's tree to a serving engine", open=False):
+                        with gr.Row():
+                            fmt = gr.Dropdown(list(VIEW_FORMATS), value="trtllm", label="Format", elem_id="format")
+                            export_btn = gr.Button("Export this tree", elem_id="export")
+                        export_code = gr.Code(
+                            language="python", label="Paste into your engine's config", elem_id="snippet"
+                        )
                     chart = gr.Plot(label="Per step", elem_id="chart")
                     with gr.Accordion("Hardware what-if: this run's trees priced elsewhere", open=True):
                         gr.Markdown(
@@ -227,6 +239,7 @@ def build_app(pair: dyspec.ModelPair, concurrency: int = 1, profiles: dict | Non
             stop_btn.click(None, None, None, cancels=[run_evt])
             for slider in (step_slider, growth_slider):
                 slider.release(show_step, [state, step_slider, growth_slider], [tree, growth_slider], api_name=False)
+            export_btn.click(export_tree, [state, fmt], export_code, api_name="export")
             for control in (choice, width, fraction):
                 control.change(reprice, [state, choice, width, fraction], whatif_md, api_name=False)
         with gr.Tab("Compare"):

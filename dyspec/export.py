@@ -198,3 +198,20 @@ def frequent_tree(trees: list[list[int]], budget: int) -> list[int]:
     counts = Counter(p for parents in trees for p in tree_paths(parents))
     ranked = sorted(counts, key=lambda p: (-counts[p], len(p), p))
     return tree_parents(ranked[:budget])
+
+
+VIEW_FORMATS = ("trtllm", "medusa", "vllm", "sglang")  # the text formats a view can show
+
+
+def run_snippet(trees: list[list[int]], fmt: str) -> str:
+    """What a view shows for "export this tree": the union of the paths a run grew most often,
+    as many as its biggest tree, in `fmt`; for vLLM, the nearest level-uniform tree when needed."""
+    size = max((len(parents) - 1 for parents in trees), default=0)
+    if size == 0:
+        return "# this run drafted no tree: nothing to export"
+    parents = frequent_tree(trees, size)
+    head = f"# the {size} paths this run grew most often over {len(trees)} steps"
+    if fmt == "vllm" and not is_level_uniform(tree_paths(parents)):
+        parents = tree_parents(nearest_level_uniform(tree_paths(parents)))
+        head += ", made level-uniform for vLLM"
+    return f"{head}\n{export(parents, fmt)[0]}"

@@ -1,5 +1,6 @@
 """The web app as users meet it: a real server, real headless Chromium, real API clients."""
 
+import json
 import os
 import shutil
 import socket
@@ -132,6 +133,14 @@ def test_browser_run_and_stop(server, tmp_path):
         page.screenshot(path=str(tmp_path / "app.png"), full_page=True)
         if os.environ.get("DYSPEC_SCREENSHOT"):
             shutil.copy(tmp_path / "app.png", os.environ["DYSPEC_SCREENSHOT"])
+
+        # the run's tree shape, ready for a serving engine, parses back as TensorRT-LLM's choices
+        page.get_by_text("Export this run's tree to a serving engine").click()
+        page.locator("#export").click()
+        snippet = page.locator("#snippet")
+        expect(snippet).to_contain_text("eagle_choices = [[0]", timeout=30_000)
+        choices = json.loads(snippet.inner_text().split("eagle_choices = ")[1].split("  #")[0])
+        assert all(c[:-1] in choices for c in choices if len(c) > 1)
 
         # Stop once the new run streams: the first run's stats read "tokens in" too, and matching them
         # clicked Stop while the app still measured `ar` (a flaky failure on a busy machine)

@@ -20,6 +20,10 @@ def test_dashboard_run_updates_figures(pair):
     assert "modelled from this run's acceptance" in d.whatif.value and "measured here" in d.whatif.value
     assert d.text.value.count("<span") == 20
     assert d.step_slider.max == len(d.steps) - 1
+    d.export_format.value = "sglang"  # the run's tree shape for a serving engine
+    assert "--speculative-eagle-topk" in d.export() and d.export_text.value == d.export()
+    d.export_format.value = "vllm"
+    assert "speculative_token_tree" in d.export()
 
 
 def test_dashboard_step_and_growth_replay(pair):

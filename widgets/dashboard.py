@@ -19,6 +19,7 @@ from dyspec.auto import whatif
 from dyspec.core.events import GenerationFinished, StepVerified
 from dyspec.defaults import defaults_for
 from dyspec.eval import speedup
+from dyspec.export import VIEW_FORMATS, run_snippet
 from dyspec.policies import available_policies
 from dyspec.views import figures
 from dyspec.views.examples import EXAMPLES
@@ -88,6 +89,9 @@ class Dashboard:
         self.width = W.IntSlider(64, min=1, max=256, description="Width W", tooltip="parametric: t(n) flat up to W")
         self.draft_fraction = W.FloatSlider(0.1, min=0, max=1, step=0.01, description="Draft/t(1)")
         self.whatif = W.HTML("Run a generation to price its trees.")
+        self.export_format = W.Dropdown(options=list(VIEW_FORMATS), value="trtllm", description="Export")
+        self.export_button = W.Button(description="Export this tree")
+        self.export_text = W.Textarea(layout=W.Layout(width="100%"), rows=3)
         self.stats = W.HTML()
         self.text = W.HTML()
         self.tree_fig = go.Figure()
@@ -95,6 +99,7 @@ class Dashboard:
         self.calibration_fig = go.Figure()
         self._tree_out, self._steps_out, self._calibration_out = W.Output(), W.Output(), W.Output()
         self.run_button.on_click(lambda _: self.start())
+        self.export_button.on_click(lambda _: self.export())
         self.stop_button.on_click(lambda _: self.stop())
         self.step_slider.observe(lambda _: self.show_step(), names="value")
         self.growth_slider.observe(lambda _: self.show_step(), names="value")
@@ -120,6 +125,11 @@ class Dashboard:
         measured = f"measured here: <b>{here.ratio:.2f}x</b>" if here else "measured here: (ar not measured)"
         self.whatif.value = f"{measured} &middot; <b>{whatif.whatif_line(self.steps, model)}</b>"
         return self.whatif.value
+
+    def export(self) -> str:
+        """The last run's tree shape in the chosen serving engine's format (also shown)."""
+        self.export_text.value = run_snippet([s.parents for s in self.steps], self.export_format.value)
+        return self.export_text.value
 
     def options(self) -> dict:
         """Policy options set by the controls (only those the chosen policy takes)."""
@@ -239,6 +249,8 @@ class Dashboard:
                 W.HBox([self._steps_out, self._calibration_out]),
                 W.HBox([self.hardware_choice, self.width, self.draft_fraction]),
                 self.whatif,
+                W.HBox([self.export_format, self.export_button]),
+                self.export_text,
             ]
         )
 
