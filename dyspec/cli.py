@@ -274,6 +274,25 @@ def cmd_export(args: argparse.Namespace) -> None:
         print(f"written: {args.out}", file=sys.stderr)
 
 
+def cmd_recommend(args: argparse.Namespace) -> None:
+    from dyspec.auto.profile import pair_profile
+    from dyspec.auto.whatif import from_profile, load_profile
+    from dyspec.eval.prompts import load_prompts
+    from dyspec.eval.recommend import recommend, recommend_table
+    from dyspec.models import load_pair
+
+    pair = load_pair(args.target, args.draft, args.device, allow_download=args.allow_download, precision=args.precision)
+    if pair.draft is None:
+        raise DyspecError("recommend measures what a draft proposes: give --draft")
+    model = load_profile(args.profile) if args.profile else from_profile(pair_profile(pair), "this machine")
+    prompts = [text for _, text in load_prompts(args.dataset, args.num_prompts, spread=True)]
+    rows = recommend(pair, prompts, model, args.engine, args.temperature, args.max_new_tokens)
+    print(recommend_table(rows, model))
+    best = rows[0]
+    flags = " ".join(f"--{k.replace('_', '-')} {v}" for k, v in best.items() if k.startswith("speculative"))
+    print(f"\nrecommended: --speculative-algorithm EAGLE {flags}  ({best['speedup']:.2f}x modelled on {model.name})")
+
+
 def cmd_calibrate(args: argparse.Namespace) -> None:
     from dyspec.eval.calibrate import calibrate
     from dyspec.models import load_pair
@@ -462,6 +481,20 @@ def build_parser() -> argparse.ArgumentParser:
     ex.add_argument("--nearest", action="store_true", help="vllm: export the nearest level-uniform tree instead")
     add_model_args(ex)
     ex.set_defaults(func=cmd_export)
+
+    rc = sub.add_parser("recommend", help="a serving engine's speculative settings, measured on your pair and prompts")
+    rc.add_argument("--engine", default="sglang", choices=["sglang"])
+    rc.add_argument(
+        "--profile",
+        help="latency profile to price with: a `dyspec profile --json` file or a shipped "
+        "name such as h100 (default: this machine's)",
+    )
+    rc.add_argument("--dataset", default="mtbench", help="prompts (default: %(default)s, spread over the set)")
+    rc.add_argument("--num-prompts", type=int, default=10)
+    rc.add_argument("--max-new-tokens", type=int, default=32)
+    rc.add_argument("--temperature", type=float, default=0.0)
+    add_model_args(rc)
+    rc.set_defaults(func=cmd_recommend)
 
     ca = sub.add_parser("calibrate", help="measure the acceptance vector Sequoia's optimal tree is built from")
     ca.add_argument("--temperatures", type=float, nargs="+", default=[0.0, 0.6, 1.0], help="(default: %(default)s)")

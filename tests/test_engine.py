@@ -45,6 +45,7 @@ GREEDY_CASES = [
     ("dyspec", 16, {"score": "head"}),  # SpecDec++'s head shipped for the default pair scores the tree
     ("dyspec-threshold", 16, {}),
     ("eagle2", 16, {}),
+    ("sglang", 15, {"topk": 4, "steps": 3}),
     ("specdecpp", 8, {}),  # the head shipped for the default pair; other options: test_exact_tiny
     ("lookup", 8, {"min_ngram": 1, "fallback": 1}),
 ]

@@ -42,6 +42,7 @@ CASES = [
     ("dyspec", {"select": "top"}),  # deterministic children
     ("dyspec-threshold", {}),
     ("eagle2", {"topk": 2, "depth": 2}),
+    ("sglang", {"topk": 2, "steps": 2}),
     ("specdecpp", {"h": 0.5, "min_k": 1}),  # a random head: K varies with the hidden state
     ("dyspec", {"score": "head", "batch": 1}),  # the random head's predictions shape the tree
     ("lookup", {"min_ngram": 1, "fallback": 0}),  # copied tokens only, one-hot proposals
@@ -372,3 +373,48 @@ def test_sequoia_reads_a_calibrated_vector_and_never_measures_behind_your_back(p
     assert POLICIES["sequoia"].prepare(pair, 0.8, {})["acceptance"] == saved["acceptance"]["1"]
     r = generate(pair, PROMPT, policy="sequoia", budget=4, max_new_tokens=8)
     assert r.token_ids == generate(pair, PROMPT, policy="ar", max_new_tokens=8).token_ids
+
+
+@torch.inference_mode()
+def sglang_brute_force(pair, context: list[int], topk: int, steps: int, budget: int) -> int:
+    """Tokens one greedy step commits with SGLang's tree, from full forwards of both tiny models:
+    the candidates of every step scored by cumulative draft probability, the best `budget` kept,
+    then the target's argmax walked down them (plus its bonus token)."""
+
+    def last(model, path):
+        return model(torch.tensor([context + list(path)])).logits[0, -1].float()
+
+    score, frontier = {(): 1.0}, [()]
+    for _ in range(steps):
+        added = {}
+        for path in frontier:
+            q = torch.softmax(last(pair.draft, path), -1)
+            for p, y in zip(*q.topk(topk)):
+                added[(*path, int(y))] = score[path] * float(p)
+        score.update(added)
+        frontier = sorted(added, key=lambda t: -added[t])[:topk]
+    keep = set(sorted((t for t in score if t), key=lambda t: -score[t])[:budget])
+    node = ()
+    while (*node, int(last(pair.target, node).argmax())) in keep:
+        node = (*node, int(last(pair.target, node).argmax()))
+    return len(node) + 1
+
+
+@pytest.mark.parametrize("topk,steps,budget", [(2, 3, 5), (3, 2, 7), (4, 4, 10)])
+def test_sglang_policy_commits_what_a_brute_force_count_says(pair, topk, steps, budget):
+    steps_seen = []
+    r = generate(
+        pair,
+        PROMPT,
+        policy="sglang",
+        budget=budget,
+        max_new_tokens=12,
+        options={"topk": topk, "steps": steps},
+        hooks=[steps_seen.append],
+    )
+    assert r.token_ids == generate(pair, PROMPT, policy="ar", max_new_tokens=12).token_ids
+    verified, context = [s for s in steps_seen if isinstance(s, StepVerified)], list(PROMPT)
+    for step in verified[:-1]:  # the last one is cut at max_new_tokens
+        assert len(step.emitted) == sglang_brute_force(pair, context, topk, steps, budget)
+        context += step.emitted
+    assert len(verified) > 2

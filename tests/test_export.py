@@ -11,6 +11,7 @@ import torch
 from dyspec.cli import main
 from dyspec.core.tree import Tree
 from dyspec.errors import DyspecError
+from dyspec.eval.recommend import sglang_settings
 from dyspec.export import (
     FORMATS,
     export,
@@ -244,3 +245,20 @@ def test_cli_exports_the_paths_a_policy_grew_most_often(capsys):
     ]
     assert main(args) == 0
     assert "medusa_choices = [[0], [0, 0], [0, 0, 0]]" in capsys.readouterr().out  # a chain grows one path
+
+
+def test_recommend_ranks_sglangs_settings_by_their_measured_trees(capsys):
+    """Every setting SGLang accepts in the grid is measured; the best modelled speedup comes first and
+    is what the command recommends."""
+    grid = sglang_settings()
+    for s in grid:
+        steps, topk, tokens = s["speculative_num_steps"], s["speculative_eagle_topk"], s["speculative_num_draft_tokens"]
+        assert tokens == steps + 1 if topk == 1 else 2 <= tokens <= topk + (steps - 1) * topk**2 + 1
+    args = ["recommend", "--engine", "sglang", "--num-prompts", "1", "--max-new-tokens", "6", "--profile", "h100"]
+    assert main(args) == 0
+    out = capsys.readouterr().out
+    table = [line for line in out.splitlines() if line.startswith("| ") and "steps" not in line]
+    speedups = [float(line.split("|")[5].strip().rstrip("x")) for line in table]
+    assert len(table) == min(10, len(grid)) and speedups == sorted(speedups, reverse=True)
+    best = table[0].split("|")
+    assert f"--speculative-num-steps {best[1].strip()} --speculative-eagle-topk {best[2].strip()}" in out

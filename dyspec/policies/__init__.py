@@ -12,12 +12,12 @@ from __future__ import annotations
 import json
 
 from dyspec.errors import DyspecError
-from dyspec.policies import ar, chain, dyspec, dyspec_threshold, eagle2, lookup, sequoia, specdecpp, specinfer
+from dyspec.policies import ar, chain, dyspec, dyspec_threshold, eagle2, lookup, sequoia, sglang, specdecpp, specinfer
 from dyspec.policies.contract import Policy
 
 POLICIES: dict[str, Policy] = {
     m.POLICY.name: m.POLICY
-    for m in (ar, chain, specinfer, sequoia, dyspec, dyspec_threshold, eagle2, specdecpp, lookup)
+    for m in (ar, chain, specinfer, sequoia, dyspec, dyspec_threshold, eagle2, sglang, specdecpp, lookup)
 }
 
 

@@ -1,0 +1,45 @@
+"""SGLang's EAGLE draft tree (`EagleWorker.draft` and `organize_draft_results` in
+python/sglang/srt/speculative/): `steps` draft forwards; the first gives the root's top-`topk`
+children, each later one the top-`topk` children of every node of the frontier, the `topk`
+candidates with the best cumulative draft probability among them becoming the next frontier.
+Every candidate of every step stays eligible, and the best `budget` of them by cumulative
+probability (SGLang's `speculative_num_draft_tokens` - 1) are verified: their ancestors score
+higher, so they form a tree. Children are chosen, not sampled, so at T > 0 they are verified as
+one-hot proposals, which stays exact. `dyspec recommend --engine sglang` measures its settings."""
+
+import torch
+
+from dyspec.core.draft import DraftSession
+from dyspec.core.sampling import ranked_children, to_probs
+from dyspec.core.tree import Tree
+from dyspec.policies.contract import Policy
+
+
+def build(
+    draft: DraftSession,
+    root: int,
+    budget: int,
+    temperature: float,
+    generator: torch.Generator,
+    *,
+    topk: int = 4,
+    steps: int = 5,
+) -> Tree:
+    tree = Tree.root(root, "deterministic")
+    frontier = [0]
+    for _ in range(steps):
+        q = to_probs(draft.logits(tree, frontier), 1.0)
+        tokens, probs = ranked_children(q, topk, sample=False)
+        added = [
+            tree.add(u, y, p) for i, u in enumerate(frontier) for y, p in zip(tokens[i].tolist(), probs[i].tolist())
+        ]
+        tree.end_expansion()
+        frontier = sorted(added, key=lambda n: (-tree.values[n], n))[:topk]
+    # values only shrink along a path, and ties go to the older node: the best nodes include their ancestors
+    keep = sorted(sorted(range(1, len(tree)), key=lambda n: (-tree.values[n], n))[:budget])
+    pruned, old_ids = tree.subtree(keep)
+    draft.relabel(old_ids)
+    return pruned
+
+
+POLICY = Policy("sglang", build, needs_draft=True)
