@@ -31,6 +31,7 @@ from dyspec.errors import DyspecError
 from dyspec.policies.sequoia import tree_score
 
 FORMATS = ("trtllm", "medusa", "vllm", "sglang", "sequoia")
+ENGINES = ("sglang", "vllm", "trtllm")  # the serving engines whose settings `dyspec recommend` measures
 TRTLLM_MAX = 16  # the most levels, and children per node, TensorRT-LLM's runtime takes
 
 Path_ = tuple[int, ...]
@@ -112,6 +113,11 @@ def sglang_settings(paths: list[Path_]) -> dict[str, int]:
     return {"speculative_num_steps": steps, "speculative_eagle_topk": topk, "speculative_num_draft_tokens": tokens}
 
 
+def sglang_flags(args: dict[str, int]) -> str:
+    """SGLang's server arguments on its command line."""
+    return " ".join(["--speculative-algorithm EAGLE", *(f"--{k.replace('_', '-')} {v}" for k, v in args.items())])
+
+
 def growmap(parents: list[int]) -> dict:
     """Sequoia's growmap of the tree: per level, the nodes expanded and their child counts; each
     node's children, its ancestor mask (itself included), depth, and the node count."""
@@ -170,9 +176,8 @@ def export(parents: list[int], fmt: str, acceptance: list[float] | None = None) 
         return f"speculative_config = {json.dumps(config)}", json.dumps(config)
     if fmt == "sglang":
         args = sglang_settings(paths)
-        flags = " ".join(f"--{k.replace('_', '-')} {v}" for k, v in args.items())
         note = "# SGLang builds its own tree each step: these set its budget, not this shape"
-        return f"{note}\n--speculative-algorithm EAGLE {flags}", json.dumps(args)
+        return f"{note}\n{sglang_flags(args)}", json.dumps(args)
     if fmt == "sequoia":
         g = growmap(parents)
         return f"# a Sequoia growmap of {g['size']} nodes and {len(g['roots'])} levels: write it with --out FILE.pt", g

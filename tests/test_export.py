@@ -11,13 +11,21 @@ import torch
 from dyspec.cli import main
 from dyspec.core.tree import Tree
 from dyspec.errors import DyspecError
-from dyspec.eval.recommend import sglang_settings
+from dyspec.eval.recommend import (
+    STATIC_DEPTHS,
+    STATIC_SIZES,
+    UNIFORM_PER_SIZE,
+    sglang_settings,
+    trtllm_settings,
+    vllm_settings,
+)
 from dyspec.export import (
     FORMATS,
     export,
     frequent_tree,
     growmap_parents,
     is_level_uniform,
+    level_uniform_trees,
     nearest_level_uniform,
     tree_parents,
     tree_paths,
@@ -252,8 +260,9 @@ def test_recommend_ranks_sglangs_settings_by_their_measured_trees(capsys):
     is what the command recommends."""
     grid = sglang_settings()
     for s in grid:
-        steps, topk, tokens = s["speculative_num_steps"], s["speculative_eagle_topk"], s["speculative_num_draft_tokens"]
+        steps, topk, tokens = (value for _, value in s.columns)
         assert tokens == steps + 1 if topk == 1 else 2 <= tokens <= topk + (steps - 1) * topk**2 + 1
+        assert s.options == {"steps": steps, "topk": topk} and s.budget == tokens - 1
     args = ["recommend", "--engine", "sglang", "--num-prompts", "1", "--max-new-tokens", "6", "--profile", "h100"]
     assert main(args) == 0
     out = capsys.readouterr().out
@@ -262,3 +271,42 @@ def test_recommend_ranks_sglangs_settings_by_their_measured_trees(capsys):
     assert len(table) == min(10, len(grid)) and speedups == sorted(speedups, reverse=True)
     best = table[0].split("|")
     assert f"--speculative-num-steps {best[1].strip()} --speculative-eagle-topk {best[2].strip()}" in out
+
+
+def test_vllm_candidates_are_level_uniform_and_the_best_of_their_size():
+    acceptance = [0.6, 0.25, 0.12, 0.06]
+    settings = vllm_settings(acceptance)
+    for s in settings:
+        config = json.loads(s.config.removeprefix("speculative_config = "))
+        choices, children = vllm_levels(config["speculative_token_tree"])
+        assert vllm_drafts(children) == choices and config["num_speculative_tokens"] == len(choices) == s.budget
+        assert s.policy == "sequoia" and tree_paths(s.options["parents"]) == choices
+        assert s.columns[0][1] == ",".join(map(str, children))
+    assert len({s.config for s in settings}) == len(settings)
+    for smaller, size in zip((0, *STATIC_SIZES), STATIC_SIZES):  # the best tree of each size is measured
+        rivals = [uniform_paths(w) for w in level_uniform_trees(size, max(STATIC_DEPTHS))]
+        best = max(tree_score(tree_parents(p), acceptance) for p in rivals if len(p) > smaller)
+        kept = [tree_score(s.options["parents"], acceptance) for s in settings if smaller < s.budget <= size]
+        assert 1 <= len(kept) <= UNIFORM_PER_SIZE and max(kept) == pytest.approx(best)
+
+
+def test_trtllm_candidates_are_sequoias_optimal_trees_and_pass_its_checks():
+    acceptance = [0.6, 0.25, 0.12, 0.06]
+    settings = trtllm_settings(acceptance)
+    optimal = {tuple(optimal_tree(tuple(acceptance), n, d)[0]) for n in STATIC_SIZES for d in STATIC_DEPTHS}
+    assert {tuple(s.options["parents"]) for s in settings} == {p for p in optimal if len(p) > 1}
+    for s in settings:
+        choices = json.loads(s.config.split(" = ", 1)[1].split("  #")[0])
+        assert check_eagle_choices(choices) == choices == [list(p) for p in tree_paths(s.options["parents"])]
+
+
+@pytest.mark.parametrize("engine", ["vllm", "trtllm"])
+def test_recommend_measures_static_trees_for_the_engines_that_take_them(capsys, engine):
+    args = ["recommend", "--engine", engine, "--num-prompts", "1", "--max-new-tokens", "6", "--profile", "h100"]
+    assert main(args) == 0
+    out = capsys.readouterr().out
+    table = [line for line in out.splitlines() if line.startswith("| ") and "tokens per step" not in line]
+    speedups = [float(line.split("|")[4].strip().rstrip("x")) for line in table if "---" not in line]
+    assert speedups and speedups == sorted(speedups, reverse=True)
+    key = "speculative_token_tree" if engine == "vllm" else "eagle_choices"
+    assert key in out.split("recommended")[1]

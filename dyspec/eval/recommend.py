@@ -1,11 +1,20 @@
 """`dyspec recommend`: a serving engine's speculative settings for your pair and prompts. Each
-setting in the engine's own parameter space runs on the prompts with the draft you have (SGLang's
-tree build is the `sglang` policy), and is scored by its measured tokens per step priced with a
-latency profile (this machine's, or a `dyspec profile --json` file from the serving GPU)."""
+candidate setting in the engine's own parameter space runs on the prompts with the draft you have,
+and is scored by its measured tokens per step priced with a latency profile (this machine's, or a
+`dyspec profile --json` file from the serving GPU).
+
+- SGLang builds its tree anew each step from three arguments: its build is the `sglang` policy, run
+  over a grid of them.
+- vLLM and TensorRT-LLM verify a static tree, run here as `sequoia` with that tree's shape. vLLM's
+  proposer takes level-uniform trees only: the candidates are those that score best at each size
+  under the pair's measured acceptance vector. TensorRT-LLM takes any tree: the candidates are
+  Sequoia's optimal trees at each size and depth.
+"""
 
 from __future__ import annotations
 
 import itertools
+from dataclasses import dataclass
 
 from tqdm.auto import tqdm
 
@@ -13,23 +22,76 @@ from dyspec.auto.whatif import LatencyModel, modelled_speedup, step_shapes
 from dyspec.core.engine import stream
 from dyspec.core.events import StepVerified
 from dyspec.errors import DyspecError
+from dyspec.export import ENGINES, export, level_uniform_trees, sglang_flags, tree_parents, tree_paths, uniform_paths
+from dyspec.policies.sequoia import optimal_tree, tree_score
 
 # SGLang's own parameters, over the ranges its docs and defaults use: draft steps, top-k per step,
 # and num_draft_tokens (the root included) up to the topk + (steps - 1) * topk^2 candidates they
 # can fill; at top-1 SGLang fixes num_draft_tokens at steps + 1
 SGLANG_STEPS, SGLANG_TOPK, SGLANG_TOKENS = (2, 3, 5), (1, 4, 8), (4, 8, 16, 32)
-ENGINES = ("sglang",)
+# Static trees: the sizes and depths tried, and how many level-uniform trees of each size (the
+# best by expected tokens per step) are measured; the rest score lower before any is run
+STATIC_SIZES, STATIC_DEPTHS, UNIFORM_PER_SIZE = (2, 4, 8, 16, 32), (2, 4, 6), 2
 
 
-def sglang_settings() -> list[dict[str, int]]:
+@dataclass(frozen=True)
+class Setting:
+    """One candidate: the engine's parameters as the table shows them, how dyspec runs it, and the
+    configuration to paste."""
+
+    columns: tuple[tuple[str, object], ...]
+    policy: str
+    budget: int
+    options: dict
+    config: str
+
+
+def sglang_settings() -> list[Setting]:
     grid = []
     for steps, topk in itertools.product(SGLANG_STEPS, SGLANG_TOPK):
         cap = topk + (steps - 1) * topk**2
         for tokens in [steps + 1] if topk == 1 else [t for t in SGLANG_TOKENS if t - 1 <= cap]:
-            grid.append(
-                {"speculative_num_steps": steps, "speculative_eagle_topk": topk, "speculative_num_draft_tokens": tokens}
-            )
+            args = dict(speculative_num_steps=steps, speculative_eagle_topk=topk, speculative_num_draft_tokens=tokens)
+            columns = (("steps", steps), ("topk", topk), ("num_draft_tokens", tokens))
+            grid.append(Setting(columns, "sglang", tokens - 1, {"steps": steps, "topk": topk}, sglang_flags(args)))
     return grid
+
+
+def static_setting(engine: str, parents: list[int], columns: tuple) -> Setting:
+    config = export(parents, engine)[0]
+    return Setting(columns, "sequoia", len(parents) - 1, {"parents": parents}, config)
+
+
+def vllm_settings(acceptance: list[float]) -> list[Setting]:
+    settings = {}
+    for smaller, size in zip((0, *STATIC_SIZES), STATIC_SIZES):
+        trees = [w for w in level_uniform_trees(size, max(STATIC_DEPTHS)) if len(uniform_paths(w)) > smaller]
+        best = sorted(trees, key=lambda w: -tree_score(tree_parents(uniform_paths(w)), acceptance))
+        for widths in best[:UNIFORM_PER_SIZE]:
+            parents = tree_parents(uniform_paths(widths))
+            columns = (("children per level", ",".join(map(str, widths))), ("num_speculative_tokens", len(parents) - 1))
+            settings[widths] = static_setting("vllm", parents, columns)
+    return list(settings.values())
+
+
+def trtllm_settings(acceptance: list[float]) -> list[Setting]:
+    settings = {}
+    for size, depth in itertools.product(STATIC_SIZES, STATIC_DEPTHS):
+        parents = optimal_tree(tuple(acceptance), size, depth)[0]
+        if len(parents) > 1 and tuple(parents) not in settings:
+            columns = (("draft tokens", len(parents) - 1), ("max_draft_len", max(map(len, tree_paths(parents)))))
+            settings[tuple(parents)] = static_setting("trtllm", parents, columns)
+    return list(settings.values())
+
+
+def engine_settings(engine: str, acceptance: list[float] | None) -> list[Setting]:
+    if engine not in ENGINES:
+        raise DyspecError(f"unknown engine '{engine}'; choose one of: {', '.join(ENGINES)}")
+    if engine == "sglang":
+        return sglang_settings()
+    if acceptance is None:
+        raise DyspecError(f"{engine}'s candidate trees need the pair's acceptance vector: run `dyspec calibrate`")
+    return vllm_settings(acceptance) if engine == "vllm" else trtllm_settings(acceptance)
 
 
 def recommend(
@@ -39,41 +101,31 @@ def recommend(
     engine: str = "sglang",
     temperature: float = 0.0,
     max_new_tokens: int = 32,
+    acceptance: list[float] | None = None,
     progress: bool = True,
 ) -> list[dict]:
-    """Every setting with its measured tokens per step and modelled speedup over `ar`, best first."""
-    if engine not in ENGINES:
-        raise DyspecError(f"unknown engine '{engine}'; choose one of: {', '.join(ENGINES)}")
+    """Every candidate setting with its measured tokens per step and modelled speedup over `ar`,
+    best first."""
     rows = []
-    settings = sglang_settings()
-    for setting in tqdm(settings, desc=f"{engine} settings", disable=not progress):
-        steps = []
-        options = {"steps": setting["speculative_num_steps"], "topk": setting["speculative_eagle_topk"]}
+    for setting in tqdm(engine_settings(engine, acceptance), desc=f"{engine} settings", disable=not progress):
+        steps, run = [], {"max_new_tokens": max_new_tokens, "options": setting.options}
         for prompt in prompts:
-            events = stream(
-                pair,
-                prompt,
-                "sglang",
-                setting["speculative_num_draft_tokens"] - 1,
-                temperature,
-                max_new_tokens=max_new_tokens,
-                options=options,
-            )
+            events = stream(pair, prompt, setting.policy, setting.budget, temperature, **run)
             steps += [e for e in events if isinstance(e, StepVerified)]
         shapes = step_shapes(steps)
         tokens = sum(emitted for _, _, emitted in shapes)
-        rows.append({**setting, "tokens_per_step": tokens / len(shapes), "speedup": modelled_speedup(shapes, model)})
+        speedup = modelled_speedup(shapes, model)
+        rows.append({"setting": setting, "tokens_per_step": tokens / len(shapes), "speedup": speedup})
     return sorted(rows, key=lambda r: -r["speedup"])
 
 
 def recommend_table(rows: list[dict], model: LatencyModel, top: int = 10) -> str:
+    names = [name for name, _ in rows[0]["setting"].columns]
     lines = [
-        f"| steps | topk | num_draft_tokens | tokens per step | modelled speedup on {model.name} |",
-        "|---|---|---|---|---|",
+        f"| {' | '.join(names)} | tokens per step | modelled speedup on {model.name} |",
+        "|---" * (len(names) + 2) + "|",
     ]
     for r in rows[:top]:
-        lines.append(
-            f"| {r['speculative_num_steps']} | {r['speculative_eagle_topk']} | {r['speculative_num_draft_tokens']} "
-            f"| {r['tokens_per_step']:.2f} | {r['speedup']:.2f}x |"
-        )
+        values = " | ".join(str(v) for _, v in r["setting"].columns)
+        lines.append(f"| {values} | {r['tokens_per_step']:.2f} | {r['speedup']:.2f}x |")
     return "\n".join(lines)
