@@ -50,6 +50,92 @@ def forwards_for(budget: int, options: dict) -> int:
     return math.ceil(budget / batch)
 
 
+def drawn_slot(probs: list[float], k: int, sample: bool) -> float:
+    """The paper's value of node u's k-th child slot relative to u: when sampling without
+    replacement, the q mass its earlier siblings left (1 - q(y_1) - ... - q(y_k-1)); when taking
+    the top k, the child's own q(y_k)."""
+    return 1 - sum(probs[:k]) if sample else probs[k]
+
+
+class DraftScore:
+    """The paper's estimate: the chance of reaching node u is v_u, the product of draft
+    probabilities on its path (`Tree.values`)."""
+
+    def __init__(self, tree: Tree, sample: bool):
+        self.tree, self.sample = tree, sample
+
+    def reach(self, u: int) -> float:
+        return self.tree.values[u]
+
+    def slot(self, u: int, k: int, probs: list[float]) -> float:
+        return drawn_slot(probs, k, self.sample)
+
+    def forwarded(self, draft: DraftSession, new: list[int], logits: torch.Tensor, q: torch.Tensor, tokens) -> None:
+        pass
+
+    def added(self, u: int, k: int, child: int, value: float, probs: list[float]) -> None:
+        pass
+
+    def finish(self) -> None:
+        pass
+
+
+class HeadScore(DraftScore):
+    """SpecDec++'s acceptance head instead of draft probabilities: the chance of reaching a node is
+    the product of the head's predictions on its path. A prediction needs the draft's hidden state
+    at the node, so it exists once the node is forwarded and scores its descendants only: it never
+    decides whether the node itself is kept, which keeps sampling exact."""
+
+    def __init__(self, tree: Tree, sample: bool, head: AcceptanceHead):
+        super().__init__(tree, sample)
+        self.head, self.reached, self.predicted = head, {0: 1.0}, {}
+        self.q1: dict[int, float] = {}  # node -> the draft's T = 1 probability of its token (the head's input)
+        self.ranked_q1: dict[int, list[float]] = {}  # node -> T = 1 probabilities of its ranked candidates
+
+    def reach(self, u: int) -> float:
+        return self.reached[u]
+
+    def forwarded(self, draft, new, logits, q, tokens) -> None:
+        self.ranked_q1.update(zip(new, to_probs(logits, 1.0).gather(1, tokens).tolist()))
+        if new != [0]:
+            accept = self.head.accept_prob(draft.hidden, torch.tensor([self.q1[n] for n in new]))
+            for node, a in zip(new, accept.tolist()):
+                self.predicted[node] = a
+                self.reached[node] = self.reached[self.tree.parents[node]] * a
+
+    def added(self, u, k, child, value, probs) -> None:
+        self.q1[child] = self.ranked_q1[u][k]
+
+    def finish(self) -> None:
+        self.tree.extra = {"predicted_acceptance": [self.predicted.get(n) for n in range(1, len(self.tree))]}
+
+
+class LearntScore(DraftScore):
+    """Under `--budget auto` with sampled children: a slot is worth the chance of reaching its
+    parent times the rate auto learnt for its bin, the value auto's cut will give its node. The
+    paper's 1 - mass prices a later sibling by the mass left, far above its chance
+    (`budget.node_bins`), so the heap spent its pops on siblings the cut then dropped. A slot's bin
+    is known before its draw (q's sum of squares less the earlier siblings'), so this stays exact."""
+
+    def __init__(self, tree: Tree, sample: bool, rates: list[float]):
+        super().__init__(tree, sample)
+        self.rates, self.reached = rates, {0: 1.0}
+        self.key_left: dict[int, float] = {}  # node -> sum of q^2 over the tokens its children have not taken
+
+    def reach(self, u: int) -> float:
+        return self.reached[u]
+
+    def slot(self, u, k, probs) -> float:
+        return slot_rate(self.rates, self.key_left[u], later=k > 0)
+
+    def forwarded(self, draft, new, logits, q, tokens) -> None:
+        self.key_left.update(zip(new, q.square().sum(-1).tolist()))
+
+    def added(self, u, k, child, value, probs) -> None:
+        self.reached[child] = value
+        self.key_left[u] -= probs[k] ** 2
+
+
 def build(
     draft: DraftSession,
     root: int,
@@ -65,91 +151,63 @@ def build(
     head: str | None = None,
     auto_rates: list[float] | None = None,
 ) -> Tree:
-    """`batch`: slots popped per draft forward (default budget / 4: 4 draft forwards a step, so the
+    """Algorithm 1: pop the most valuable slot, add its child, push the parent's next slot, and
+    forward each round's new nodes together for their own first slots.
+    `batch`: slots popped per draft forward (default budget / 4: 4 draft forwards a step, so the
     tree is at most 4 deep; batch=1 has no such cap but costs a draft forward per node).
     `select`: "sample" draws children without replacement from the draft (at `draft_temperature`
     when T = 0, at T otherwise), "top" takes them by draft probability, "auto" is "top" at T = 0
     and "sample" at T > 0.
     `score`: what estimates the chance of reaching a node: "draft", the product of draft
-    probabilities on its path (the paper); "head", the product of SpecDec++ acceptance-head
-    predictions (`head`: its file, else the one shipped for the pair). A node's prediction needs the
-    draft's hidden state at it, so it exists once the node is forwarded and scores its descendants
-    only: it never decides whether the node itself is kept, which keeps sampling exact.
-    `auto_rates` (set by the engine under `--budget auto`): acceptance rates per slot bin
-    (`dyspec.auto.budget.bin_rates`); with sampled children and score="draft", a slot is worth the
-    chance of reaching its parent times its bin's rate, the value auto's cut will give its node.
-    1 - mass prices a later sibling by the mass left, far above its chance (`budget.node_bins`), so
-    the heap spent its pops on siblings the cut then dropped, and the main path stayed shallow. A
-    slot's bin is known before its draw (q's sum of squares less the earlier siblings'), so this
-    stays exact."""
+    probabilities on its path (the paper, `DraftScore`); "head", the product of SpecDec++
+    acceptance-head predictions (`HeadScore`; `head`: its file, else the one shipped for the pair).
+    `auto_rates` (set by the engine under `--budget auto`): with sampled children and
+    score="draft", slots are valued by the rates auto learnt (`LearntScore`)."""
     batch = math.ceil(budget / 4) if batch is None else batch
     if batch < 1:
         raise DyspecError(f"batch must be at least 1, got {batch}")
     sample, tau, sampling = child_mode(select, temperature, draft_temperature)
     acceptance_head = _head(score, head)
-    learnt = auto_rates is not None and sample and acceptance_head is None
     tree = Tree.root(root, sampling)
-    ranked: dict[int, tuple[list[int], list[float]]] = {}  # node -> its children candidates in order
-    drawn: dict[int, tuple[int, float]] = {}  # node -> (children added so far, their q mass)
-    reach: list[float] | dict[int, float] = {0: 1.0} if learnt else tree.values  # node -> chance of reaching it
-    key_left: dict[int, float] = {}  # node -> sum of q^2 over the tokens its children have not taken
     if acceptance_head is not None:
-        reach, predicted = {0: 1.0}, {}
-        q1: dict[int, float] = {}  # node -> the draft's T = 1 probability of its token (the head's input)
-        ranked_q1: dict[int, list[float]] = {}  # node -> T = 1 probabilities of its ranked candidates
+        scorer = HeadScore(tree, sample, acceptance_head)
+    elif auto_rates is not None and sample:
+        scorer = LearntScore(tree, sample, auto_rates)
+    else:
+        scorer = DraftScore(tree, sample)
+    ranked: dict[int, tuple[list[int], list[float]]] = {}  # node -> its children candidates in order
+    drawn: dict[int, int] = {}  # node -> children added so far
     heap: list[tuple[float, int]] = []  # (-slot value, node)
 
-    def slot_value(u: int) -> float:
-        k, mass = drawn[u]
-        if learnt:
-            return slot_rate(auto_rates, key_left[u], later=k > 0)
-        return 1 - mass if sample else ranked[u][1][k]
-
     def push_slot(u: int) -> None:
-        k, _ = drawn[u]
-        tokens, probs = ranked[u]
+        (tokens, probs), k = ranked[u], drawn[u]
         if k < len(tokens) and probs[k] > 0:
-            heapq.heappush(heap, (-reach[u] * slot_value(u), u))
+            heapq.heappush(heap, (-scorer.reach(u) * scorer.slot(u, k, probs), u))
 
     new = [0]
     while new and tree.size < budget:
         logits = draft.logits(tree, new)
         q = to_probs(logits, tau)
         tokens, probs = ranked_children(q, budget, sample, generator)
-        if acceptance_head is not None:
-            ranked_q1.update(zip(new, to_probs(logits, 1.0).gather(1, tokens).tolist()))
-            if new != [0]:
-                accept = acceptance_head.accept_prob(draft.hidden, torch.tensor([q1[n] for n in new]))
-                for node, a in zip(new, accept.tolist()):
-                    predicted[node] = a
-                    reach[node] = reach[tree.parents[node]] * a
-        squares = q.square().sum(-1).tolist() if learnt else None
+        scorer.forwarded(draft, new, logits, q, tokens)
         for i, node in enumerate(new):
             tree.q[node] = q[i]
-            ranked[node] = (tokens[i].tolist(), probs[i].tolist())
-            drawn[node] = (0, 0.0)
-            if learnt:
-                key_left[node] = squares[i]
+            ranked[node], drawn[node] = (tokens[i].tolist(), probs[i].tolist()), 0
             push_slot(node)
         new = []
         for _ in range(batch):
             if not heap or tree.size >= budget:
                 break
             neg_value, u = heapq.heappop(heap)
-            k, mass = drawn[u]
-            child = tree.add(u, ranked[u][0][k], ranked[u][1][k])
-            if acceptance_head is not None:
-                q1[child] = ranked_q1[u][k]
-            if learnt:
-                reach[child] = -neg_value
-                key_left[u] -= ranked[u][1][k] ** 2
-            drawn[u] = (k + 1, mass + ranked[u][1][k])
+            (tokens_u, probs_u), k = ranked[u], drawn[u]
+            child = tree.add(u, tokens_u[k], probs_u[k])
+            scorer.added(u, k, child, -neg_value, probs_u)
+            drawn[u] = k + 1
             push_slot(u)
             if tree.depths[child] < max_depth:
                 new.append(child)
         tree.end_expansion()
-    if acceptance_head is not None:
-        tree.extra = {"predicted_acceptance": [predicted.get(n) for n in range(1, len(tree))]}
+    scorer.finish()
     return tree
 
 
