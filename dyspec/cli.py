@@ -9,7 +9,7 @@ import sys
 
 from dyspec.defaults import BENCH_POLICIES, DEFAULTS, defaults_for
 from dyspec.errors import DyspecError
-from dyspec.export import FORMATS
+from dyspec.export import ENGINES, FORMATS
 from dyspec.models import DEFAULT_DRAFT, DEFAULT_TARGET, PRECISIONS
 from dyspec.policies import parse_option
 
@@ -184,7 +184,7 @@ def cmd_report(args: argparse.Namespace) -> None:
 
 
 def cmd_profile(args: argparse.Namespace) -> None:
-    from dyspec.auto.profile import CONTEXT, LONG_CONTEXT, measure_profile, profile_path
+    from dyspec.auto.profile import CONTEXT, LONG_CONTEXT, floor_text, measure_profile, profile_path
     from dyspec.models import load_pair, write_cache
 
     pair = load_pair(args.target, args.draft, args.device, allow_download=args.allow_download, precision=args.precision)
@@ -208,6 +208,7 @@ def cmd_profile(args: argparse.Namespace) -> None:
     print(f"{'n':>4}" + "".join(f"{labels[c]:>10}" for c in columns))
     for n in profile["target"]:  # the others have fewer sizes: blank in the other rows
         print(f"{n:>4}" + "".join(f"{profile[c][n]:10.1f}" if n in profile[c] else " " * 10 for c in columns))
+    print(floor_text(profile))
 
 
 def cmd_export(args: argparse.Namespace) -> None:
@@ -280,17 +281,20 @@ def cmd_recommend(args: argparse.Namespace) -> None:
     from dyspec.eval.prompts import load_prompts
     from dyspec.eval.recommend import recommend, recommend_table
     from dyspec.models import load_pair
+    from dyspec.policies import get_policy
 
     pair = load_pair(args.target, args.draft, args.device, allow_download=args.allow_download, precision=args.precision)
     if pair.draft is None:
         raise DyspecError("recommend measures what a draft proposes: give --draft")
     model = load_profile(args.profile) if args.profile else from_profile(pair_profile(pair), "this machine")
+    acceptance = None
+    if args.engine != "sglang":  # static trees are shortlisted by the pair's acceptance vector
+        acceptance = get_policy("sequoia").prepare(pair, args.temperature, {})["acceptance"]
     prompts = [text for _, text in load_prompts(args.dataset, args.num_prompts, spread=True)]
-    rows = recommend(pair, prompts, model, args.engine, args.temperature, args.max_new_tokens)
+    rows = recommend(pair, prompts, model, args.engine, args.temperature, args.max_new_tokens, acceptance)
     print(recommend_table(rows, model))
     best = rows[0]
-    flags = " ".join(f"--{k.replace('_', '-')} {v}" for k, v in best.items() if k.startswith("speculative"))
-    print(f"\nrecommended: --speculative-algorithm EAGLE {flags}  ({best['speedup']:.2f}x modelled on {model.name})")
+    print(f"\nrecommended ({best['speedup']:.2f}x modelled on {model.name}):\n{best['setting'].config}")
 
 
 def cmd_calibrate(args: argparse.Namespace) -> None:
@@ -411,7 +415,8 @@ def build_parser() -> argparse.ArgumentParser:
         type=_csv(str),
         default=BENCH_POLICIES,
         help="comma-separated; besides the engine's policies: hf (model.generate), hf-assisted (with an "
-        "independent draft, e.g. --draft int8), hf-lookup; a policy may carry options, e.g. specdecpp:h=0.3 "
+        "independent draft, e.g. --draft int8), hf-lookup, and with the llamacpp extra llamacpp and "
+        "llamacpp-lookup (the target's GGUF); a policy may carry options, e.g. specdecpp:h=0.3 "
         f"(default: {','.join(BENCH_POLICIES)})",
     )
     b.add_argument(
@@ -483,7 +488,7 @@ def build_parser() -> argparse.ArgumentParser:
     ex.set_defaults(func=cmd_export)
 
     rc = sub.add_parser("recommend", help="a serving engine's speculative settings, measured on your pair and prompts")
-    rc.add_argument("--engine", default="sglang", choices=["sglang"])
+    rc.add_argument("--engine", default="sglang", choices=ENGINES)
     rc.add_argument(
         "--profile",
         help="latency profile to price with: a `dyspec profile --json` file or a shipped "

@@ -174,3 +174,48 @@ def test_auto_is_compared_with_the_best_fixed_budget_per_prompt_and_seed():
         records += [record("chain", 1, f"p{i}", 1.5), record("chain", "auto", f"p{i}", 1.2 if i % 2 else 1.0)]
     (c,) = auto_vs_fixed(records, summarize(records))
     assert c["pairs"] == 12 and 1.25 < c["low"] < c["ratio"] < c["high"] < 1.5
+
+
+def test_llamacpp_baselines_fail_clearly_before_a_bench_starts(pair, tmp_path, monkeypatch):
+    """Without the extra, or for a target that is no GGUF file, the bench says what to do and writes nothing."""
+    import importlib.util
+
+    from dyspec.eval import peers
+    from dyspec.models import default_gguf
+    from tests.tiny import tiny_pair
+
+    assert peers.gguf_path(pair) == default_gguf() and default_gguf().is_file()
+    out = tmp_path / "r.jsonl"
+    config = BenchConfig(num_prompts=1, policies=("ar", "llamacpp"), budgets=(2,), max_new_tokens=4)
+    with pytest.raises(DyspecError, match="not one: give --target FILE.gguf"):
+        run_bench(tiny_pair(), config, out, progress=False)
+    find_spec = importlib.util.find_spec
+    monkeypatch.setattr(
+        importlib.util, "find_spec", lambda name, *a: None if name == "llama_cpp" else find_spec(name, *a)
+    )
+    with pytest.raises(DyspecError, match=r'pip install -e "\.\[llamacpp\]"'):
+        run_bench(
+            pair, BenchConfig(num_prompts=1, policies=("llamacpp-lookup",), max_new_tokens=4), out, progress=False
+        )
+    assert not out.exists()
+
+
+def test_llamacpp_baselines_run_beside_the_engine(pair, tmp_path):
+    """With the extra installed (`pip install -e ".[llamacpp]"`), llama.cpp's rows are records like
+    the others: the same prompts, speed against the same run's `ar`, in the results table."""
+    pytest.importorskip("llama_cpp")
+    config = BenchConfig(num_prompts=2, policies=("ar", "llamacpp", "llamacpp-lookup"), budgets=(4,), max_new_tokens=8)
+    records = run_bench(pair, config, tmp_path / "r.jsonl", progress=False)
+    assert sorted(r["policy"] for r in records) == [
+        "ar",
+        "ar",
+        "llamacpp",
+        "llamacpp",
+        "llamacpp-lookup",
+        "llamacpp-lookup",
+    ]
+    for r in records:
+        jsonschema.validate(r, SCHEMA)
+        assert 0 < r["new_tokens"] <= 8 and r["speedup_vs_ar"] > 0
+    table = markdown_table(summarize(records), records)
+    assert "| llamacpp |" in table and "| llamacpp-lookup |" in table

@@ -6,7 +6,8 @@ import sys
 
 import pytest
 
-from dyspec.auto.profile import DEFAULT_SIZES, LONG_CONTEXT, LONG_SIZES
+from dyspec.auto.profile import DEFAULT_SIZES, LONG_CONTEXT, LONG_SIZES, weight_bytes
+from dyspec.models.quant import quantize_int8
 
 from .tiny import tiny_model, tiny_tokenizer
 
@@ -77,8 +78,14 @@ def test_profile_table_puts_the_baseline_under_its_sizes_and_saves_the_profile(t
     lines = r.stdout.splitlines()
     header = next(i for i, line in enumerate(lines) if line.split()[:1] == ["n"])
     assert lines[header].split() == ["n", "target", f"@{LONG_CONTEXT}", "draft", "fp32", "HF"]
-    rows = {line[:4].strip(): line[4:] for line in lines[header + 1 :]}
+    floor = next(i for i, line in enumerate(lines) if line.startswith("t(1) against the floor"))
+    rows = {line[:4].strip(): line[4:] for line in lines[header + 1 : floor]}
     assert list(rows) == [str(n) for n in DEFAULT_SIZES]
+    model = tiny_model(0)  # target and draft, int8 where the CLI's precision is
+    int8 = json.loads(saved.read_text())["precision"] == "int8"
+    mb = weight_bytes(quantize_int8(model) if int8 else model) / 1e6
+    assert [line.split(":")[0].strip() for line in lines[floor + 1 :]] == ["target", "draft"]
+    assert all(f"({mb:.3g} MB)" in line for line in lines[floor + 1 :])
     for column, sizes in ((1, LONG_SIZES), (3, (1, 8))):  # the long context's and the baseline's
         cells = {n: row[10 * column : 10 * (column + 1)].strip() for n, row in rows.items()}
         assert all((float(cells[n]) > 0) if int(n) in sizes else cells[n] == "" for n in cells)

@@ -35,6 +35,7 @@ from dyspec.auto.budget import (
     slot_keys,
     step_cap,
 )
+from dyspec.auto.profile import weight_bytes
 from dyspec.core import attention
 from dyspec.core.attention import rowwise_attention
 from dyspec.core.engine import encode_prompt
@@ -96,6 +97,18 @@ def test_quantize_int8_replaces_every_linear():
     quantize_int8(model)
     assert not any(isinstance(m, nn.Linear) for m in model.modules())
     assert sum(isinstance(m, Int8Linear) for m in model.modules()) == 2
+
+
+def test_the_floor_counts_each_weight_a_forward_reads_once_in_its_precision():
+    """fp32 Linear weights at 4 bytes, int8 ones at 1 (fused layers too), a tied output layer once,
+    the embedding (a row per token) not at all."""
+    model = tiny_model(0)
+    linears = [m for m in model.modules() if isinstance(m, nn.Linear)]
+    count = sum(m.weight.numel() for m in linears)
+    assert weight_bytes(model) == 4 * count
+    model.lm_head.weight = model.model.embed_tokens.weight  # tied: one matrix, read once
+    assert weight_bytes(model) == 4 * count
+    assert weight_bytes(quantize_int8(copy.deepcopy(tiny_model(0)))) == count
 
 
 @pytest.mark.parametrize("bias", [False, True])

@@ -11,10 +11,13 @@ from importlib.metadata import version
 from pathlib import Path
 
 import torch
+from torch import nn
 from transformers import PreTrainedModel
 
 from dyspec.core.kv import KVSession, sync
 from dyspec.models import cache_dir, load_model, write_cache
+from dyspec.models.feature_draft import FeatureDraft
+from dyspec.models.quant import Int8Linear
 
 # Every n up to 16: fp32 forwards of a few rows on a CPU are lumpy, not smooth between powers of
 # two (the default target on a 2-core AMD EPYC: t(3) = 108 ms against t(2) = 89 and t(4) = 80,
@@ -57,6 +60,59 @@ def forward_ms(
     return {n: statistics.median(ms) for n, ms in times.items()}
 
 
+def weight_bytes(model: nn.Module) -> int:
+    """Bytes of the weights every forward reads whatever its tokens: each Linear layer's (the output
+    layer's included) as it runs, int8 or not. An embedding is read a row per token: left out."""
+    layers = {id(m): m for m in model.modules() if isinstance(m, (nn.Linear, Int8Linear))}
+    total = sum(m.in_features * m.out_features for m in layers.values() if isinstance(m, Int8Linear))
+    weights = {m.weight.data_ptr(): m.weight for m in layers.values() if isinstance(m, nn.Linear)}
+    if isinstance(model, FeatureDraft):  # its output rows are the target's, borrowed
+        head = model.borrowed.int8_head
+        if head is None:
+            weights[model.borrowed.head.data_ptr()] = model.borrowed.head
+        else:
+            total += head.in_features * head.out_features
+    return total + sum(w.numel() * w.element_size() for w in weights.values())
+
+
+def memory_bandwidth(device: torch.device, megabytes: int = 256, repeats: int = 5) -> float:
+    """Bytes per second this device's memory moves: the best of `repeats` copies of a buffer too
+    big for a cache, counting the bytes read and written."""
+    a = torch.ones(megabytes * 2**20 // 4, device=device)
+    b = torch.empty_like(a)
+    best = float("inf")
+    for _ in range(repeats + 1):
+        t = time.perf_counter()
+        b.copy_(a)
+        sync(device)
+        best = min(best, time.perf_counter() - t)
+    return 2 * a.numel() * a.element_size() / best
+
+
+def floors(models: dict[str, nn.Module], device: torch.device) -> dict:
+    """The floor under each model's t(1) on this machine: its weights' bytes over the measured memory
+    bandwidth, the time a forward of one token takes at the least, however fast its kernels."""
+    bandwidth = memory_bandwidth(device)
+    mb = {name: weight_bytes(m) / 1e6 for name, m in models.items()}
+    return {
+        "bandwidth_gb_s": bandwidth / 1e9,
+        "weights_mb": mb,
+        "ms": {k: v * 1e6 / bandwidth * 1e3 for k, v in mb.items()},
+    }
+
+
+def floor_text(profile: dict) -> str:
+    """Each model's t(1) against its floor, one line each ('' for a profile measured without)."""
+    floor = profile.get("floor")
+    if not floor:
+        return ""
+    lines = [f"t(1) against the floor (weight bytes / {floor['bandwidth_gb_s']:.1f} GB/s measured memory bandwidth):"]
+    for name, ms in floor["ms"].items():
+        t1 = profile[name]["1"]
+        lines.append(f"  {name}: {t1:.1f} ms, floor {ms:.3g} ms ({floor['weights_mb'][name]:.3g} MB): {t1 / ms:.1f}x")
+    return "\n".join(lines)
+
+
 def measure_profile(pair, baseline: bool = True, draft: bool = True) -> dict:
     """t(n) of the pair's target and (with `draft`) its draft as they run (precision included); with
     `baseline`, also a plain fp32 Hugging Face forward of the same target at n = 1 and 8, measured
@@ -72,6 +128,8 @@ def measure_profile(pair, baseline: bool = True, draft: bool = True) -> dict:
     }
     if draft and pair.draft is not None:
         profile["draft"] = {str(n): ms for n, ms in forward_ms(pair.draft).items()}
+    measured = {"target": pair.target, **({"draft": pair.draft} if "draft" in profile else {})}
+    profile["floor"] = floors(measured, pair.device)
     if baseline:
         fp32 = load_model(pair.target_name, pair.device, torch.float32)
         profile["baseline_hf_fp32_eager"] = {str(n): ms for n, ms in forward_ms(fp32, (1, 8)).items()}

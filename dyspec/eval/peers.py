@@ -1,0 +1,82 @@
+"""The peers outside dyspec that `dyspec bench` measures beside it on the same prompts: llama.cpp's
+autoregressive decoding of the target's own GGUF file (`llamacpp`) and its prompt-lookup
+speculation (`llamacpp-lookup`, `budget` tokens proposed after a match of up to 6), through
+llama-cpp-python, an optional extra (`pip install -e ".[llamacpp]"`; it compiles llama.cpp).
+
+llama.cpp runs the GGUF's quantized weights with its own kernels, so its tokens are its own: these
+rows compare speed, not outputs."""
+
+from __future__ import annotations
+
+import functools
+import importlib.util
+import time
+from pathlib import Path
+
+import torch
+
+from dyspec.core.engine import encode_prompt
+from dyspec.errors import DyspecError
+from dyspec.models import DEFAULT_TARGET, ModelPair, default_gguf
+
+LLAMACPP_POLICIES = ("llamacpp", "llamacpp-lookup")
+LOOKUP_AUTO = 10  # llama-cpp-python's default number of lookup tokens, for budget "auto"
+MAX_NGRAM = 6  # the longest context n-gram looked up, as dyspec's `lookup`
+
+
+def gguf_path(pair: ModelPair) -> Path:
+    """The GGUF file the pair's target was loaded from."""
+    if pair.target_name == DEFAULT_TARGET:
+        return default_gguf()
+    if Path(pair.target_name).suffix == ".gguf":
+        return Path(pair.target_name)
+    raise DyspecError(
+        f"the llamacpp baselines run the target's GGUF file, and {pair.target_name} is not one: "
+        "give --target FILE.gguf, or use the default target"
+    )
+
+
+def check_llamacpp(pair: ModelPair) -> None:
+    """Fail before a bench starts where llama.cpp cannot run the pair's target."""
+    gguf_path(pair)
+    if importlib.util.find_spec("llama_cpp") is None:
+        raise DyspecError(
+            'the llamacpp baselines need llama-cpp-python: pip install -e ".[llamacpp]" (it compiles llama.cpp, '
+            "a few minutes)"
+        )
+
+
+@functools.cache
+def load_llama(path: Path, lookup_tokens: int = 0):
+    """llama.cpp on as many threads as torch uses here, with prompt lookup when `lookup_tokens` > 0."""
+    from llama_cpp import Llama
+    from llama_cpp.llama_speculative import LlamaPromptLookupDecoding
+
+    draft = (
+        LlamaPromptLookupDecoding(max_ngram_size=MAX_NGRAM, num_pred_tokens=lookup_tokens) if lookup_tokens else None
+    )
+    return Llama(str(path), n_ctx=2048, n_threads=torch.get_num_threads(), draft_model=draft, verbose=False)
+
+
+def llamacpp_run(
+    pair: ModelPair, prompt: str, policy: str, budget: int | str, temperature: float, seed: int, max_new_tokens: int
+) -> tuple[int, float]:
+    """New tokens and wall seconds (prefill included, as for every other row) of llama.cpp's
+    generation from the prompt's token ids as dyspec encodes them, sampling plainly at
+    `temperature` (no top-k/top-p/min-p, no repetition penalty)."""
+    ids = encode_prompt(pair, prompt)
+    lookup = 0 if policy == "llamacpp" else LOOKUP_AUTO if budget == "auto" else int(budget)
+    llm = load_llama(gguf_path(pair), lookup)
+    llm.reset()  # no prompt reuse from the previous run: each prefills its whole prompt like the others
+    t = time.perf_counter()
+    out = llm.create_completion(
+        ids,
+        max_tokens=max_new_tokens,
+        temperature=temperature,
+        top_k=0,
+        top_p=1.0,
+        min_p=0.0,
+        repeat_penalty=1.0,
+        seed=seed,
+    )
+    return out["usage"]["completion_tokens"], time.perf_counter() - t
