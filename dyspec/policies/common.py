@@ -1,5 +1,7 @@
 """Choices shared by the tree policies that draw several children per node."""
 
+from dyspec.core.draft import DraftSession
+from dyspec.core.tree import Tree
 from dyspec.errors import DyspecError
 
 SELECTS = ("auto", "sample", "top")
@@ -21,3 +23,13 @@ def child_mode(select: str, temperature: float, draft_temperature: float) -> tup
     sample = select == "sample" or (select == "auto" and temperature > 0)
     tau = temperature if temperature > 0 else draft_temperature
     return sample, tau, "without_replacement" if sample else "deterministic"
+
+
+def rerank(tree: Tree, draft: DraftSession, budget: int) -> Tree:
+    """The `budget` nodes of highest value (cumulative draft probability), as EAGLE-2 and SGLang
+    verify them after expanding: values only shrink along a path, and ties go to the older node, so
+    the kept nodes always include their ancestors."""
+    keep = sorted(sorted(range(1, len(tree)), key=lambda n: (-tree.values[n], n))[:budget])
+    pruned, old_ids = tree.subtree(keep)
+    draft.relabel(old_ids)
+    return pruned

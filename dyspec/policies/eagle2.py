@@ -8,6 +8,7 @@ import torch
 from dyspec.core.draft import DraftSession
 from dyspec.core.sampling import ranked_children, to_probs
 from dyspec.core.tree import Tree
+from dyspec.policies.common import rerank
 from dyspec.policies.contract import Policy
 
 
@@ -34,12 +35,7 @@ def build(
         candidates.sort(key=lambda c: -c[0])
         frontier = [tree.add(u, y, p) for _, u, y, p in candidates[:topk]]
         tree.end_expansion()
-    # Rerank: values only shrink along a path, and ties go to the older node, so the best `budget`
-    # nodes always include their ancestors.
-    keep = sorted(sorted(range(1, len(tree)), key=lambda n: (-tree.values[n], n))[:budget])
-    pruned, old_ids = tree.subtree(keep)
-    draft.relabel(old_ids)
-    return pruned
+    return rerank(tree, draft, budget)
 
 
 POLICY = Policy("eagle2", build, needs_draft=True)

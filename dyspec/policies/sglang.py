@@ -12,6 +12,7 @@ import torch
 from dyspec.core.draft import DraftSession
 from dyspec.core.sampling import ranked_children, to_probs
 from dyspec.core.tree import Tree
+from dyspec.policies.common import rerank
 from dyspec.policies.contract import Policy
 
 
@@ -35,11 +36,7 @@ def build(
         ]
         tree.end_expansion()
         frontier = sorted(added, key=lambda n: (-tree.values[n], n))[:topk]
-    # values only shrink along a path, and ties go to the older node: the best nodes include their ancestors
-    keep = sorted(sorted(range(1, len(tree)), key=lambda n: (-tree.values[n], n))[:budget])
-    pruned, old_ids = tree.subtree(keep)
-    draft.relabel(old_ids)
-    return pruned
+    return rerank(tree, draft, budget)
 
 
 POLICY = Policy("sglang", build, needs_draft=True)
