@@ -1,6 +1,7 @@
 """Choices shared by the tree policies that draw several children per node."""
 
 from dyspec.core.draft import DraftSession
+from dyspec.core.sampling import ranked_children, to_probs
 from dyspec.core.tree import Tree
 from dyspec.errors import DyspecError
 
@@ -23,6 +24,18 @@ def child_mode(select: str, temperature: float, draft_temperature: float) -> tup
     sample = select == "sample" or (select == "auto" and temperature > 0)
     tau = temperature if temperature > 0 else draft_temperature
     return sample, tau, "without_replacement" if sample else "deterministic"
+
+
+def top_children(tree: Tree, draft: DraftSession, frontier: list[int], k: int) -> list[tuple[float, int, int, float]]:
+    """Each frontier node's k most probable children under the draft at T = 1, as (value, parent,
+    token, q), by frontier node, then by rank: the candidates EAGLE-2 and SGLang expand from."""
+    q = to_probs(draft.logits(tree, frontier), 1.0)
+    tokens, probs = ranked_children(q, k, sample=False)
+    return [
+        (tree.values[u] * p, u, y, p)
+        for i, u in enumerate(frontier)
+        for y, p in zip(tokens[i].tolist(), probs[i].tolist())
+    ]
 
 
 def rerank(tree: Tree, draft: DraftSession, budget: int) -> Tree:

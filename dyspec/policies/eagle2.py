@@ -6,9 +6,8 @@ sampled, so at T > 0 they are verified as one-hot proposals, which stays exact."
 import torch
 
 from dyspec.core.draft import DraftSession
-from dyspec.core.sampling import ranked_children, to_probs
 from dyspec.core.tree import Tree
-from dyspec.policies.common import rerank
+from dyspec.policies.common import rerank, top_children
 from dyspec.policies.contract import Policy
 
 
@@ -25,14 +24,7 @@ def build(
     tree = Tree.root(root, "deterministic")
     frontier = [0]
     for _ in range(depth):
-        q = to_probs(draft.logits(tree, frontier), 1.0)
-        tokens, probs = ranked_children(q, topk, sample=False)
-        candidates = [
-            (tree.values[u] * p, u, y, p)
-            for i, u in enumerate(frontier)
-            for y, p in zip(tokens[i].tolist(), probs[i].tolist())
-        ]
-        candidates.sort(key=lambda c: -c[0])
+        candidates = sorted(top_children(tree, draft, frontier, topk), key=lambda c: -c[0])
         frontier = [tree.add(u, y, p) for _, u, y, p in candidates[:topk]]
         tree.end_expansion()
     return rerank(tree, draft, budget)

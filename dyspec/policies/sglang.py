@@ -10,9 +10,8 @@ one-hot proposals, which stays exact. `dyspec recommend --engine sglang` measure
 import torch
 
 from dyspec.core.draft import DraftSession
-from dyspec.core.sampling import ranked_children, to_probs
 from dyspec.core.tree import Tree
-from dyspec.policies.common import rerank
+from dyspec.policies.common import rerank, top_children
 from dyspec.policies.contract import Policy
 
 
@@ -29,11 +28,7 @@ def build(
     tree = Tree.root(root, "deterministic")
     frontier = [0]
     for _ in range(steps):
-        q = to_probs(draft.logits(tree, frontier), 1.0)
-        tokens, probs = ranked_children(q, topk, sample=False)
-        added = [
-            tree.add(u, y, p) for i, u in enumerate(frontier) for y, p in zip(tokens[i].tolist(), probs[i].tolist())
-        ]
+        added = [tree.add(u, y, p) for _, u, y, p in top_children(tree, draft, frontier, topk)]
         tree.end_expansion()
         frontier = sorted(added, key=lambda n: (-tree.values[n], n))[:topk]
     return rerank(tree, draft, budget)
