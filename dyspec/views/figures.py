@@ -50,6 +50,11 @@ def policy_label(record: dict) -> str:
     return ":".join([record["policy"], *(f"{k}={v}" for k, v in sorted(record["options"].items()))])
 
 
+def _row_order(dataset: str, policy: str, budget: int | str, temperature: float) -> tuple:
+    """`ar` first, then policies by name, budgets by size with `auto` last."""
+    return dataset, policy != "ar", policy, budget == "auto", 0 if budget == "auto" else budget, temperature
+
+
 def summarize(records: list[dict]) -> list[dict]:
     """One row per (dataset, policy with its options, budget, temperature): tokens and verified tree
     nodes per target forward, and the speedup over `ar` on the same prompts, as total tokens / total
@@ -59,7 +64,7 @@ def summarize(records: list[dict]) -> list[dict]:
         groups[r["dataset"], policy_label(r), r["budget"], r["temperature"]].append(r)
     ar = {(r["dataset"], r["prompt_id"], r["temperature"], r["seed"]): r for r in records if r["policy"] == "ar"}
     rows = []
-    for (dataset, policy, budget, temperature), rs in sorted(groups.items(), key=lambda kv: str(kv[0])):
+    for (dataset, policy, budget, temperature), rs in sorted(groups.items(), key=lambda kv: _row_order(*kv[0])):
         paired = [(r, ar[k]) for r in rs if (k := (dataset, r["prompt_id"], temperature, r["seed"])) in ar]
         forwards = sum(r["target_forwards"] or 0 for r in rs)
         nodes = [r.get("tree_nodes") for r in rs]  # absent from records before 0.2.1
