@@ -281,6 +281,7 @@ def test_vllm_candidates_are_level_uniform_and_the_best_of_their_size():
         choices, children = vllm_levels(config["speculative_token_tree"])
         assert vllm_drafts(children) == choices and config["num_speculative_tokens"] == len(choices) == s.budget
         assert s.policy == "sequoia" and tree_paths(s.options["parents"]) == choices
+        assert s.options["select"] == "top"  # a path's ranks are draft ranks, at any temperature
         assert s.columns[0][1] == ",".join(map(str, children))
     assert len({s.config for s in settings}) == len(settings)
     for smaller, size in zip((0, *STATIC_SIZES), STATIC_SIZES):  # the best tree of each size is measured

@@ -59,7 +59,8 @@ def sglang_settings() -> list[Setting]:
 
 def static_setting(engine: str, parents: list[int], columns: tuple) -> Setting:
     config = export(parents, engine)[0]
-    return Setting(columns, "sequoia", len(parents) - 1, {"parents": parents}, config)
+    # children by draft rank at any temperature, as the engines read a static tree's paths
+    return Setting(columns, "sequoia", len(parents) - 1, {"parents": parents, "select": "top"}, config)
 
 
 def vllm_settings(acceptance: list[float]) -> list[Setting]:
