@@ -37,10 +37,12 @@ lab: setup
 docs: setup
 	$(VENV)/bin/mkdocs serve -a 127.0.0.1:8000
 
+# every policy on the default pair, beside plain and prompt-lookup `generate` (hf-assisted needs an
+# independent draft: --draft int8)
+BENCH_POLICIES := ar,hf,hf-lookup,chain,specinfer,sequoia,dyspec,dyspec-threshold,eagle2,sglang,lookup
 bench: setup
-	HF_HUB_OFFLINE=1 $(PY) -m dyspec bench --dataset mtbench --num-prompts 5 --max-new-tokens 32 \
-		--policies ar,hf,chain,specinfer,sequoia,dyspec,dyspec-threshold,eagle2,hf-assisted --budgets 4,8,auto \
-		--temperatures 0,0.6 --out bench-out/results.jsonl --profile
+	HF_HUB_OFFLINE=1 $(PY) -m dyspec bench --dataset mtbench --spread --num-prompts 5 --max-new-tokens 32 \
+		--policies $(BENCH_POLICIES) --budgets 4,8,auto --temperatures 0,0.6 --out bench-out/results.jsonl --profile
 
 # On a machine with a GPU: the engine and exactness tests there, the latency profile (t(n) against
 # the floor of weights / memory bandwidth), and every policy at budgets 4/16/64/auto on 10 MT-Bench

@@ -1,4 +1,6 @@
 import json
+import re
+from pathlib import Path
 
 import jsonschema
 import pytest
@@ -220,3 +222,14 @@ def test_llamacpp_baselines_run_beside_the_engine(pair, tmp_path):
         assert 0 < r["new_tokens"] <= 8 and r["speedup_vs_ar"] > 0
     table = markdown_table(summarize(records), records)
     assert "| llamacpp |" in table and "| llamacpp-lookup |" in table
+
+
+@pytest.mark.parametrize("variable", ["BENCH_POLICIES", "GPU_POLICIES"])
+def test_the_makefiles_benches_run_on_the_default_pair(default_pair, tmp_path, variable):
+    """`make bench` and `make gpu-check` name policies that run on the pair they load (hf-assisted,
+    which needs an independent draft, once made `make bench` fail at once)."""
+    makefile = (Path(__file__).parents[1] / "Makefile").read_text()
+    policies = re.search(rf"^{variable} := (\S+)$", makefile, re.M).group(1).split(",")
+    config = BenchConfig(num_prompts=1, policies=tuple(policies), budgets=(4, "auto"), max_new_tokens=2)
+    records = run_bench(default_pair, config, tmp_path / "r.jsonl", progress=False)
+    assert {r["policy"] for r in records} == set(policies)
