@@ -50,7 +50,6 @@ bench: setup
 GPU_POLICIES := ar,chain,specinfer,sequoia,dyspec,dyspec-threshold,eagle2,sglang,lookup
 gpu-check: setup
 	HF_HUB_OFFLINE=1 $(PY) -m pytest -q -n 4 tests/test_engine.py tests/test_exact_tiny.py
-	HF_HUB_OFFLINE=1 $(PY) -m dyspec profile --device cuda
 	HF_HUB_OFFLINE=1 $(PY) -m dyspec profile --device cuda --json > docs/results/gpu-profile.json
 	rm -f docs/results/gpu-check.jsonl
 	HF_HUB_OFFLINE=1 $(PY) -m dyspec bench --device cuda --dataset mtbench --spread --num-prompts 10 \

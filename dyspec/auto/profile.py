@@ -63,9 +63,8 @@ def forward_ms(
 def weight_bytes(model: nn.Module) -> int:
     """Bytes of the weights every forward reads whatever its tokens: each Linear layer's (the output
     layer's included) as it runs, int8 or not. An embedding is read a row per token: left out."""
-    layers = {id(m): m for m in model.modules() if isinstance(m, (nn.Linear, Int8Linear))}
-    total = sum(m.in_features * m.out_features for m in layers.values() if isinstance(m, Int8Linear))
-    weights = {m.weight.data_ptr(): m.weight for m in layers.values() if isinstance(m, nn.Linear)}
+    total = sum(m.in_features * m.out_features for m in model.modules() if isinstance(m, Int8Linear))
+    weights = {m.weight.data_ptr(): m.weight for m in model.modules() if isinstance(m, nn.Linear)}  # tied: once
     if isinstance(model, FeatureDraft):  # its output rows are the target's, borrowed
         head = model.borrowed.int8_head
         if head is None:

@@ -66,10 +66,10 @@ def static_setting(engine: str, parents: list[int], columns: tuple) -> Setting:
 def vllm_settings(acceptance: list[float]) -> list[Setting]:
     settings = {}
     for smaller, size in zip((0, *STATIC_SIZES), STATIC_SIZES):
-        trees = [w for w in level_uniform_trees(size, max(STATIC_DEPTHS)) if len(uniform_paths(w)) > smaller]
-        best = sorted(trees, key=lambda w: -tree_score(tree_parents(uniform_paths(w)), acceptance))
-        for widths in best[:UNIFORM_PER_SIZE]:
-            parents = tree_parents(uniform_paths(widths))
+        trees = [(w, tree_parents(uniform_paths(w))) for w in level_uniform_trees(size, max(STATIC_DEPTHS))]
+        trees = [(w, parents) for w, parents in trees if len(parents) - 1 > smaller]
+        best = sorted(trees, key=lambda tree: -tree_score(tree[1], acceptance))
+        for widths, parents in best[:UNIFORM_PER_SIZE]:
             columns = (("children per level", ",".join(map(str, widths))), ("num_speculative_tokens", len(parents) - 1))
             settings[widths] = static_setting("vllm", parents, columns)
     return list(settings.values())
