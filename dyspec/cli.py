@@ -7,10 +7,11 @@ import json
 import shlex
 import sys
 
+from dyspec.core.static import FAST_PATHS
 from dyspec.defaults import BENCH_POLICIES, DEFAULTS, defaults_for
 from dyspec.errors import DyspecError
 from dyspec.export import ENGINES, FORMATS
-from dyspec.models import DEFAULT_DRAFT, DEFAULT_TARGET, PRECISIONS
+from dyspec.models import DEFAULT_DRAFT, DEFAULT_TARGET, PRECISIONS, ModelPair
 from dyspec.policies import parse_option
 
 
@@ -59,6 +60,29 @@ def add_model_args(p: argparse.ArgumentParser, with_draft: bool = True) -> None:
         "are, greedy outputs token-identical to autoregressive on a GPU too",
     )
 
+    p.add_argument(
+        "--fast-path",
+        default="auto",
+        choices=("auto", *FAST_PATHS),
+        help="auto (default): off, eager forwards over a growing cache, the fastest measured on a CPU. "
+        "static: a preallocated cache written in place and forwards at bucketed sizes; compiled: static, "
+        "each bucket's forward compiled once (CUDA graphs on a GPU; cached across runs)",
+    )
+
+
+def pair_of(args: argparse.Namespace, draft: str | None = None) -> ModelPair:
+    """The pair that `add_model_args`' options name; `draft` in place of --draft."""
+    from dyspec.models import load_pair
+
+    return load_pair(
+        args.target,
+        draft or args.draft,
+        args.device,
+        allow_download=args.allow_download,
+        precision=args.precision,
+        fast_path=args.fast_path,
+    )
+
 
 _DEFAULTS = "; ".join(f"{device}: {d.policy} at budget {d.budget}" for device, d in DEFAULTS.items())
 
@@ -89,14 +113,14 @@ def add_decoding_args(p: argparse.ArgumentParser) -> None:
 
 def cmd_generate(args: argparse.Namespace) -> None:
     from dyspec.core.engine import check_settings, generate
-    from dyspec.models import load_pair, pick_device
+    from dyspec.models import pick_device
 
     options = dict(args.option)
     defaults = defaults_for(pick_device(args.device))
     args.policy = args.policy or defaults.policy
     args.budget = defaults.budget if args.budget is None else args.budget
     check_settings(args.policy, args.budget, args.temperature, args.max_new_tokens, options)
-    pair = load_pair(args.target, args.draft, args.device, allow_download=args.allow_download, precision=args.precision)
+    pair = pair_of(args)
     result = generate(
         pair,
         args.prompt,
@@ -113,7 +137,7 @@ def cmd_generate(args: argparse.Namespace) -> None:
         print(result.text)
         print(
             f"[{result.policy} budget={result.budget} T={result.temperature}; {pair.precision} target, draft "
-            f"{pair.drafts_label}] {result.new_tokens} tokens in "
+            f"{pair.drafts_label}, fast path {pair.fast_path}] {result.new_tokens} tokens in "
             f"{result.target_forwards} target forwards ({result.tokens_per_forward:.2f} per forward), "
             f"{result.wall_s:.2f} s, {result.tokens_per_s:.1f} tokens/s",
             file=sys.stderr,
@@ -136,7 +160,7 @@ def cmd_bench(args: argparse.Namespace) -> None:
     from dyspec.auto.profile import measure_profile, pair_profile
     from dyspec.auto.whatif import from_profile, load_profile
     from dyspec.eval.bench import BenchConfig, auto_table, markdown_table, run_bench, write_report
-    from dyspec.models import load_pair, pick_device
+    from dyspec.models import pick_device
     from dyspec.views.figures import summarize
 
     out = Path(args.out)
@@ -156,7 +180,7 @@ def cmd_bench(args: argparse.Namespace) -> None:
         options={p: options for p in args.policies} if options else None,
     )
     whatif_model = load_profile(args.whatif) if args.whatif not in (None, THIS_MACHINE_FLAG) else None
-    pair = load_pair(args.target, args.draft, args.device, allow_download=args.allow_download, precision=args.precision)
+    pair = pair_of(args)
     if args.whatif == THIS_MACHINE_FLAG:  # the check of the model: priced with this machine's own t(n)
         whatif_model = from_profile(pair_profile(pair), "this machine")
     records = run_bench(pair, config, out, resume=args.resume, command=shlex.join(["dyspec", *sys.argv[1:]]))
@@ -185,9 +209,9 @@ def cmd_report(args: argparse.Namespace) -> None:
 
 def cmd_profile(args: argparse.Namespace) -> None:
     from dyspec.auto.profile import CONTEXT, LONG_CONTEXT, floor_text, measure_profile, profile_path
-    from dyspec.models import load_pair, write_cache
+    from dyspec.models import write_cache
 
-    pair = load_pair(args.target, args.draft, args.device, allow_download=args.allow_download, precision=args.precision)
+    pair = pair_of(args)
     profile = measure_profile(pair)
     # what `--budget auto` reads for this pair from now on: a profile taken while the machine was
     # slow (a busy core) misleads it until measured again
@@ -203,7 +227,10 @@ def cmd_profile(args: argparse.Namespace) -> None:
         "baseline_hf_fp32_eager": "fp32 HF",
     }
     columns = [name for name in labels if name in profile]
-    print(f"forward latency, ms (median) on {profile['device']}, {profile['precision']} ({profile['dtype']})")
+    print(
+        f"forward latency, ms (median) on {profile['device']}, {profile['precision']} ({profile['dtype']}), "
+        f"fast path {profile['fast_path']}"
+    )
     print(f"behind {CONTEXT} cached tokens; @{LONG_CONTEXT}: the target behind {LONG_CONTEXT}")
     print(f"{'n':>4}" + "".join(f"{labels[c]:>10}" for c in columns))
     for n in profile["target"]:  # the others have fewer sizes: blank in the other rows
@@ -234,12 +261,9 @@ def cmd_export(args: argparse.Namespace) -> None:
         get_policy(args.source)  # an unknown name fails before a model loads
     if args.source == "sequoia":
         if acceptance is None:  # the pair's measured vector (`dyspec calibrate`, or shipped)
-            from dyspec.models import load_pair
             from dyspec.policies import get_policy
 
-            pair = load_pair(
-                args.target, args.draft, args.device, allow_download=args.allow_download, precision=args.precision
-            )
+            pair = pair_of(args)
             acceptance = get_policy("sequoia").prepare(pair, args.temperature, {})["acceptance"]
         parents, _ = optimal_tree(tuple(acceptance), args.budget, args.max_depth)
         source = f"Sequoia's optimal tree for a = {[round(a, 3) for a in acceptance]}"
@@ -249,11 +273,8 @@ def cmd_export(args: argparse.Namespace) -> None:
         from dyspec.core.engine import stream
         from dyspec.core.events import StepVerified
         from dyspec.eval.prompts import load_prompts
-        from dyspec.models import load_pair
 
-        pair = load_pair(
-            args.target, args.draft, args.device, allow_download=args.allow_download, precision=args.precision
-        )
+        pair = pair_of(args)
         trees = []
         for _, prompt in tqdm(load_prompts(args.dataset, args.num_prompts, spread=True), desc=f"{args.source} trees"):
             events = stream(
@@ -280,10 +301,9 @@ def cmd_recommend(args: argparse.Namespace) -> None:
     from dyspec.auto.whatif import from_profile, load_profile
     from dyspec.eval.prompts import load_prompts
     from dyspec.eval.recommend import recommend, recommend_table
-    from dyspec.models import load_pair
     from dyspec.policies import get_policy
 
-    pair = load_pair(args.target, args.draft, args.device, allow_download=args.allow_download, precision=args.precision)
+    pair = pair_of(args)
     if pair.draft is None:
         raise DyspecError("recommend measures what a draft proposes: give --draft")
     model = load_profile(args.profile) if args.profile else from_profile(pair_profile(pair), "this machine")
@@ -299,10 +319,9 @@ def cmd_recommend(args: argparse.Namespace) -> None:
 
 def cmd_calibrate(args: argparse.Namespace) -> None:
     from dyspec.eval.calibrate import calibrate
-    from dyspec.models import load_pair
     from dyspec.policies.sequoia import acceptance_path
 
-    pair = load_pair(args.target, args.draft, args.device, allow_download=args.allow_download, precision=args.precision)
+    pair = pair_of(args)
     if pair.draft is None:
         raise DyspecError("calibrate measures a draft's acceptance: give --draft")
     saved = calibrate(pair, args.temperatures, args.num_prompts, args.width)
@@ -314,10 +333,9 @@ def cmd_calibrate(args: argparse.Namespace) -> None:
 def cmd_train_head(args: argparse.Namespace) -> None:
     from pathlib import Path
 
-    from dyspec.models import load_pair
     from dyspec.train.head import train_head
 
-    pair = load_pair(args.target, args.draft, args.device, allow_download=args.allow_download, precision=args.precision)
+    pair = pair_of(args)
     report = train_head(
         pair,
         Path(args.out),
@@ -368,16 +386,14 @@ def cmd_fit_copy(args: argparse.Namespace) -> None:
     from pathlib import Path
 
     from dyspec.eval.prompts import load_prompts
-    from dyspec.models import load_pair, shipped_draft
+    from dyspec.models import shipped_draft
     from dyspec.models.feature_draft import is_feature_draft
     from dyspec.train.distill import answer_sequences, copy_eval, fit_copy
 
     folder = shipped_draft(args.target) if args.draft == "distilled" else Path(args.draft)
     if folder is None or not is_feature_draft(folder):
         raise DyspecError(f"--draft must be a folder made by `dyspec distill`, or distilled; got '{args.draft}'")
-    pair = load_pair(
-        args.target, str(folder), args.device, allow_download=args.allow_download, precision=args.precision
-    )
+    pair = pair_of(args, str(folder))
     out, n = Path(args.out), args.max_new_tokens
     report = fit_copy(pair, folder, out / f"continuations-{n}.jsonl", args.num_prompts, n)
     if args.eval:  # prompts never fitted on: a measuring set's, e.g. MT-Bench's

@@ -21,6 +21,7 @@ class Defaults:
     policy: str
     budget: int | str
     bench_budgets: tuple[int | str, ...]  # what `dyspec bench` compares without --budgets
+    fast_path: str = "off"  # dyspec.core.static; "off" wherever the static path has not measured faster
 
 
 BENCH_POLICIES = ("ar", "chain", "dyspec", "lookup")  # what `dyspec bench` compares without --policies

@@ -7,6 +7,7 @@ from dyspec import generate, stream
 from dyspec.core.engine import encode_prompt
 from dyspec.core.events import GenerationFinished, StepVerified, TreeExpanded
 from dyspec.core.kv import KVSession
+from dyspec.core.static import static_model
 from dyspec.core.tree import Tree
 from dyspec.models import load_pair
 from dyspec.policies import POLICIES
@@ -103,21 +104,34 @@ def test_self_draft_accepts_everything(self_pair, temperature):
     assert r.tokens_per_forward == 5.0
 
 
+def session(model, cache: str, keep_hidden: bool = False) -> KVSession:
+    """A session over a growing cache, or over a static one whose every slot holds garbage at first,
+    which must never reach a token (stale slots are masked, not cleared)."""
+    if cache == "dynamic":
+        return KVSession(model, keep_hidden)
+    s = static_model(model, "test", 512, compiled=False)
+    with torch.inference_mode():
+        for layer in s.cache.layers:
+            layer.keys.normal_(0, 1e3)
+            layer.values.normal_(0, 1e3)
+    return KVSession(model, keep_hidden, static=s)
+
+
+@pytest.mark.parametrize("cache", ["dynamic", "static"])
 @pytest.mark.parametrize("pad_to", [0, 28])
-def test_tree_attention_matches_root_path_forwards(pair, pad_to):
+def test_tree_attention_matches_root_path_forwards(pair, pad_to, cache):
     """Each node's logits are its root path's, with or without padding (`--budget auto` pads a
-    forward to a size that its profile says costs less)."""
+    forward to a size that its profile says costs less; the static path to a bucket)."""
     g = torch.Generator().manual_seed(0)
     prefix = encode_prompt(pair, PROMPTS[1])
     tree = Tree.root(prefix[-1])
     for _ in range(24):
         tree.add(int(torch.randint(len(tree), (), generator=g)), int(torch.randint(49152, (), generator=g)), 1.0)
-    kv = KVSession(pair.target)
-    kv.forward(prefix[:-1])
-    kv.length = kv.cached
-    visible = torch.cat([torch.ones(len(tree), kv.length, dtype=torch.bool), tree.ancestor_mask()], dim=1)
-    logits = kv.forward(tree.tokens, [kv.length + d for d in tree.depths], visible, pad_to=pad_to)
-    assert logits.shape[0] == len(tree) and kv.cached == kv.length + max(pad_to, len(tree))
+    kv = session(pair.target, cache)
+    kv.append(prefix[:-1])
+    logits = kv.forward(tree.tokens, [kv.length + d for d in tree.depths], tree.ancestor_mask(), pad_to=pad_to)
+    size = max(pad_to, len(tree)) if cache == "dynamic" else 32
+    assert logits.shape[0] == len(tree) and kv.cached == kv.length + size
     with torch.inference_mode():
         for node in range(len(tree)):
             ids = prefix + [tree.tokens[i] for i in tree.path(node)]
@@ -125,23 +139,24 @@ def test_tree_attention_matches_root_path_forwards(pair, pad_to):
             torch.testing.assert_close(logits[node], plain, atol=1e-4, rtol=0)
 
 
+@pytest.mark.parametrize("cache", ["dynamic", "static"])
 @pytest.mark.parametrize("pad_to", [0, 7])
-def test_commit_keeps_accepted_path(pair, pad_to):
+def test_commit_keeps_accepted_path(pair, pad_to, cache):
     """After committing a non-contiguous path, the cache continues exactly like a plain forward, and
-    drops a padded forward's padding."""
+    drops a padded forward's padding; a static cache is moved in place."""
     prefix = encode_prompt(pair, PROMPTS[2])
     tree = Tree.root(prefix[-1])
     a = tree.add(0, 504, 1.0)
     tree.add(0, 1000, 1.0)
     c = tree.add(a, 6147, 1.0)
-    kv = KVSession(pair.target, keep_hidden=True)
-    kv.forward(prefix[:-1])
-    kv.length = kv.cached
-    visible = torch.cat([torch.ones(len(tree), kv.length, dtype=torch.bool), tree.ancestor_mask()], dim=1)
-    kv.forward(tree.tokens, [kv.length + d for d in tree.depths], visible, pad_to=pad_to)
+    kv = session(pair.target, cache, keep_hidden=True)
+    kv.append(prefix[:-1])
+    kv.forward(tree.tokens, [kv.length + d for d in tree.depths], tree.ancestor_mask(), pad_to=pad_to)
     assert kv.hidden.shape[0] == len(tree)  # what a feature draft reads: the tree's rows alone
+    buffers = [layer.keys.data_ptr() for layer in kv.cache.layers]
     kv.commit([kv.length + i for i in (0, a, c)])
     assert kv.cached == kv.length == len(prefix) + 2
+    assert cache == "dynamic" or buffers == [layer.keys.data_ptr() for layer in kv.cache.layers]
     nxt = kv.forward([282])[-1]
     with torch.inference_mode():
         plain = pair.target(torch.tensor([prefix + [504, 6147, 282]], device=pair.device)).logits[0, -1].float()

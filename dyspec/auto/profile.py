@@ -15,6 +15,7 @@ from torch import nn
 from transformers import PreTrainedModel
 
 from dyspec.core.kv import KVSession, sync
+from dyspec.core.static import bucket, static_model
 from dyspec.models import cache_dir, load_model, write_cache
 from dyspec.models.feature_draft import FeatureDraft
 from dyspec.models.quant import Int8Linear
@@ -33,16 +34,18 @@ METHOD = 4  # how `forward_ms` measures: a change makes saved profiles stale (`p
 
 
 def forward_ms(
-    model: PreTrainedModel, sizes=DEFAULT_SIZES, context: int = CONTEXT, repeats: int = 9
+    model: PreTrainedModel, sizes=DEFAULT_SIZES, context: int = CONTEXT, repeats: int = 9, fast_path: str = "off"
 ) -> dict[int, float]:
     """Median wall milliseconds of a forward of n tokens after `context` cached tokens, with a tree
-    mask for n > 1 as the engine sends it.
+    mask for n > 1 as the engine sends it, on the engine's `fast_path` (dyspec.core.static).
     Sizes take turns within each round, so a slow spell of a shared machine hits all of them alike."""
     g = torch.Generator().manual_seed(0)
     vocab = model.config.vocab_size
-    kv = KVSession(model)
-    kv.forward(torch.randint(vocab, (context,), generator=g).tolist())
-    kv.length = kv.cached
+    static = None
+    if fast_path != "off":
+        static = static_model(model, "profile", context + bucket(max(sizes)), compiled=fast_path == "compiled")
+    kv = KVSession(model, static=static)
+    kv.append(torch.randint(vocab, (context,), generator=g).tolist())
     times = {n: [] for n in sizes}
     for round_ in range(repeats + 2):  # two warm-up rounds
         for n in sizes:
@@ -50,7 +53,7 @@ def forward_ms(
             # one token goes without a mask, as the engine sends a step that drafted nothing (`ar`):
             # with one, an fp32 forward took 3 ms (8%) more, and `--budget auto` took that for
             # what not drafting costs
-            visible = torch.ones(n, context + n, dtype=torch.bool).tril(context) if n > 1 else None
+            visible = torch.ones(n, n, dtype=torch.bool).tril() if n > 1 else None
             t = time.perf_counter()
             kv.forward(tokens, list(range(context, context + n)), visible)
             sync(kv.device)
@@ -120,13 +123,14 @@ def measure_profile(pair, baseline: bool = True, draft: bool = True) -> dict:
         "device": str(pair.device),
         "dtype": str(pair.dtype).removeprefix("torch."),
         "precision": pair.precision,
-        "target": {str(n): ms for n, ms in forward_ms(pair.target).items()},
+        "fast_path": pair.fast_path,
+        "target": {str(n): ms for n, ms in forward_ms(pair.target, fast_path=pair.fast_path).items()},
         f"target_at_{LONG_CONTEXT}": {
-            str(n): ms for n, ms in forward_ms(pair.target, LONG_SIZES, context=LONG_CONTEXT).items()
+            str(n): ms for n, ms in forward_ms(pair.target, LONG_SIZES, LONG_CONTEXT, fast_path=pair.fast_path).items()
         },
     }
     if draft and pair.draft is not None:
-        profile["draft"] = {str(n): ms for n, ms in forward_ms(pair.draft).items()}
+        profile["draft"] = {str(n): ms for n, ms in forward_ms(pair.draft, fast_path=pair.fast_path).items()}
     measured = {"target": pair.target, **({"draft": pair.draft} if "draft" in profile else {})}
     profile["floor"] = floors(measured, pair.device)
     if baseline:
@@ -136,9 +140,11 @@ def measure_profile(pair, baseline: bool = True, draft: bool = True) -> dict:
 
 
 def profile_path(pair) -> Path:
-    """Where the pair's profile is cached: one file per target, draft, device and precision, dyspec
-    and torch version (a new kernel makes an old profile lie) and way of measuring (`METHOD`)."""
+    """Where the pair's profile is cached: one file per target, draft, device, precision and fast path,
+    dyspec and torch version (a new kernel makes an old profile lie) and way of measuring (`METHOD`)."""
     key = (pair.target_name, pair.drafts_label, pair.device.type, pair.precision, version("dyspec"), version("torch"))
+    if pair.fast_path != "off":
+        key = (*key, pair.fast_path)
     return cache_dir() / "profiles" / ("__".join(str(x).replace("/", "_") for x in (*key, f"m{METHOD}")) + ".json")
 
 

@@ -24,12 +24,19 @@ from transformers import PreTrainedModel
 
 from dyspec.core.copying import copy_token, mix
 from dyspec.core.kv import FINAL, KVSession, sync
+from dyspec.core.static import StaticModel
 from dyspec.core.tree import Tree
 
 
 class DraftSession:
-    def __init__(self, model: PreTrainedModel | None, prompt: list[int], temperature: float = 0.0):
-        self.kv = KVSession(model, keep_hidden=True) if model is not None else None
+    def __init__(
+        self,
+        model: PreTrainedModel | None,
+        prompt: list[int],
+        temperature: float = 0.0,
+        static: StaticModel | None = None,
+    ):
+        self.kv = KVSession(model, keep_hidden=True, static=static) if model is not None else None
         self.needs_features = bool(getattr(model, "needs_features", False))
         self.feature_layers = getattr(model, "feature_layers", FINAL)  # the target layers it reads
         self.copy_weights = getattr(model, "copy_weights", None)
@@ -84,7 +91,7 @@ class DraftSession:
         root, nodes forwarded earlier this step, or nodes earlier in `nodes`."""
         if nodes == [0]:
             logits = self._timed_forward(tree, nodes, self.pending, last_only=True, features=self.pending_features)
-            self.kv.length = self.kv.cached
+            self.kv.commit(list(range(self.kv.length, self.kv.length + len(self.pending))))
             self.pending = []
             if self.needs_features:
                 self.pending_features = self.pending_features[:0]
@@ -93,10 +100,9 @@ class DraftSession:
         start = self.kv.cached
         col = {node: start + i for i, node in enumerate(nodes)}
         col.update(self.slot_of)
-        visible = torch.zeros(len(nodes), start + len(nodes), dtype=torch.bool)
-        visible[:, : self.kv.length] = True
+        visible = torch.zeros(len(nodes), start - self.kv.length + len(nodes), dtype=torch.bool)
         for i, node in enumerate(nodes):
-            visible[i, [col[a] for a in tree.path(node)]] = True
+            visible[i, [col[a] - self.kv.length for a in tree.path(node)]] = True
         positions = [self.kv.length - 1 + tree.depths[node] for node in nodes]
         features = None
         if self.needs_features:

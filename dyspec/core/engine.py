@@ -8,12 +8,15 @@ import warnings
 from collections.abc import Callable, Iterator, Sequence
 
 import torch
+from tqdm.auto import tqdm
+from transformers import PreTrainedModel
 
 from dyspec.auto.budget import AUTO_CAP, AutoState
 from dyspec.auto.controller import budget_controller
 from dyspec.core.draft import DraftSession
 from dyspec.core.events import Event, GenerationFinished, StepVerified, TreeExpanded
 from dyspec.core.kv import FINAL, KVSession, sync
+from dyspec.core.static import BUCKETS, StaticModel, bucket, static_model
 from dyspec.core.step import Decoding, Step, speculative_step
 from dyspec.core.tree import Tree
 from dyspec.defaults import defaults_for
@@ -153,23 +156,69 @@ def step_events(pair: ModelPair, number: int, s: Step, emitted: list[int], step_
     return [*grown, verified]
 
 
-def prefill(pair: ModelPair, ids: list[int], policy: str, options: dict, temperature: float, seed: int) -> Decoding:
-    """Both caches hold the prompt but its last token, the first step's root (the draft reads its
-    share when a policy first asks it for a distribution)."""
+def _static(pair: ModelPair, model: PreTrainedModel, role: str, need: int) -> StaticModel | None:
+    if pair.fast_path == "off":
+        return None
+    return static_model(model, role, need, compiled=pair.fast_path == "compiled")
+
+
+def start(
+    pair: ModelPair, ids: list[int], policy: str, options: dict, temperature: float, seed: int, room: int
+) -> Decoding:
+    """A generation's sessions, their caches empty; on the static path (`pair.fast_path`) each cache
+    holds the prompt and `room` more tokens."""
     spec = get_policy(policy)
     models = [pair.draft, *(pair.extra_drafts if spec.multi_draft else [])]
-    drafts = [DraftSession(m, ids, temperature) for m in models]
+    need = len(ids) + room
+    drafts = [
+        DraftSession(m, ids, temperature, None if m is None else _static(pair, m, f"draft{i}", need))
+        for i, m in enumerate(models)
+    ]
     layers = [d.feature_layers for d in drafts if d.needs_features]  # one set: load_pair checks
-    target = KVSession(pair.target, keep_hidden=bool(layers), hidden_layers=layers[0] if layers else FINAL)
-    if len(ids) > 1:
-        target.forward(ids[:-1], last_only=True)
-        target.length = target.cached
-        target.forwards = 0  # count decoding steps only
-    for draft in drafts:
-        draft.set_prompt_features(target.hidden)
-    sync(pair.device)
+    target = KVSession(
+        pair.target,
+        keep_hidden=bool(layers),
+        hidden_layers=layers[0] if layers else FINAL,
+        static=_static(pair, pair.target, "target", need),
+    )
     generator = torch.Generator(device=pair.device).manual_seed(seed)
     return Decoding(spec, options, target, drafts, temperature, generator)
+
+
+def warm_up(run: Decoding, upto: int) -> None:
+    """Compile (`--fast-path compiled`) every forward a step can make of up to `upto` tokens, before
+    the generation is timed: once per model, role and bucket, as later generations reuse them."""
+    sessions = [run.target, *(d.kv for d in run.drafts if d.kv is not None)]
+    jobs = [
+        (kv, size, last_only)
+        for kv in sessions
+        for size in BUCKETS
+        if size <= upto
+        for last_only in (False, True)
+        if (size, last_only) not in kv.static.warm
+    ]
+    for kv, size, last_only in tqdm(jobs, desc="compiling forwards (once per size)", disable=not jobs):
+        features = None
+        if getattr(kv.model, "needs_features", False):  # the target's at a root, its own in a tree
+            width = kv.model.feature_size if last_only else kv.model.config.hidden_size
+            features = torch.zeros(size, width, dtype=kv.model.dtype, device=kv.device)
+        dummy = KVSession(kv.model, kv.keep_hidden, kv.hidden_layers, kv.static)
+        dummy.forward([0] * size, last_only=last_only, features=features)
+        kv.static.warm.add((size, last_only))
+    for kv in sessions if jobs else []:
+        with torch.inference_mode():
+            kv.static.cache.reset()
+
+
+def prefill(run: Decoding, ids: list[int]) -> None:
+    """Both caches hold the prompt but its last token, the first step's root (the draft reads its
+    share when a policy first asks it for a distribution)."""
+    if len(ids) > 1:
+        run.target.append(ids[:-1], last_only=True)
+        run.target.forwards = 0  # count decoding steps only
+    for draft in run.drafts:
+        draft.set_prompt_features(run.target.hidden)
+    sync(run.target.device)
 
 
 def stream(
@@ -202,8 +251,13 @@ def stream(
     options = spec.prepare(pair, temperature, dict(options or {})) if spec.prepare else dict(options or {})
     controller = budget_controller(pair, spec, budget, options, temperature, auto_state)
 
+    cap = AUTO_CAP if budget == "auto" else budget
+    # a step's forwards reach past the committed tokens by up to twice the tree, padded to buckets
+    run = start(pair, ids, policy, options, temperature, seed, room=max_new_tokens + 2 * bucket(cap + 1))
+    if pair.fast_path == "compiled":
+        warm_up(run, upto=bucket(cap + 1))
     t_start = time.perf_counter()
-    run = prefill(pair, ids, policy, options, temperature, seed)
+    prefill(run, ids)
     prefill_s = time.perf_counter() - t_start
     root, out, number, stop_reason = ids[-1], [], 0, "max_new_tokens"
     while len(out) < max_new_tokens:

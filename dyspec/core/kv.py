@@ -8,6 +8,9 @@ from collections.abc import Callable
 import torch
 from transformers import DynamicCache, PreTrainedModel
 
+from dyspec.core.static import BUCKETS, StaticModel, bucket
+from dyspec.errors import DyspecError
+
 FINAL = (-1,)  # the target layers a feature draft reads by default: its final hidden state alone
 
 
@@ -31,25 +34,49 @@ def sync(device: torch.device) -> None:
 
 
 class KVSession:
-    """`length` tokens are committed in the cache; slots past it hold this step's tree nodes.
-    With `keep_hidden`, `hidden` holds the last forward's hidden states at `hidden_layers` (by default
-    the final ones) [n, len(hidden_layers) x H], one row per new token (what an acceptance head or a
-    feature-conditioned draft reads: `target_features`)."""
+    """`length` tokens are committed in the cache; slots past it, up to `cached`, hold this step's
+    tree nodes. With `keep_hidden`, `hidden` holds the last forward's hidden states at `hidden_layers`
+    (by default the final ones) [n, len(hidden_layers) x H], one row per new token (what an acceptance
+    head or a feature-conditioned draft reads: `target_features`). With `static` (dyspec.core.static)
+    the cache is preallocated and written in place, and forwards run at bucketed sizes."""
 
-    def __init__(self, model: PreTrainedModel, keep_hidden: bool = False, hidden_layers: tuple[int, ...] = FINAL):
+    def __init__(
+        self,
+        model: PreTrainedModel,
+        keep_hidden: bool = False,
+        hidden_layers: tuple[int, ...] = FINAL,
+        static: StaticModel | None = None,
+    ):
         self.model = model
         self.device = model.device
-        self.cache = DynamicCache(config=model.config)
+        self.static = static
+        self.cache = DynamicCache(config=model.config) if static is None else static.cache
         self.cache_kwarg = cache_kwarg(model.forward)
         self.length = 0
+        self.cached = 0  # kept here as the cache fills: a static cache keeps its length on the device
         self.forwards = 0
         self.keep_hidden = keep_hidden
         self.hidden_layers = hidden_layers
         self.hidden: torch.Tensor | None = None
 
-    @property
-    def cached(self) -> int:
-        return self.cache.get_seq_length()
+    def _mask(self, n: int, size: int, visible: torch.Tensor | None) -> torch.Tensor | None:
+        """The additive mask [1, 1, size, cache width] of a forward of n tokens padded to `size`: every
+        token sees the committed prefix, then `visible` over the uncommitted slots and new tokens (None:
+        causal), the padding itself alone. None where plain causal attention does it."""
+        start, width = self.cached, self.cached + size if self.static is None else self.static.capacity
+        if visible is None and size == n and self.static is None:
+            return None
+        own = start - self.length + size  # uncommitted slots and this forward's tokens
+        block = torch.zeros(size, own, dtype=torch.bool)
+        block[:n, : own - size + n] = (
+            torch.ones(n, own - size + n).tril(own - size).bool() if visible is None else visible
+        )
+        block[n:, own - size + n :] = torch.eye(size - n, dtype=torch.bool)
+        see = torch.zeros(size, width, dtype=torch.bool, device=self.device)
+        see[:, : self.length] = True
+        see[:, self.length : start + size] = block.to(self.device, non_blocking=True)
+        mask = torch.zeros(see.shape, dtype=self.model.dtype, device=self.device)
+        return mask.masked_fill_(~see, torch.finfo(self.model.dtype).min)[None, None]
 
     @torch.inference_mode()
     def forward(
@@ -63,53 +90,69 @@ class KVSession:
     ) -> torch.Tensor:
         """Append `tokens` to the cache and return their logits [n, V] (fp32).
 
-        `visible` [n, cached + n] (bool) says which cache slots and new tokens each new token attends
-        to; None means plain causal attention over everything before it. `positions` default to
-        consecutive positions after the cache. `features` [n, H or its feature_size] go to a feature-conditioned draft.
+        `visible` [n, cached - length + n] (bool) says which uncommitted cache slots and new tokens
+        each new token attends to (every token attends to the committed prefix); None means plain
+        causal attention. `positions` default to consecutive positions after the cache. `features`
+        [n, H or its feature_size] go to a feature-conditioned draft.
         `pad_to`: run the forward at that many tokens (where the profile says it is cheaper,
-        `budget.padded_size`); the padding attends to itself alone, no token attends to it, its
-        logits and hidden states are not returned, and `commit` drops its cache slots.
+        `budget.padded_size`; the static path pads to its bucket); the padding attends to itself
+        alone, no token attends to it, its logits and hidden states are not returned, and `commit`
+        drops its cache slots.
         """
         n, start = len(tokens), self.cached
+        size = max(n, pad_to)
+        if self.static is not None:
+            size = bucket(size)
+            if start + size > self.static.capacity:
+                raise DyspecError(
+                    f"the static cache holds {self.static.capacity} tokens; this forward needs {start + size}"
+                )
         if positions is None:
             positions = list(range(start, start + n))
-        if pad_to > n:
-            if visible is None:
-                visible = torch.ones(n, start + n, dtype=torch.bool).tril(start)
-            pad = pad_to - n
-            visible = torch.cat([visible, torch.zeros(n, pad, dtype=torch.bool)], dim=1)
-            visible = torch.cat([visible, torch.eye(start + pad_to, dtype=torch.bool)[start + n :]])
-            tokens, positions = tokens + tokens[-1:] * pad, positions + positions[-1:] * pad
-        mask = None
-        if visible is not None:
-            mask = torch.zeros(visible.shape, dtype=self.model.dtype, device=self.device)
-            mask.masked_fill_(~visible.to(self.device), torch.finfo(self.model.dtype).min)
-            mask = mask[None, None]
-        extra = {} if features is None else {"input_features": features[None].to(self.device)}
-        out = self.model(
+        mask = self._mask(n, size, visible)
+        pad = size - n
+        tokens, positions = tokens + tokens[-1:] * pad, positions + positions[-1:] * pad
+        extra = {}
+        if features is not None:
+            extra["input_features"] = torch.cat([features, features[-1:].expand(pad, -1)])[None].to(self.device)
+        keep = 1 if last_only else 0
+        if last_only and (pad or self.static is not None):  # the last token's row, not padding's; as an
+            # index, so that a bucket's forward has one shape whatever its padding
+            keep = torch.tensor([n - 1], device=self.device)
+        run = self.model if self.static is None or size not in BUCKETS else self.static.run
+        if run is not self.model:
+            torch.compiler.cudagraph_mark_step_begin()  # the last replay's outputs were copied out
+        out = run(
             input_ids=torch.tensor([tokens], device=self.device),
             position_ids=torch.tensor([positions], device=self.device),
             attention_mask=mask,
             **{self.cache_kwarg: self.cache},
             use_cache=True,
-            logits_to_keep=1 if last_only else 0,
+            logits_to_keep=keep,
             output_hidden_states=self.keep_hidden,
             **extra,
         )
-        self.forwards += 1
+        self.cached, self.forwards = start + size, self.forwards + 1
         if self.keep_hidden:
-            self.hidden = target_features(out.hidden_states, self.hidden_layers)[0, :n]
-        return out.logits[0, :n].float()
+            self.hidden = target_features(out.hidden_states, self.hidden_layers)[0, :n]  # a copy
+        # a copy: a compiled forward's outputs are overwritten by its next replay
+        return out.logits[0, :n].to(torch.float32, copy=self.static is not None)
 
+    def append(self, tokens: list[int], **kwargs) -> torch.Tensor:
+        """`forward` the next committed tokens (a prompt), causally, and commit them."""
+        logits = self.forward(tokens, **kwargs)
+        self.commit(list(range(self.length, self.length + len(tokens))))
+        return logits
+
+    @torch.inference_mode()
     def commit(self, slots: list[int]) -> None:
-        """Keep the committed prefix plus the cache slots `slots` (absolute, in order), moved to
+        """Keep the committed prefix plus the cache slots `slots` (absolute, in order), moved in place to
         contiguous positions right after it; drop every other uncommitted slot."""
         keep = self.length + len(slots)
-        if slots == list(range(self.length, keep)):
-            self.cache.crop(keep - self.cached)  # a negative count removes that many from the end
-        else:
-            idx = torch.tensor(list(range(self.length)) + slots, device=self.device)
+        if slots != list(range(self.length, keep)):
+            idx = torch.tensor(slots, device=self.device)
             for layer in self.cache.layers:
-                layer.keys = layer.keys.index_select(2, idx)
-                layer.values = layer.values.index_select(2, idx)
-        self.length = keep
+                layer.keys[:, :, self.length : keep] = layer.keys.index_select(2, idx)
+                layer.values[:, :, self.length : keep] = layer.values.index_select(2, idx)
+        self.cache.crop(keep - self.cached)  # a negative count removes that many from the end
+        self.length = self.cached = keep

@@ -47,14 +47,6 @@ class Step:
     draft_forwards: int
 
 
-def tree_mask(tree: Tree, cached: int) -> torch.Tensor | None:
-    """What each tree token may attend to: the whole cache and its ancestors. Even a chain gets one:
-    a causal forward of several tokens is read as a prefill."""
-    if len(tree) == 1:
-        return None
-    return torch.cat([torch.ones(len(tree), cached, dtype=torch.bool), tree.ancestor_mask()], dim=1)
-
-
 def speculative_step(run: Decoding, root: int, budget: Budget, left: int) -> Step:
     """One step from the last committed token `root`, with `left` tokens of the answer to draft."""
     d = run.drafts
@@ -69,7 +61,9 @@ def speculative_step(run: Decoding, root: int, budget: Budget, left: int) -> Ste
     tree, old_ids = budget.cut(tree, d)
     for draft in d if old_ids else []:
         draft.relabel(old_ids)
-    positions, visible = [run.target.length + depth for depth in tree.depths], tree_mask(tree, run.target.length)
+    positions = [run.target.length + depth for depth in tree.depths]
+    # even a chain gets a mask: a causal forward of several tokens is read as a prefill
+    visible = tree.ancestor_mask() if len(tree) > 1 else None
     t1 = time.perf_counter()
     logits = run.target.forward(tree.tokens, positions, visible, pad_to=budget.pad_to(len(tree)))
     sync(run.target.device)

@@ -288,6 +288,7 @@ def run_bench(
             "device": str(pair.device),
             "dtype": str(pair.dtype).removeprefix("torch."),
             "precision": pair.precision,
+            "fast_path": pair.fast_path,
             "target": pair.target_name,
             "draft": pair.drafts_label,
             "versions": versions,
@@ -364,10 +365,11 @@ def results_page(paths: list[Path], title: str, whatif_model: whatif.LatencyMode
         versions = ", ".join(f"{k} {v}" for k, v in first["versions"].items())
         commands = sorted({r.get("command") or "(not recorded)" for r in records})
         rows = figures.summarize(records)
+        fast = f", fast path {first['fast_path']}" if first.get("fast_path", "off") != "off" else ""
         parts += [
             f"## {path.stem}",
             f"Host: {first.get('host', '(not recorded)')}; date: {first.get('date', '(not recorded)')}; {versions}. "
-            f"Target `{first['target']}` ({first['precision']}, {first['device']}), draft `{first['draft']}`. "
+            f"Target `{first['target']}` ({first['precision']}{fast}, {first['device']}), draft `{first['draft']}`. "
             f"Records: `{path.name}`.",
             "\n".join(f"    {c}" for c in commands),
             "\n\n".join(t for t in (markdown_table(rows, records, whatif_model), auto_table(records, rows)) if t),

@@ -20,6 +20,8 @@ from filelock import FileLock
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
 from dyspec.core import attention
+from dyspec.core.static import FAST_PATHS
+from dyspec.defaults import defaults_for
 from dyspec.errors import DyspecError
 from dyspec.models.feature_draft import FeatureDraft, is_feature_draft, load_feature_draft
 from dyspec.models.quant import int8_available, quantize_int8
@@ -49,6 +51,7 @@ class ModelPair:
     precision: str = "native"  # "native" (bf16 on a GPU, fp32 on a CPU), "fp32", or "int8" (int8 Linear layers, CPU)
     extra_drafts: list[PreTrainedModel] = field(default_factory=list)  # merged by specinfer only
     extra_draft_names: list[str] = field(default_factory=list)
+    fast_path: str = "off"  # "off" (eager forwards, a growing cache), "static" or "compiled" (dyspec.core.static)
 
     @property
     def drafts_label(self) -> str | None:
@@ -125,6 +128,19 @@ def pick_precision(precision: str, device: torch.device) -> str:
     if precision == "auto":
         return "int8" if device.type == "cpu" and int8_available() else "native"
     return precision
+
+
+def pick_fast_path(fast_path: str, device: torch.device, precision: str) -> str:
+    """ "auto": the device's default (`dyspec.defaults`). "compiled" traces whole forwards, which the
+    int8 layers' quantized ops and exact attention do not allow."""
+    if fast_path not in ("auto", *FAST_PATHS):
+        raise DyspecError(f"fast path must be one of auto, {', '.join(FAST_PATHS)}, got '{fast_path}'")
+    if fast_path == "compiled" and precision == "int8":
+        raise DyspecError("--fast-path compiled cannot trace int8 layers: use --precision fp32 or --fast-path static")
+    if fast_path == "compiled":
+        # compiled graphs are cached on disk across runs (inductor's FX graph cache), beside dyspec's own
+        os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(cache_dir() / "inductor"))
+    return defaults_for(device).fast_path if fast_path == "auto" else fast_path
 
 
 def _smollm2_dir() -> Path:
@@ -285,6 +301,7 @@ def load_pair(
     device_map: str | None = None,
     allow_download: bool = False,
     precision: str = "auto",
+    fast_path: str = "auto",
 ) -> ModelPair:
     """Load a target and a draft. `draft` is "auto" (`distilled` where one ships for the target;
     else int8 for an fp32 target on a CPU, else truncated:2), a model name as
@@ -296,7 +313,9 @@ def load_pair(
     drafts with the first.
     Hub ids load from the local cache unless `allow_download`. `precision` "auto" runs int8 Linear
     layers on a CPU (unless the draft is int8, which drafts for the fp32 target); outputs are then
-    exact with respect to that int8 model. "fp32" gives the GGUF's fp32 weights as they are."""
+    exact with respect to that int8 model. "fp32" gives the GGUF's fp32 weights as they are.
+    `fast_path` (dyspec.core.static): "auto" is the device's default (`dyspec.defaults`), "off",
+    "static" or "compiled"."""
     dev = pick_device(device)
     names = [] if draft is None else [n.strip() for n in draft.split(",")]
     if "" in names:
@@ -318,6 +337,7 @@ def load_pair(
         if precision == "auto":
             precision = "native"  # the fp32 target that the int8 draft drafts for
     precision = pick_precision(precision, dev)
+    fast_path = pick_fast_path(fast_path, dev, precision)
     dtype = torch.float32 if precision == "fp32" else pick_dtype(dev)
     tokenizer = load_tokenizer(target, allow_download)
     target_model = load_model(target, dev, dtype, device_map, allow_download)
@@ -349,4 +369,5 @@ def load_pair(
         precision,
         extra_drafts=drafts[1:],
         extra_draft_names=names[1:],
+        fast_path=fast_path,
     )

@@ -20,6 +20,7 @@ import torch
 from safetensors.torch import load_file, save_file
 from torch import nn
 from transformers import PreTrainedModel
+from transformers.modeling_outputs import CausalLMOutputWithPast
 
 from dyspec.core.copying import MATCHES
 from dyspec.core.kv import FINAL, cache_kwarg
@@ -170,19 +171,23 @@ class FeatureDraft(nn.Module):
         attention_mask: torch.Tensor | None = None,
         cache=None,
         input_features: torch.Tensor | None = None,
-        logits_to_keep: int = 0,
+        logits_to_keep: int | torch.Tensor = 0,
         **_,
-    ) -> SimpleNamespace:
+    ) -> CausalLMOutputWithPast:
         """The interface KVSession uses (as a Hugging Face causal LM): full-vocabulary logits, -inf
         outside `vocab`, and the predicted feature as the last hidden state. Without
         `input_features` (latency profiling) the features are zeros."""
         if input_features is None:
             input_features = torch.zeros(*input_ids.shape, self.feature_size, device=self.device)
         feature = self.predict(input_ids, input_features, position_ids, attention_mask, cache)
-        kept = feature[:, -logits_to_keep:] if logits_to_keep else feature
+        kept = feature  # `logits_to_keep` as Hugging Face reads it: a count from the end, or indices
+        if isinstance(logits_to_keep, torch.Tensor):
+            kept = feature[:, logits_to_keep]
+        elif logits_to_keep:
+            kept = feature[:, -logits_to_keep:]
         logits = torch.full((*kept.shape[:2], self.config.vocab_size), float("-inf"), device=kept.device)
         logits[..., self.vocab] = self.subset_logits(kept).float()
-        return SimpleNamespace(logits=logits, hidden_states=(feature,))
+        return CausalLMOutputWithPast(logits=logits, hidden_states=(feature,))
 
 
 def features_before(hidden: torch.Tensor) -> torch.Tensor:
