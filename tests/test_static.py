@@ -4,6 +4,7 @@ place, forwards at bucketed sizes, and compiled forwards traced whole."""
 import dataclasses
 
 import pytest
+import torch
 
 from dyspec import generate
 from dyspec.core import static
@@ -82,3 +83,13 @@ def test_fast_path_choices_fail_clearly(pair):
     kv = KVSession(pair.target, static=static_model(pair.target, "short", 4, compiled=False))
     with pytest.raises(DyspecError, match="holds 1024 tokens"):
         kv.forward(list(range(1030)))
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
+def test_the_compiled_path_on_a_gpu_is_exact():
+    """torch.compile's "reduce-overhead" (CUDA graphs) on the fp32 default pair."""
+    compiled = load_pair(precision="fp32", fast_path="compiled")
+    assert compiled.device.type == "cuda"
+    expected = generate(compiled, PROMPTS[0], policy="ar", max_new_tokens=32).token_ids
+    for policy in ("chain", "dyspec"):
+        assert generate(compiled, PROMPTS[0], policy=policy, budget=16, max_new_tokens=32).token_ids == expected

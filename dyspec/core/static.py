@@ -68,7 +68,8 @@ def _new_cache(model: PreTrainedModel, capacity: int) -> StaticCache:
 def static_model(model: PreTrainedModel, role: str, need: int, compiled: bool) -> StaticModel:
     """The model's static cache for `role` ("target", "draft0", ...: one model may be target and
     draft at once), emptied, holding at least `need` tokens. Kept on the model between generations,
-    so that a compiled forward is compiled once per bucket, not once per generation."""
+    so that a compiled forward is compiled once per bucket, not once per generation; so one model
+    runs one generation at a time on this path."""
     held = model.__dict__.setdefault("_dyspec_static", {})
     s = held.get(role)
     if s is None or s.capacity < need or compiled != (s.run is not model):
