@@ -5,6 +5,7 @@ import dataclasses
 
 import pytest
 import torch
+from torch._dynamo.testing import CompileCounter
 
 from dyspec import generate
 from dyspec.core import static
@@ -60,19 +61,23 @@ def test_the_int8_path_is_exact_on_the_static_path():
 @pytest.mark.parametrize("make", [tiny_pair, tiny_feature_pair])
 def test_compiled_forwards_trace_whole_and_stay_exact(monkeypatch, make):
     """Each bucket's forward traces as one graph (fullgraph: a graph break fails), what CUDA graphs
-    capture; dynamo's eager backend checks the trace here without compiling kernels. A second
-    generation compiles nothing."""
-    monkeypatch.setattr(static, "compile_options", lambda device: {"backend": "eager", "fullgraph": True})
+    capture; a counting backend checks the traces here and runs them eagerly. A second generation
+    compiles nothing."""
+    traces = CompileCounter()
+    monkeypatch.setattr(static, "compile_options", lambda device: {"backend": traces, "fullgraph": True})
     pair = make()
     compiled = dataclasses.replace(pair, fast_path="compiled")
     prompt = [0, 3, 1, 2]
     expected = generate(pair, prompt, policy="ar", max_new_tokens=40).token_ids
     for policy in ("chain", "dyspec"):
         assert generate(compiled, prompt, policy=policy, budget=6, max_new_tokens=40).token_ids == expected
-    warm = {role: set(s.warm) for role, s in pair.target._dyspec_static.items()}
-    assert warm["target"] == {(b, last) for b in (1, 2, 4, 8) for last in (False, True)}
+    graphs = {role: set(s.compiled) for role, s in pair.target._dyspec_static.items()}
+    assert graphs["target"] == {(b, last) for b in (1, 2, 4, 8) for last in (False, True)}
+    assert traces.frame_count >= len(graphs["target"]) and traces.op_count > 0
+    count = traces.frame_count
     generate(compiled, prompt, policy="dyspec", budget=6, max_new_tokens=40)
-    assert {role: s.warm for role, s in pair.target._dyspec_static.items()} == warm
+    assert {role: s.compiled for role, s in pair.target._dyspec_static.items()} == graphs
+    assert traces.frame_count == count
 
 
 def test_fast_path_choices_fail_clearly(pair):

@@ -14,7 +14,7 @@ import torch
 from torch import nn
 from transformers import PreTrainedModel
 
-from dyspec.core.kv import KVSession, sync
+from dyspec.core.kv import KVSession, compile_forwards, sync
 from dyspec.core.static import bucket, static_model
 from dyspec.models import cache_dir, load_model, write_cache
 from dyspec.models.feature_draft import FeatureDraft
@@ -45,6 +45,8 @@ def forward_ms(
     if fast_path != "off":
         static = static_model(model, "profile", context + bucket(max(sizes)), compiled=fast_path == "compiled")
     kv = KVSession(model, static=static)
+    if fast_path == "compiled":
+        compile_forwards([kv], sorted({bucket(n) for n in sizes}))
     kv.append(torch.randint(vocab, (context,), generator=g).tolist())
     times = {n: [] for n in sizes}
     for round_ in range(repeats + 2):  # two warm-up rounds

@@ -8,14 +8,13 @@ import warnings
 from collections.abc import Callable, Iterator, Sequence
 
 import torch
-from tqdm.auto import tqdm
 from transformers import PreTrainedModel
 
 from dyspec.auto.budget import AUTO_CAP, AutoState
 from dyspec.auto.controller import budget_controller
 from dyspec.core.draft import DraftSession
 from dyspec.core.events import Event, GenerationFinished, StepVerified, TreeExpanded
-from dyspec.core.kv import FINAL, KVSession, sync
+from dyspec.core.kv import FINAL, KVSession, compile_forwards, sync
 from dyspec.core.static import BUCKETS, StaticModel, bucket, static_model
 from dyspec.core.step import Decoding, Step, speculative_step
 from dyspec.core.tree import Tree
@@ -169,7 +168,7 @@ def start(
     holds the prompt and `room` more tokens."""
     spec = get_policy(policy)
     models = [pair.draft, *(pair.extra_drafts if spec.multi_draft else [])]
-    need = len(ids) + room
+    need = bucket(len(ids)) + room  # the draft's first forward reads the whole prompt
     drafts = [
         DraftSession(m, ids, temperature, None if m is None else _static(pair, m, f"draft{i}", need))
         for i, m in enumerate(models)
@@ -183,31 +182,6 @@ def start(
     )
     generator = torch.Generator(device=pair.device).manual_seed(seed)
     return Decoding(spec, options, target, drafts, temperature, generator)
-
-
-def warm_up(run: Decoding, upto: int) -> None:
-    """Compile (`--fast-path compiled`) every forward a step can make of up to `upto` tokens, before
-    the generation is timed: once per model, role and bucket, as later generations reuse them."""
-    sessions = [run.target, *(d.kv for d in run.drafts if d.kv is not None)]
-    jobs = [
-        (kv, size, last_only)
-        for kv in sessions
-        for size in BUCKETS
-        if size <= upto
-        for last_only in (False, True)
-        if (size, last_only) not in kv.static.warm
-    ]
-    for kv, size, last_only in tqdm(jobs, desc="compiling forwards (once per size)", disable=not jobs):
-        features = None
-        if getattr(kv.model, "needs_features", False):  # the target's at a root, its own in a tree
-            width = kv.model.feature_size if last_only else kv.model.config.hidden_size
-            features = torch.zeros(size, width, dtype=kv.model.dtype, device=kv.device)
-        dummy = KVSession(kv.model, kv.keep_hidden, kv.hidden_layers, kv.static)
-        dummy.forward([0] * size, last_only=last_only, features=features)
-        kv.static.warm.add((size, last_only))
-    for kv in sessions if jobs else []:
-        with torch.inference_mode():
-            kv.static.cache.reset()
 
 
 def prefill(run: Decoding, ids: list[int]) -> None:
@@ -254,8 +228,9 @@ def stream(
     cap = AUTO_CAP if budget == "auto" else budget
     # a step's forwards reach past the committed tokens by up to twice the tree, padded to buckets
     run = start(pair, ids, policy, options, temperature, seed, room=max_new_tokens + 2 * bucket(cap + 1))
-    if pair.fast_path == "compiled":
-        warm_up(run, upto=bucket(cap + 1))
+    if pair.fast_path == "compiled":  # the tree forwards, before the clock starts
+        sessions = [run.target, *(d.kv for d in run.drafts if d.kv is not None)]
+        compile_forwards(sessions, [b for b in BUCKETS if b <= bucket(cap + 1)])
     t_start = time.perf_counter()
     prefill(run, ids)
     prefill_s = time.perf_counter() - t_start

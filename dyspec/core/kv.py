@@ -6,9 +6,10 @@ import inspect
 from collections.abc import Callable
 
 import torch
+from tqdm.auto import tqdm
 from transformers import DynamicCache, PreTrainedModel
 
-from dyspec.core.static import BUCKETS, StaticModel, bucket
+from dyspec.core.static import StaticModel, bucket
 from dyspec.errors import DyspecError
 
 FINAL = (-1,)  # the target layers a feature draft reads by default: its final hidden state alone
@@ -119,7 +120,7 @@ class KVSession:
         if last_only and (pad or self.static is not None):  # the last token's row, not padding's; as an
             # index, so that a bucket's forward has one shape whatever its padding
             keep = torch.tensor([n - 1], device=self.device)
-        run = self.model if self.static is None or size not in BUCKETS else self.static.run
+        run = self.static.run if self.static is not None and (size, last_only) in self.static.compiled else self.model
         if run is not self.model:
             torch.compiler.cudagraph_mark_step_begin()  # the last replay's outputs were copied out
         out = run(
@@ -156,3 +157,29 @@ class KVSession:
                 layer.values[:, :, self.length : keep] = layer.values.index_select(2, idx)
         self.cache.crop(keep - self.cached)  # a negative count removes that many from the end
         self.length = self.cached = keep
+
+
+def compile_forwards(sessions: list[KVSession], sizes: list[int]) -> None:
+    """Compile (`--fast-path compiled`) each session's forwards of `sizes` tokens, all rows' logits
+    and the last one's, each with one forward of dummy tokens on its empty cache, behind a progress
+    bar; forwards of other sizes run uncompiled over the same cache. Once per model, role and size:
+    later generations reuse them."""
+    jobs = [
+        (kv, size, last_only)
+        for kv in sessions
+        for size in sizes
+        for last_only in (False, True)
+        if (size, last_only) not in kv.static.compiled
+    ]
+    for kv, size, last_only in tqdm(jobs, desc="compiling forwards (once per size)", disable=not jobs):
+        if kv.cached:
+            raise RuntimeError("forwards are compiled on an empty cache")
+        kv.static.compiled.add((size, last_only))
+        features = None
+        if getattr(kv.model, "needs_features", False):  # the target's at a root, its own in a tree
+            width = kv.model.feature_size if last_only else kv.model.config.hidden_size
+            features = torch.zeros(size, width, dtype=kv.model.dtype, device=kv.device)
+        kv.forward([0] * size, last_only=last_only, features=features)
+        kv.forwards, kv.cached = 0, 0
+        with torch.inference_mode():
+            kv.cache.reset()

@@ -5,9 +5,9 @@ every step; on a GPU a small model's forward is then bound by launches, not by r
 On this path each model keeps one KV cache, allocated once and written in place at a length kept on
 the device (transformers' `StaticCache`), every forward runs at one of a few bucketed sizes (the
 padding attends to itself alone and no token reads it), and its mask spans the whole cache: a
-forward's shapes depend on its bucket alone. `compiled` compiles each bucket's forward once
-(`torch.compile`, mode "reduce-overhead": CUDA graphs on a GPU). A forward longer than the largest
-bucket (a prompt) runs uncompiled at its own size.
+forward's shapes depend on its bucket alone. `compiled` compiles each bucket's forward up to the
+largest tree once (`torch.compile`, mode "reduce-overhead": CUDA graphs on a GPU;
+`dyspec.core.kv.compile_forwards`); longer forwards (a prompt) run uncompiled over the same cache.
 """
 
 from __future__ import annotations
@@ -45,7 +45,7 @@ class StaticModel:
     cache: StaticCache
     capacity: int
     run: Callable  # the model, or its compiled forward
-    warm: set = field(default_factory=set)  # (size, last_only) of the forwards compiled already
+    compiled: set = field(default_factory=set)  # (size, last_only) of the forwards `run` serves
 
 
 def _new_cache(model: PreTrainedModel, capacity: int) -> StaticCache:
