@@ -137,9 +137,6 @@ def pick_fast_path(fast_path: str, device: torch.device, precision: str) -> str:
         raise DyspecError(f"fast path must be one of auto, {', '.join(FAST_PATHS)}, got '{fast_path}'")
     if fast_path == "compiled" and precision == "int8":
         raise DyspecError("--fast-path compiled cannot trace int8 layers: use --precision fp32 or --fast-path static")
-    if fast_path == "compiled":
-        # compiled graphs are cached on disk across runs (inductor's FX graph cache), beside dyspec's own
-        os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(cache_dir() / "inductor"))
     return defaults_for(device).fast_path if fast_path == "auto" else fast_path
 
 
