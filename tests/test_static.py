@@ -64,7 +64,9 @@ def test_compiled_forwards_trace_whole_and_stay_exact(monkeypatch, make):
     capture; a counting backend checks the traces here and runs them eagerly. A second generation
     compiles nothing."""
     traces = CompileCounter()
-    monkeypatch.setattr(static, "compile_options", lambda device: {"backend": traces, "fullgraph": True})
+    monkeypatch.setattr(
+        static, "compile_options", lambda device: {"backend": traces, "fullgraph": True, "dynamic": False}
+    )
     pair = make()
     compiled = dataclasses.replace(pair, fast_path="compiled")
     prompt = [0, 3, 1, 2]

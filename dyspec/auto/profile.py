@@ -46,7 +46,7 @@ def forward_ms(
         static = static_model(model, "profile", context + bucket(max(sizes)), compiled=fast_path == "compiled")
     kv = KVSession(model, static=static)
     if fast_path == "compiled":
-        compile_forwards([kv], sorted({bucket(n) for n in sizes}))
+        compile_forwards([kv], sorted({bucket(n) for n in sizes}), last_only=(False,))
     kv.append(torch.randint(vocab, (context,), generator=g).tolist())
     times = {n: [] for n in sizes}
     for round_ in range(repeats + 2):  # two warm-up rounds

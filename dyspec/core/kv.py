@@ -159,27 +159,27 @@ class KVSession:
         self.length = self.cached = keep
 
 
-def compile_forwards(sessions: list[KVSession], sizes: list[int]) -> None:
-    """Compile (`--fast-path compiled`) each session's forwards of `sizes` tokens, all rows' logits
-    and the last one's, each with one forward of dummy tokens on its empty cache, behind a progress
-    bar; forwards of other sizes run uncompiled over the same cache. Once per model, role and size:
-    later generations reuse them."""
+def compile_forwards(sessions: list[KVSession], sizes: list[int], last_only: tuple[bool, ...] = (False, True)) -> None:
+    """Compile (`--fast-path compiled`) each session's forwards of `sizes` tokens, returning all
+    rows' logits or (`last_only`) the last one's, each with one forward of dummy tokens on its empty
+    cache, behind a progress bar; other forwards run uncompiled over the same cache. Once per model,
+    role and size: later generations reuse them."""
     jobs = [
-        (kv, size, last_only)
+        (kv, size, last)
         for kv in sessions
         for size in sizes
-        for last_only in (False, True)
-        if (size, last_only) not in kv.static.compiled
+        for last in last_only
+        if (size, last) not in kv.static.compiled
     ]
-    for kv, size, last_only in tqdm(jobs, desc="compiling forwards (once per size)", disable=not jobs):
+    for kv, size, last in tqdm(jobs, desc="compiling forwards (once per size)", disable=not jobs):
         if kv.cached:
             raise RuntimeError("forwards are compiled on an empty cache")
-        kv.static.compiled.add((size, last_only))
+        kv.static.compiled.add((size, last))
         features = None
         if getattr(kv.model, "needs_features", False):  # the target's at a root, its own in a tree
-            width = kv.model.feature_size if last_only else kv.model.config.hidden_size
+            width = kv.model.feature_size if last else kv.model.config.hidden_size
             features = torch.zeros(size, width, dtype=kv.model.dtype, device=kv.device)
-        kv.forward([0] * size, last_only=last_only, features=features)
+        kv.forward([0] * size, last_only=last, features=features)
         kv.forwards, kv.cached = 0, 0
         with torch.inference_mode():
             kv.cache.reset()
