@@ -101,6 +101,12 @@ def test_merged_drafts_sample_target_distribution(feature_pair, exact):
     check_distribution(pair, exact, "specinfer", {})
 
 
+@pytest.mark.parametrize("policy,options", FEATURE_CASES, ids=lambda x: str(x))
+def test_the_static_path_samples_target_distribution(feature_pair, exact, policy, options):
+    """Bucketed forwards over a preallocated cache (dyspec.core.static), the draft's padded too."""
+    check_distribution(dataclasses.replace(feature_pair, fast_path="static"), exact, policy, options)
+
+
 def check_distribution(pair, exact, policy, options, budget=4):
     V = pair.target.config.vocab_size
     counts = torch.zeros(V**3)
