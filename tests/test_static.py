@@ -41,6 +41,15 @@ def test_greedy_is_token_identical_to_ar_on_the_static_path(static_pair, static_
         assert r.token_ids == expected
 
 
+@pytest.mark.parametrize("policy", ["chain", "dyspec", "lookup"])
+def test_auto_budget_on_the_static_path(policy):
+    """`--budget auto` pads a forward where its profile (measured on the static path) says it pays;
+    the bucket pads it further."""
+    pair = dataclasses.replace(tiny_feature_pair(), fast_path="static")
+    expected = generate(pair, [0, 3, 1, 2], policy="ar", max_new_tokens=40).token_ids
+    assert generate(pair, [0, 3, 1, 2], policy=policy, budget="auto", max_new_tokens=40).token_ids == expected
+
+
 def test_a_static_cache_is_kept_between_generations_and_grown_when_short(static_pair):
     generate(static_pair, PROMPTS[0], policy="dyspec", budget=8, max_new_tokens=8)
     held = static_pair.target._dyspec_static["target"]
