@@ -117,8 +117,8 @@ class KVSession:
         if features is not None:
             extra["input_features"] = torch.cat([features, features[-1:].expand(pad, -1)])[None].to(self.device)
         keep = 1 if last_only else 0
-        if last_only and (pad or self.static is not None):  # the last token's row, not padding's; as an
-            # index, so that a bucket's forward has one shape whatever its padding
+        if last_only and (pad or self.static is not None):
+            # the last token's row, not the padding's; as an index, so that a bucket has one shape
             keep = torch.tensor([n - 1], device=self.device)
         run = self.static.run if self.static is not None and (size, last_only) in self.static.compiled else self.model
         if run is not self.model:
