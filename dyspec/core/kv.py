@@ -115,7 +115,9 @@ class KVSession:
         tokens, positions = tokens + tokens[-1:] * pad, positions + positions[-1:] * pad
         extra = {}
         if features is not None:
-            extra["input_features"] = torch.cat([features, features[-1:].expand(pad, -1)])[None].to(self.device)
+            if pad:
+                features = torch.cat([features, features[-1:].expand(pad, -1)])
+            extra["input_features"] = features[None].to(self.device)
         keep = 1 if last_only else 0
         if last_only and (pad or self.static is not None):
             # the last token's row, not the padding's; as an index, so that a bucket has one shape
