@@ -10,6 +10,7 @@ from dyspec.core.kv import KVSession
 from dyspec.core.static import static_model
 from dyspec.core.tree import Tree
 from dyspec.models import load_pair
+from dyspec.models.lean import lean_forward
 from dyspec.policies import POLICIES
 
 from .conftest import PROMPTS
@@ -104,20 +105,24 @@ def test_self_draft_accepts_everything(self_pair, temperature):
     assert r.tokens_per_forward == 5.0
 
 
-def session(model, cache: str, keep_hidden: bool = False) -> KVSession:
-    """A session over a growing cache, or over a static one whose every slot holds garbage at first,
-    which must never reach a token (stale slots are masked, not cleared)."""
+def session(model, cache: str, keep_hidden: bool = False, role: str = "test") -> KVSession:
+    """A session over a growing cache, or over a static or lean one (dyspec.models.lean) whose every
+    slot holds garbage at first, which must never reach a token (stale slots are masked, not cleared)."""
     if cache == "dynamic":
         return KVSession(model, keep_hidden)
-    s = static_model(model, "test", 512, compiled=False)
+    if cache == "lean":
+        run = lean_forward(model)
+        kv = KVSession(run, keep_hidden, cache=run.cache_for(role))
+    else:
+        kv = KVSession(model, keep_hidden, static=static_model(model, role, 512, compiled=False))
     with torch.inference_mode():
-        for layer in s.cache.layers:
+        for layer in kv.cache.layers:
             layer.keys.normal_(0, 1e3)
             layer.values.normal_(0, 1e3)
-    return KVSession(model, keep_hidden, static=s)
+    return kv
 
 
-@pytest.mark.parametrize("cache", ["dynamic", "static"])
+@pytest.mark.parametrize("cache", ["dynamic", "static", "lean"])
 @pytest.mark.parametrize("pad_to", [0, 28])
 def test_tree_attention_matches_root_path_forwards(pair, pad_to, cache):
     """Each node's logits are its root path's, with or without padding (`--budget auto` pads a
@@ -130,7 +135,7 @@ def test_tree_attention_matches_root_path_forwards(pair, pad_to, cache):
     kv = session(pair.target, cache)
     kv.append(prefix[:-1])
     logits = kv.forward(tree.tokens, [kv.length + d for d in tree.depths], tree.ancestor_mask(), pad_to=pad_to)
-    size = max(pad_to, len(tree)) if cache == "dynamic" else 32
+    size = 32 if cache == "static" else max(pad_to, len(tree))
     assert logits.shape[0] == len(tree) and kv.cached == kv.length + size
     with torch.inference_mode():
         for node in range(len(tree)):
@@ -139,7 +144,7 @@ def test_tree_attention_matches_root_path_forwards(pair, pad_to, cache):
             torch.testing.assert_close(logits[node], plain, atol=1e-4, rtol=0)
 
 
-@pytest.mark.parametrize("cache", ["dynamic", "static"])
+@pytest.mark.parametrize("cache", ["dynamic", "static", "lean"])
 @pytest.mark.parametrize("pad_to", [0, 7])
 def test_commit_keeps_accepted_path(pair, pad_to, cache):
     """After committing a non-contiguous path, the cache continues exactly like a plain forward, and

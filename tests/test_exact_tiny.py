@@ -107,6 +107,13 @@ def test_the_static_path_samples_target_distribution(feature_pair, exact, policy
     check_distribution(dataclasses.replace(feature_pair, fast_path="static"), exact, policy, options)
 
 
+@pytest.mark.parametrize("policy,options", [("specinfer", {"expansion": "2,1"}), *FEATURE_CASES], ids=lambda x: str(x))
+def test_the_lean_forward_samples_target_distribution(pair, feature_pair, exact, policy, options):
+    """The lean forward (dyspec.models.lean) runs the target and the independent draft."""
+    chosen = pair if policy == "specinfer" else feature_pair
+    check_distribution(dataclasses.replace(chosen, fast_path="lean"), exact, policy, options)
+
+
 def check_distribution(pair, exact, policy, options, budget=4):
     V = pair.target.config.vocab_size
     counts = torch.zeros(V**3)

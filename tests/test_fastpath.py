@@ -41,7 +41,6 @@ from dyspec.core.attention import rowwise_attention
 from dyspec.core.engine import encode_prompt
 from dyspec.core.events import StepVerified
 from dyspec.core.kv import KVSession
-from dyspec.core.static import static_model
 from dyspec.core.tree import Tree
 from dyspec.core.verify import verify_sampled
 from dyspec.errors import DyspecError
@@ -51,6 +50,7 @@ from dyspec.models.quant import Int8Linear, SharedInputInt8, quantize_int8
 from dyspec.policies import POLICIES
 
 from .conftest import PROMPTS
+from .test_engine import session
 from .tiny import tiny_model
 
 
@@ -238,11 +238,12 @@ def test_fp32_precision_keeps_full_precision_layers():
         load_pair(precision="fp16")
 
 
-@pytest.mark.parametrize("cache", ["dynamic", "static"])
+@pytest.mark.parametrize("cache", ["dynamic", "static", "lean"])
 def test_int8_tree_forward_is_bitwise_a_sequential_decode(int8_pair, cache):
     """On the int8 path every tree node's logits equal, bit for bit, those of decoding its root
     path one token at a time: the property that keeps greedy speculative decoding exact there; on
-    the static path too (a bucket's padding and the stale slots never join a row's keys)."""
+    the static path too (a bucket's padding and the stale slots never join a row's keys), and on
+    the lean forward (whose one-token forwards read the cache in place, its stale slots too)."""
     pair = int8_pair
     g = torch.Generator().manual_seed(1)
     prefix = encode_prompt(pair, PROMPTS[4])
@@ -251,7 +252,7 @@ def test_int8_tree_forward_is_bitwise_a_sequential_decode(int8_pair, cache):
         tree.add(int(torch.randint(len(tree), (), generator=g)), int(torch.randint(49152, (), generator=g)), 1.0)
 
     def prefilled(role: str):
-        kv = KVSession(pair.target, static=static_model(pair.target, role, 512, False) if cache == "static" else None)
+        kv = session(pair.target, cache, role=role)
         kv.append(prefix[:-1])
         return kv
 

@@ -61,6 +61,15 @@ def _groups(attention_mask: torch.Tensor | None, q_len: int, kv_len: int, kv_hea
     return groups
 
 
+def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Tensor, scale: float) -> torch.Tensor:
+    """m rows of g query heads per key head: q [Hkv, g, m, d] over their own keys k, v [Hkv * m, C, d]
+    with bias [Hkv * m, 1, C]; returns [m, Hkv * g, d]. Every row is its own batch entry."""
+    kv_heads, g, m, d = q.shape
+    qr = q.transpose(1, 2).reshape(kv_heads * m, g, d)
+    s = torch.baddbmm(bias.to(q.dtype), qr, k.transpose(1, 2), alpha=scale)
+    return torch.bmm(torch.softmax(s, -1), v).view(kv_heads, m, g, d).transpose(0, 1).reshape(m, kv_heads * g, d)
+
+
 def rowwise_attention(module, query, key, value, attention_mask, dropout=0.0, scaling=None, **kwargs):
     """query [1, H, q, d]; key, value [1, Hkv, kv, d]; attention_mask None (causal), additive
     [1, 1, q, kv] with 0 where visible, or boolean with True where visible. Returns [1, q, H, d]
@@ -70,20 +79,35 @@ def rowwise_attention(module, query, key, value, attention_mask, dropout=0.0, sc
     if query.shape[0] != 1 or (attention_mask is None and n > 1):
         return sdpa_attention_forward(module, query, key, value, attention_mask, dropout, scaling, **kwargs)
     heads, kv_heads, d = query.shape[1], key.shape[1], query.shape[3]
-    g = heads // kv_heads
-    q = query[0].view(kv_heads, g, n, d)
+    q = query[0].view(kv_heads, heads // kv_heads, n, d)
+    scale = d**-0.5 if scaling is None else scaling
     out = query.new_empty(n, heads, d)
     for rows, idx, bias in _groups(attention_mask, n, kv_len, kv_heads, key.device):
         m, c = (n if rows is None else len(rows)), bias.shape[-1]
         k = key[0].index_select(1, idx).view(kv_heads * m, c, d)
         v = value[0].index_select(1, idx).view(kv_heads * m, c, d)
-        qr = (q if rows is None else q.index_select(2, rows)).transpose(1, 2).reshape(kv_heads * m, g, d)
-        s = torch.baddbmm(bias.to(query.dtype), qr, k.transpose(1, 2), alpha=d**-0.5 if scaling is None else scaling)
-        o = torch.bmm(torch.softmax(s, -1), v).view(kv_heads, m, g, d).transpose(0, 1).reshape(m, heads, d)
+        o = _attend(q if rows is None else q.index_select(2, rows), k, v, bias, scale)
         if rows is None:
             return o[None], None
         out[rows] = o
     return out[None], None
+
+
+def prefix_bias(length: int, kv_heads: int, device) -> torch.Tensor:
+    """The bias of one row that sees `length` keys, padded as `rowwise_attention` pads it: [Hkv, 1, C]."""
+    c = -(-length // BLOCK) * BLOCK
+    return torch.zeros(kv_heads, 1, c, device=device).index_fill_(2, torch.arange(length, c, device=device), -torch.inf)
+
+
+def prefix_attention(query: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, bias: torch.Tensor, scale: float):
+    """One query row [1, H, 1, d] that sees the first `length` slots of a preallocated cache keys,
+    values [1, Hkv, capacity, d] (`bias` = `prefix_bias(length, ...)`): `rowwise_attention`'s
+    result bit for bit, reading the cache in place instead of gathering its keys. The padding
+    slots past `length` get weight 0, so what they hold (zeros or stale keys) does not count.
+    Returns [1, H, d]."""
+    kv_heads, c, d = keys.shape[1], bias.shape[-1], keys.shape[3]
+    q = query[0].view(kv_heads, -1, 1, d)
+    return _attend(q, keys[0, :, :c], values[0, :, :c], bias, scale)
 
 
 def padding_mask(batch_size: int, *args, attention_mask: torch.Tensor | None = None, **kwargs) -> torch.Tensor | None:

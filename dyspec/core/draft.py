@@ -24,7 +24,6 @@ from transformers import PreTrainedModel
 
 from dyspec.core.copying import copy_token, mix
 from dyspec.core.kv import FINAL, KVSession, sync
-from dyspec.core.static import StaticModel
 from dyspec.core.tree import Tree
 
 
@@ -34,9 +33,12 @@ class DraftSession:
         model: PreTrainedModel | None,
         prompt: list[int],
         temperature: float = 0.0,
-        static: StaticModel | None = None,
+        kv: KVSession | None = None,
     ):
-        self.kv = KVSession(model, keep_hidden=True, static=static) if model is not None else None
+        """`kv`: the session that runs `model` (the engine's, on its fast path), else a plain one."""
+        if kv is None and model is not None:
+            kv = KVSession(model, keep_hidden=True)
+        self.kv = kv
         self.needs_features = bool(getattr(model, "needs_features", False))
         self.feature_layers = getattr(model, "feature_layers", FINAL)  # the target layers it reads
         self.copy_weights = getattr(model, "copy_weights", None)

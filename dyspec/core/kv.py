@@ -39,7 +39,8 @@ class KVSession:
     tree nodes. With `keep_hidden`, `hidden` holds the last forward's hidden states at `hidden_layers`
     (by default the final ones) [n, len(hidden_layers) x H], one row per new token (what an acceptance
     head or a feature-conditioned draft reads: `target_features`). With `static` (dyspec.core.static)
-    the cache is preallocated and written in place, and forwards run at bucketed sizes."""
+    the cache is preallocated and written in place, and forwards run at bucketed sizes; `cache` is
+    the model's own otherwise (a lean forward's, dyspec.models.lean), else a growing one."""
 
     def __init__(
         self,
@@ -47,11 +48,16 @@ class KVSession:
         keep_hidden: bool = False,
         hidden_layers: tuple[int, ...] = FINAL,
         static: StaticModel | None = None,
+        cache=None,
     ):
         self.model = model
         self.device = model.device
         self.static = static
-        self.cache = DynamicCache(config=model.config) if static is None else static.cache
+        if static is not None:
+            cache = static.cache
+        elif cache is None:
+            cache = DynamicCache(config=model.config)
+        self.cache = cache
         self.cache_kwarg = cache_kwarg(model.forward)
         self.length = 0
         self.cached = 0  # kept here as the cache fills: a static cache keeps its length on the device

@@ -22,7 +22,7 @@ from transformers.utils.output_capturing import maybe_install_capturing_hooks
 
 from dyspec.errors import DyspecError
 
-FAST_PATHS = ("off", "static", "compiled")
+FAST_PATHS = ("off", "lean", "static", "compiled")  # "lean": dyspec.models.lean
 BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 ROUND = 1024  # capacities are multiples of it, so that later generations reuse a cache and its graphs
 

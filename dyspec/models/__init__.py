@@ -11,6 +11,7 @@ import copy
 import importlib.util
 import os
 import shutil
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -24,6 +25,7 @@ from dyspec.core.static import FAST_PATHS
 from dyspec.defaults import defaults_for
 from dyspec.errors import DyspecError
 from dyspec.models.feature_draft import FeatureDraft, is_feature_draft, load_feature_draft
+from dyspec.models.lean import lean_unsupported
 from dyspec.models.quant import int8_available, quantize_int8
 
 transformers.utils.logging.disable_progress_bar()  # per-tensor load bars are noise for models this size
@@ -51,7 +53,9 @@ class ModelPair:
     precision: str = "native"  # "native" (bf16 on a GPU, fp32 on a CPU), "fp32", or "int8" (int8 Linear layers, CPU)
     extra_drafts: list[PreTrainedModel] = field(default_factory=list)  # merged by specinfer only
     extra_draft_names: list[str] = field(default_factory=list)
-    fast_path: str = "off"  # "off" (eager forwards, a growing cache), "static" or "compiled" (dyspec.core.static)
+    # "off" (Hugging Face forwards, a growing cache), "lean" (dyspec.models.lean), "static" or "compiled"
+    # (dyspec.core.static)
+    fast_path: str = "off"
 
     @property
     def drafts_label(self) -> str | None:
@@ -138,6 +142,18 @@ def pick_fast_path(fast_path: str, device: torch.device, precision: str) -> str:
     if fast_path == "compiled" and precision == "int8":
         raise DyspecError("--fast-path compiled cannot trace int8 layers: use --precision fp32 or --fast-path static")
     return defaults_for(device).fast_path if fast_path == "auto" else fast_path
+
+
+def check_lean(fast_path: str, asked: str, model: PreTrainedModel) -> str:
+    """The fast path a target runs: "lean" needs an architecture the lean forward covers. Asked for
+    by name, another one is an error; as the default, it runs the Hugging Face forward, with a note."""
+    why = lean_unsupported(model) if fast_path == "lean" else None
+    if why is None:
+        return fast_path
+    if asked == "lean":
+        raise DyspecError(f"--fast-path lean: {why}")
+    warnings.warn(f"{why}: the Hugging Face forward runs (--fast-path off)", stacklevel=3)
+    return "off"
 
 
 def _smollm2_dir() -> Path:
@@ -311,8 +327,8 @@ def load_pair(
     Hub ids load from the local cache unless `allow_download`. `precision` "auto" runs int8 Linear
     layers on a CPU (unless the draft is int8, which drafts for the fp32 target); outputs are then
     exact with respect to that int8 model. "fp32" gives the GGUF's fp32 weights as they are.
-    `fast_path` (dyspec.core.static): "auto" is the device's default (`dyspec.defaults`), "off",
-    "static" or "compiled"."""
+    `fast_path`: "auto" is the device's default (`dyspec.defaults`), "off" (Hugging Face forwards),
+    "lean" (dyspec.models.lean), "static" or "compiled" (dyspec.core.static)."""
     dev = pick_device(device)
     names = [] if draft is None else [n.strip() for n in draft.split(",")]
     if "" in names:
@@ -334,10 +350,11 @@ def load_pair(
         if precision == "auto":
             precision = "native"  # the fp32 target that the int8 draft drafts for
     precision = pick_precision(precision, dev)
-    fast_path = pick_fast_path(fast_path, dev, precision)
+    chosen = pick_fast_path(fast_path, dev, precision)  # a bad value fails before the models load
     dtype = torch.float32 if precision == "fp32" else pick_dtype(dev)
     tokenizer = load_tokenizer(target, allow_download)
     target_model = load_model(target, dev, dtype, device_map, allow_download)
+    fast_path = check_lean(chosen, fast_path, target_model)
     drafts = [_load_draft(n, target, target_model, tokenizer, dev, allow_download) for n in names]
     for name, model in zip(names, drafts):
         if model.config.vocab_size != target_model.config.vocab_size:

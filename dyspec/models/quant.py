@@ -54,16 +54,17 @@ class Int8Linear(nn.Module):
             qweight = torch.quantize_per_channel(w, scale, zero, 0, torch.qint8)
             self._packed = torch.ops.quantized.linear_prepack(qweight, None)
         self.bias = bias
-        pin = torch.zeros(1, self.in_features)
-        pin[0, 0], pin[0, 1] = 1.0, -1.0
-        self.register_buffer("pin", pin, persistent=False)
+        self.reduce_range = not _has_vnni()
+        # a plain attribute, not a buffer: fbgemm runs on the CPU only, and a buffer's lookup costs
+        # microseconds on every call
+        self.pin = torch.zeros(1, self.in_features)
+        self.pin[0, 0], self.pin[0, 1] = 1.0, -1.0
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         rows = x.reshape(-1, self.in_features).float()
-        amax = rows.abs().amax(dim=1, keepdim=True).clamp_min(1e-12)
-        packed_rows = torch.cat([rows / amax, self.pin])
-        y = torch.ops.quantized.linear_dynamic(packed_rows, self._packed, not _has_vnni())[:-1] * amax
-        y = y.reshape(*x.shape[:-1], self.out_features).to(x.dtype)
+        amax = torch.linalg.vector_norm(rows, float("inf"), dim=1, keepdim=True).clamp_min_(1e-12)
+        y = torch.ops.quantized.linear_dynamic(torch.cat([rows / amax, self.pin]), self._packed, self.reduce_range)
+        y = y[:-1].mul_(amax).view(*x.shape[:-1], self.out_features).to(x.dtype)
         return y + self.bias if self.bias is not None else y
 
 

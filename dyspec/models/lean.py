@@ -1,0 +1,267 @@
+"""A lean forward for Llama-family models (`--fast-path lean`), in the style of gpt-fast's model.py.
+
+On a 2-core CPU a one-token forward of the default target spends ~4 ms in its matrix products and
+~20 ms more in the generic modules around them: separate q/k/v layers, rotary and norms as many
+small ops, masks built per forward, a cache that grows, output-capture hooks. This forward runs the
+same weights (the Hugging Face model's own modules, int8 or not) as a plain loop: q/k/v and
+gate/up fused into one product each, one norm op, rotary from a table, and a preallocated KV cache
+written in place. Attention is the Hugging Face path's own: `dyspec.core.attention`'s batch-invariant
+kernel on int8 models (bitwise what a one-token forward computes, which greedy exactness needs),
+SDPA otherwise.
+
+The Hugging Face forward stays the reference (`--fast-path off`, and every architecture not in
+`ARCHITECTURES`): tests/test_lean.py compares their logits.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from types import SimpleNamespace
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from transformers import PreTrainedModel
+from transformers.modeling_outputs import CausalLMOutputWithPast
+
+from dyspec.core.attention import prefix_attention, prefix_bias, rowwise_attention
+from dyspec.models.quant import Int8Linear, Int8Part
+
+# Llama's layer with optional q/k/v biases (Qwen2) and per-head q/k norms (Qwen3); full attention only.
+ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM")
+ROUND = 1024  # cache capacities are multiples of it
+
+
+def lean_unsupported(model: nn.Module) -> str | None:
+    """Why `model` cannot run the lean forward, or None if it can."""
+    name = type(model).__name__
+    if name not in ARCHITECTURES:
+        return f"{name} is not one of the lean forward's architectures ({', '.join(ARCHITECTURES)})"
+    config = model.config
+    if getattr(config, "sliding_window", None) and getattr(config, "use_sliding_window", True):
+        return f"{name} with sliding-window attention runs the Hugging Face forward"
+    rope = (getattr(config, "rope_parameters", None) or {}).get("rope_type", "default")
+    if rope in ("dynamic", "longrope"):  # their frequencies change with the sequence's length
+        return f"{name} with {rope} rotary scaling runs the Hugging Face forward"
+    return None
+
+
+def fused_linear(linears: list[nn.Module]) -> nn.Module:
+    """One layer for Linear layers that read the same input: the int8 path's fused layer itself
+    (`quantize_int8` made one already), else one nn.Linear over their stacked weights."""
+    if all(isinstance(lin, Int8Part) for lin in linears) and len({id(lin.shared) for lin in linears}) == 1:
+        return linears[0].shared.linear
+    if not all(isinstance(lin, nn.Linear) for lin in linears):
+        raise TypeError(f"cannot fuse {[type(lin).__name__ for lin in linears]}")
+    out_features = sum(lin.out_features for lin in linears)
+    fused = nn.Linear(linears[0].in_features, out_features, bias=linears[0].bias is not None)
+    fused = fused.to(linears[0].weight.device, linears[0].weight.dtype).requires_grad_(False)
+    with torch.no_grad():
+        fused.weight.copy_(torch.cat([lin.weight for lin in linears]))
+        if fused.bias is not None:
+            fused.bias.copy_(torch.cat([lin.bias for lin in linears]))
+    # the separate layers now read slices of the fused weights: one copy in memory, not two
+    start = 0
+    for lin in linears:
+        stop = start + lin.out_features
+        lin.weight = nn.Parameter(fused.weight[start:stop], requires_grad=False)
+        if fused.bias is not None:
+            lin.bias = nn.Parameter(fused.bias[start:stop], requires_grad=False)
+        start = stop
+    return fused
+
+
+@dataclass
+class Layer:
+    attn_norm: torch.Tensor
+    qkv: nn.Module
+    q_norm: torch.Tensor | None
+    k_norm: torch.Tensor | None
+    o: nn.Module
+    mlp_norm: torch.Tensor
+    gate_up: nn.Module
+    down: nn.Module
+
+
+class LeanCache:
+    """Keys and values of every layer [layers, Hkv, capacity, d], written in place; `length` slots
+    hold tokens. Quacks like a Hugging Face cache where KVSession needs it: `layers[i].keys` and
+    `.values` [1, Hkv, capacity, d], `crop` and `reset`."""
+
+    def __init__(self, n_layers: int, kv_heads: int, head_dim: int, dtype, device, capacity: int = ROUND):
+        self.shape, self.dtype, self.device = (n_layers, kv_heads, head_dim), dtype, device
+        self.length = 0
+        self._allocate(capacity)
+
+    def _allocate(self, capacity: int) -> None:
+        n_layers, kv_heads, head_dim = self.shape
+        k = torch.zeros(n_layers, 1, kv_heads, capacity, head_dim, dtype=self.dtype, device=self.device)
+        v = torch.zeros_like(k)
+        if hasattr(self, "k"):  # growing: keep what is held
+            k[..., : self.length, :] = self.k[..., : self.length, :]
+            v[..., : self.length, :] = self.v[..., : self.length, :]
+        self.k, self.v, self.capacity = k, v, capacity
+        self.layers = [SimpleNamespace(keys=k[i], values=v[i]) for i in range(n_layers)]
+
+    def reserve(self, n: int) -> None:
+        if self.length + n > self.capacity:
+            with torch.inference_mode():
+                self._allocate(-(-(self.length + n) // ROUND) * ROUND)
+
+    def crop(self, tokens_to_remove: int) -> None:
+        self.length -= abs(tokens_to_remove)
+
+    def reset(self) -> None:
+        self.length = 0
+
+
+class LeanForward(nn.Module):
+    """The forward of a Llama-family causal LM over a `LeanCache`, with the interface KVSession
+    uses (`input_ids`, `position_ids`, an additive or boolean `attention_mask` over the cached
+    slots and new tokens, `cache`, `logits_to_keep`, `output_hidden_states`). Shares the model's
+    weights. `exact_attention` (int8 models) runs the batch-invariant attention."""
+
+    def __init__(self, model: PreTrainedModel):
+        super().__init__()
+        if why := lean_unsupported(model):
+            raise ValueError(why)
+        self.model, config = model, model.config
+        self.config, self.generation_config = config, model.generation_config
+        self.heads = config.num_attention_heads
+        self.kv_heads = getattr(config, "num_key_value_heads", None) or self.heads
+        self.head_dim = getattr(config, "head_dim", None) or config.hidden_size // self.heads
+        self.eps = config.rms_norm_eps
+        base = model.model
+        self.embed = base.embed_tokens
+        self.norm = base.norm.weight
+        self.lm_head = model.lm_head
+        self.layers = [
+            Layer(
+                layer.input_layernorm.weight,
+                fused_linear([layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj]),
+                getattr(getattr(layer.self_attn, "q_norm", None), "weight", None),
+                getattr(getattr(layer.self_attn, "k_norm", None), "weight", None),
+                layer.self_attn.o_proj,
+                layer.post_attention_layernorm.weight,
+                fused_linear([layer.mlp.gate_proj, layer.mlp.up_proj]),
+                layer.mlp.down_proj,
+            )
+            for layer in base.layers
+        ]
+        self.exact_attention = isinstance(self.lm_head, Int8Linear) or any(
+            isinstance(layer.o, Int8Linear) for layer in self.layers
+        )
+        # cos and sin of every position, computed as Hugging Face's rotary module computes them
+        rotary = base.rotary_emb
+        positions = torch.arange(config.max_position_embeddings, dtype=torch.float32, device=model.device)
+        freqs = positions[:, None] * rotary.inv_freq.to(model.device, torch.float32)
+        emb = torch.cat((freqs, freqs), dim=-1)
+        self.cos = (emb.cos() * rotary.attention_scaling).to(model.dtype)
+        self.sin = (emb.sin() * rotary.attention_scaling).to(model.dtype)
+        self.scale = self.head_dim**-0.5
+        self._caches: dict[str, LeanCache] = {}
+
+    @property
+    def device(self) -> torch.device:
+        return self.model.device
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.model.dtype
+
+    def cache_for(self, role: str) -> LeanCache:
+        """The cache of `role` ("target", "draft0", ...: one model may be target and draft at once),
+        emptied: kept between generations, so that a generation does not allocate its cache anew."""
+        cache = self._caches.get(role)
+        if cache is None:
+            cache = self._caches[role] = LeanCache(
+                len(self.layers), self.kv_heads, self.head_dim, self.dtype, self.device
+            )
+        cache.reset()
+        return cache
+
+    def _rotate(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        """x [n, heads, d] at the rows' positions: x cos + rotate_half(x) sin, as Hugging Face does."""
+        half = self.head_dim // 2
+        return x * cos + torch.cat((-x[..., half:], x[..., :half]), dim=-1) * sin
+
+    def _attend(self, q, keys, values, mask: torch.Tensor | None, start: int, end: int, bias) -> torch.Tensor:
+        """q [1, H, n, d] over the first `end` slots of the cache's keys, values [1, Hkv, capacity, d];
+        returns [n, H, d]. `bias`: `prefix_bias` for a one-token forward on the exact path."""
+        n = q.shape[2]
+        if bias is not None:
+            return prefix_attention(q, keys, values, bias, self.scale)
+        k, v = keys[:, :, :end], values[:, :, :end]
+        if self.exact_attention and mask is not None:
+            return rowwise_attention(None, q, k, v, mask, scaling=self.scale)[0][0]
+        if mask is None and n > 1 and start:  # causal over a cache that holds tokens already
+            mask = torch.ones(n, end, dtype=torch.bool, device=q.device).tril(start)
+        elif mask is not None and mask.dtype != torch.bool:
+            mask = mask[0, 0] == 0
+        o = F.scaled_dot_product_attention(
+            q, k, v, attn_mask=mask, is_causal=mask is None and n > 1, scale=self.scale, enable_gqa=True
+        )
+        return o[0].transpose(0, 1)
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        position_ids: torch.Tensor,
+        attention_mask: torch.Tensor | None = None,
+        cache: LeanCache | None = None,
+        logits_to_keep: int | torch.Tensor = 0,
+        output_hidden_states: bool = False,
+        **_,
+    ) -> CausalLMOutputWithPast:
+        n, mask = input_ids.shape[1], attention_mask
+        start = cache.length
+        cache.reserve(n)
+        end = start + n
+        cos, sin = self.cos[position_ids[0], None], self.sin[position_ids[0], None]  # [n, 1, d]
+        h = self.embed(input_ids[0])
+        hidden = [h] if output_hidden_states else None
+        heads, kv_heads, d = self.heads, self.kv_heads, self.head_dim
+        # one row over the whole prefix (a step of `ar`, a chain's root) reads the cache in place
+        bias = prefix_bias(end, kv_heads, self.device) if self.exact_attention and n == 1 and mask is None else None
+        # `.forward`, not the module's call: a call's hook checks cost microseconds, 150 times a forward
+        for i, layer in enumerate(self.layers):
+            x = F.rms_norm(h, h.shape[-1:], layer.attn_norm, self.eps)
+            q, k, v = layer.qkv.forward(x).view(n, heads + 2 * kv_heads, d).split([heads, kv_heads, kv_heads], dim=1)
+            if layer.q_norm is not None:
+                q = F.rms_norm(q, (d,), layer.q_norm, self.eps)
+                k = F.rms_norm(k, (d,), layer.k_norm, self.eps)
+            q, k = self._rotate(q, cos, sin), self._rotate(k, cos, sin)
+            keys, values = cache.layers[i].keys, cache.layers[i].values
+            keys[0, :, start:end] = k.transpose(0, 1)
+            values[0, :, start:end] = v.transpose(0, 1)
+            o = self._attend(q.transpose(0, 1)[None], keys, values, mask, start, end, bias)
+            h = h + layer.o.forward(o.reshape(n, heads * d))
+            x = F.rms_norm(h, h.shape[-1:], layer.mlp_norm, self.eps)
+            gate, up = layer.gate_up.forward(x).chunk(2, dim=-1)
+            h = h + layer.down.forward(F.silu(gate) * up)
+            if hidden is not None:
+                hidden.append(h)
+        cache.length = end
+        h = F.rms_norm(h, h.shape[-1:], self.norm, self.eps)
+        if hidden is not None:
+            hidden[-1] = h  # the last hidden state is the normed one, as Hugging Face returns it
+        if isinstance(logits_to_keep, torch.Tensor):
+            h = h[logits_to_keep]
+        elif logits_to_keep:
+            h = h[-logits_to_keep:]
+        hidden_states = tuple(x[None] for x in hidden) if hidden is not None else None
+        return CausalLMOutputWithPast(logits=self.lm_head.forward(h)[None], hidden_states=hidden_states)
+
+
+def lean_forward(model: PreTrainedModel) -> LeanForward:
+    """The model's lean forward, made once and kept on the model."""
+    lean = model.__dict__.get("_dyspec_lean")
+    if lean is None:
+        lean = model.__dict__["_dyspec_lean"] = LeanForward(model)
+    return lean
+
+
+def runner(model: nn.Module, fast_path: str) -> nn.Module:
+    """What runs `model`'s forwards on `fast_path`: its lean forward on "lean" where its
+    architecture has one (a feature draft keeps its own small forward), else the model."""
+    return lean_forward(model) if fast_path == "lean" and lean_unsupported(model) is None else model

@@ -1,0 +1,136 @@
+"""The lean forward (`--fast-path lean`, dyspec.models.lean) against the Hugging Face forward, the
+reference: the same logits on the same weights, prefill, tree and decode."""
+
+import dataclasses
+
+import pytest
+import torch
+from transformers import (
+    GPT2Config,
+    GPT2LMHeadModel,
+    MistralConfig,
+    MistralForCausalLM,
+    Qwen2Config,
+    Qwen2ForCausalLM,
+    Qwen3Config,
+    Qwen3ForCausalLM,
+)
+
+from dyspec import generate
+from dyspec.core.engine import encode_prompt
+from dyspec.core.kv import KVSession
+from dyspec.core.tree import Tree
+from dyspec.errors import DyspecError
+from dyspec.models import check_lean, load_pair
+from dyspec.models import lean as lean_module
+from dyspec.models.lean import LeanForward, lean_forward, lean_unsupported
+
+from .conftest import PROMPTS
+from .tiny import tiny_model, tiny_pair
+
+SMALL = dict(vocab_size=50, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4)
+
+
+def forwards(model, lean: bool, prompt: list[int], tree: Tree) -> list[torch.Tensor]:
+    """The logits of a prefill, a tree forward after it, and a one-token decode after committing a
+    path of the tree: through the lean forward, or the Hugging Face forward."""
+    run = lean_forward(model) if lean else model
+    kv = KVSession(run, keep_hidden=True, cache=run.cache_for("reference") if lean else None)
+    out = [kv.append(prompt)]
+    out.append(kv.forward(tree.tokens, [kv.length + d for d in tree.depths], tree.ancestor_mask()))
+    out.append(kv.hidden)
+    kv.commit([kv.length + i for i in tree.path(len(tree) - 1)])
+    out.append(kv.forward([tree.tokens[1]]))
+    return out
+
+
+def random_tree(root: int, vocab: int, size: int = 12, seed: int = 0) -> Tree:
+    g = torch.Generator().manual_seed(seed)
+    tree = Tree.root(root)
+    for _ in range(size - 1):
+        tree.add(int(torch.randint(len(tree), (), generator=g)), int(torch.randint(vocab, (), generator=g)), 1.0)
+    return tree
+
+
+def check_against_reference(model, prompt: list[int], atol: float) -> None:
+    tree = random_tree(prompt[-1], model.config.vocab_size)
+    for lean, reference in zip(forwards(model, True, prompt, tree), forwards(model, False, prompt, tree)):
+        torch.testing.assert_close(lean, reference, atol=atol, rtol=0)
+
+
+@pytest.mark.parametrize("precision", ["fp32", "int8"])
+def test_lean_logits_are_the_hugging_face_forwards(precision, pair, default_pair):
+    """On the int8 default the lean forward runs the same ops on the same values as the Hugging Face
+    forward, so its logits are equal bit for bit (an int8 path must be: a last-bit change of an
+    activation can cross a rounding boundary). In fp32 it fuses q/k/v and gate/up into one product
+    each, which rounds differently: logits agree to 1e-4 (they are ~10 in size; fp32 keeps ~7 digits,
+    and 30 layers compound them), the bound the tree forwards are held to against full forwards."""
+    model = (pair if precision == "fp32" else default_pair).target
+    check_against_reference(model, encode_prompt(pair, PROMPTS[3])[:-1], atol=1e-4 if precision == "fp32" else 0)
+
+
+def test_a_wrong_rotary_fails_the_reference_comparison(pair, monkeypatch):
+    """The comparison can fail: a rotary that drops its sine half is caught."""
+    monkeypatch.setattr(LeanForward, "_rotate", lambda self, x, cos, sin: x * cos)
+    with pytest.raises(AssertionError):
+        check_against_reference(pair.target, encode_prompt(pair, PROMPTS[3])[:-1], atol=1e-4)
+
+
+@pytest.mark.parametrize(
+    "model",
+    [
+        lambda: tiny_model(1, 2),
+        lambda: MistralForCausalLM(MistralConfig(**SMALL, num_key_value_heads=2, sliding_window=None)),
+        lambda: Qwen2ForCausalLM(Qwen2Config(**SMALL, num_key_value_heads=2)),  # q/k/v biases
+        lambda: Qwen3ForCausalLM(Qwen3Config(**SMALL, num_key_value_heads=2, head_dim=16)),  # q/k norms
+    ],
+    ids=["llama", "mistral", "qwen2", "qwen3"],
+)
+def test_every_covered_architecture_matches_its_reference(model):
+    torch.manual_seed(0)
+    model = model().eval()
+    with torch.no_grad():
+        for p in model.parameters():
+            p.normal_(0, 0.5)
+    assert lean_unsupported(model) is None
+    check_against_reference(model, [1, 4, 2, 3, 0, 4, 4, 1], atol=1e-5)
+
+
+def test_a_model_the_lean_forward_does_not_cover_runs_the_reference_with_a_note():
+    model = GPT2LMHeadModel(GPT2Config(vocab_size=50, n_embd=32, n_layer=1, n_head=2))
+    assert "GPT2LMHeadModel is not one of" in lean_unsupported(model)
+    with pytest.warns(UserWarning, match="the Hugging Face forward runs"):
+        assert check_lean("lean", "auto", model) == "off"
+    with pytest.raises(DyspecError, match="--fast-path lean: GPT2LMHeadModel"):
+        check_lean("lean", "lean", model)
+    assert check_lean("static", "static", model) == "static"
+
+
+def test_the_cpu_default_runs_the_lean_forward(default_pair):
+    assert default_pair.fast_path == "lean"
+    assert load_pair(precision="fp32", fast_path="off").fast_path == "off"
+
+
+@pytest.fixture(scope="module")
+def off_pair(pair):
+    """The fp32 pair on the Hugging Face forward, the reference the lean default is held to."""
+    return dataclasses.replace(pair, fast_path="off")
+
+
+@pytest.mark.parametrize("policy,budget", [("chain", 2), ("dyspec", 8)])
+def test_greedy_is_token_identical_on_both_forwards(pair, off_pair, policy, budget):
+    """The suite's exactness tests run the lean default; the Hugging Face forward keeps its own."""
+    expected = generate(off_pair, PROMPTS[0], policy="ar", max_new_tokens=16).token_ids
+    for p in (pair, off_pair):
+        assert generate(p, PROMPTS[0], policy=policy, budget=budget, max_new_tokens=16).token_ids == expected
+
+
+def test_a_lean_cache_grows_in_place_of_what_it_held(monkeypatch):
+    """A cache that runs out of room is reallocated larger with its tokens kept: a generation past
+    the first capacity decodes as the reference does."""
+    monkeypatch.setattr(lean_module, "ROUND", 16)
+    pair = tiny_pair()
+    expected = generate(pair, [0, 3, 1, 2], policy="ar", max_new_tokens=40).token_ids
+    lean = dataclasses.replace(pair, fast_path="lean")
+    assert generate(lean, [0, 3, 1, 2], policy="dyspec", budget=4, max_new_tokens=40).token_ids == expected
+    assert lean_forward(pair.target).cache_for("target").capacity > 16
