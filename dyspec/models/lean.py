@@ -151,13 +151,8 @@ class LeanForward(nn.Module):
         self.exact_attention = isinstance(self.lm_head, Int8Linear) or any(
             isinstance(layer.o, Int8Linear) for layer in self.layers
         )
-        # cos and sin of every position, computed as Hugging Face's rotary module computes them
-        rotary = base.rotary_emb
-        positions = torch.arange(config.max_position_embeddings, dtype=torch.float32, device=model.device)
-        freqs = positions[:, None] * rotary.inv_freq.to(model.device, torch.float32)
-        emb = torch.cat((freqs, freqs), dim=-1)
-        self.cos = (emb.cos() * rotary.attention_scaling).to(model.dtype)
-        self.sin = (emb.sin() * rotary.attention_scaling).to(model.dtype)
+        self.rotary = base.rotary_emb
+        self._rotary_table(config.max_position_embeddings)
         self.scale = self.head_dim**-0.5
         self._caches: dict[str, LeanCache] = {}
 
@@ -179,6 +174,14 @@ class LeanForward(nn.Module):
             )
         cache.reset()
         return cache
+
+    def _rotary_table(self, size: int) -> None:
+        """cos and sin of positions 0 to size - 1, computed as Hugging Face's rotary module computes them."""
+        positions = torch.arange(size, dtype=torch.float32, device=self.device)
+        freqs = positions[:, None] * self.rotary.inv_freq.to(self.device, torch.float32)
+        emb = torch.cat((freqs, freqs), dim=-1)
+        self.cos = (emb.cos() * self.rotary.attention_scaling).to(self.dtype)
+        self.sin = (emb.sin() * self.rotary.attention_scaling).to(self.dtype)
 
     def _rotate(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         """x [n, heads, d] at the rows' positions: x cos + rotate_half(x) sin, as Hugging Face does."""
@@ -217,6 +220,8 @@ class LeanForward(nn.Module):
         start = cache.length
         cache.reserve(n)
         end = start + n
+        if end > len(self.cos):  # a position is never past its slot
+            self._rotary_table(2 * end)
         cos, sin = self.cos[position_ids[0], None], self.sin[position_ids[0], None]  # [n, 1, d]
         h = self.embed(input_ids[0])
         hidden = [h] if output_hidden_states else None
@@ -226,11 +231,13 @@ class LeanForward(nn.Module):
         # `.forward`, not the module's call: a call's hook checks cost microseconds, 150 times a forward
         for i, layer in enumerate(self.layers):
             x = F.rms_norm(h, h.shape[-1:], layer.attn_norm, self.eps)
-            q, k, v = layer.qkv.forward(x).view(n, heads + 2 * kv_heads, d).split([heads, kv_heads, kv_heads], dim=1)
+            qkv = layer.qkv.forward(x).view(n, heads + 2 * kv_heads, d)
+            qk, v = qkv[:, : heads + kv_heads], qkv[:, heads + kv_heads :]
             if layer.q_norm is not None:
-                q = F.rms_norm(q, (d,), layer.q_norm, self.eps)
-                k = F.rms_norm(k, (d,), layer.k_norm, self.eps)
-            q, k = self._rotate(q, cos, sin), self._rotate(k, cos, sin)
+                q, k = F.rms_norm(qk[:, :heads], (d,), layer.q_norm, self.eps), qk[:, heads:]
+                qk = torch.cat([q, F.rms_norm(k, (d,), layer.k_norm, self.eps)], dim=1)
+            qk = self._rotate(qk, cos, sin)  # queries and keys in one go: the ops are elementwise
+            q, k = qk[:, :heads], qk[:, heads:]
             keys, values = cache.layers[i].keys, cache.layers[i].values
             keys[0, :, start:end] = k.transpose(0, 1)
             values[0, :, start:end] = v.transpose(0, 1)
