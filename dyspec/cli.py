@@ -64,9 +64,11 @@ def add_model_args(p: argparse.ArgumentParser, with_draft: bool = True) -> None:
         "--fast-path",
         default="auto",
         choices=("auto", *FAST_PATHS),
-        help="auto (default): off, eager forwards over a growing cache, the fastest measured on a CPU. "
-        "static: a preallocated cache written in place and forwards at bucketed sizes; compiled: static, "
-        "each bucket's forward compiled once (CUDA graphs on a GPU; cached across runs)",
+        help="auto (default): lean on a CPU, off elsewhere. lean: dyspec's own forward for the Llama family "
+        "(fused products, a preallocated cache; other models run off), the fastest measured on a CPU. off: "
+        "the Hugging Face forward over a growing cache, the reference. static: a preallocated cache written "
+        "in place and forwards at bucketed sizes; compiled: static, each bucket's forward compiled once (CUDA "
+        "graphs on a GPU; cached across runs)",
     )
 
 

@@ -4,9 +4,10 @@ The models are chosen by `dyspec.models.load_pair` (precision "auto": int8 Linea
 bf16 on a GPU; draft "auto": the feature draft shipped for the target). The policy and budget are
 here, one row per device type, each the fastest in a bench on that device (docs/results/cpu-default.md
 says which runs): on a CPU a forward of n tokens costs more with every n, so small trees win, and
-`lookup` (copies where the context repeats, else one drafted token) edged out `dyspec` at budget 2
-(1.27x against 1.23x of `ar` over 30 MT-Bench runs); on a GPU t(n) is flat up to ~64 tokens and
-the largest tree measured won.
+`lookup` (copies where the context repeats, else one drafted token) at budget 2 edged out `dyspec`
+(1.02x against 1.00x of `ar` on the lean forward, 1.29x against 1.22x on the Hugging Face forward);
+the lean forward (dyspec.models.lean) made `ar` 1.27x faster than the Hugging Face forward. On a
+GPU t(n) is flat up to ~64 tokens and the largest tree measured won.
 """
 
 from __future__ import annotations
