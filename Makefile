@@ -46,22 +46,23 @@ bench: setup
 
 # On a machine with a GPU: the engine and exactness tests there, the latency profile (t(n) against
 # the floor of weights / memory bandwidth), and every policy at budgets 4/16/64/auto on 10 MT-Bench
-# questions, each eager and compiled (--fast-path), as a results page (docs/results/gpu-check.md)
-# generated from its records.
+# questions, each on the Hugging Face, lean and compiled forwards (--fast-path), as a results page
+# (docs/results/gpu-check.md) generated from its records.
 GPU_POLICIES := ar,chain,specinfer,sequoia,dyspec,dyspec-threshold,eagle2,sglang,lookup
 gpu-check: setup
-	HF_HUB_OFFLINE=1 $(PY) -m pytest -q -n 4 tests/test_engine.py tests/test_exact_tiny.py tests/test_static.py
+	HF_HUB_OFFLINE=1 $(PY) -m pytest -q -n 4 tests/test_engine.py tests/test_exact_tiny.py tests/test_static.py tests/test_lean.py
 	HF_HUB_OFFLINE=1 $(PY) -m dyspec profile --device cuda --json > docs/results/gpu-profile.json
 	HF_HUB_OFFLINE=1 $(PY) -m dyspec profile --device cuda --fast-path compiled --json \
 		> docs/results/gpu-profile-compiled.json
-	for fast in off compiled; do \
+	for fast in off lean compiled; do \
 		rm -f docs/results/gpu-check-$$fast.jsonl; \
 		HF_HUB_OFFLINE=1 $(PY) -m dyspec bench --device cuda --fast-path $$fast --dataset mtbench --spread \
 			--num-prompts 10 --max-new-tokens 64 --policies $(GPU_POLICIES) --budgets 4,16,64,auto \
 			--temperatures 0 --out docs/results/gpu-check-$$fast.jsonl || exit 1; \
 	done
-	$(PY) -m dyspec report docs/results/gpu-check-off.jsonl docs/results/gpu-check-compiled.jsonl \
-		--title "Every policy on a GPU, eager and compiled" > docs/results/gpu-check.md
+	$(PY) -m dyspec report docs/results/gpu-check-off.jsonl docs/results/gpu-check-lean.jsonl \
+		docs/results/gpu-check-compiled.jsonl --title "Every policy on a GPU: Hugging Face, lean and compiled forwards" \
+		> docs/results/gpu-check.md
 
 lint: setup
 	$(VENV)/bin/ruff check . && $(VENV)/bin/ruff format --check .

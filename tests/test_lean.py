@@ -58,7 +58,10 @@ def check_against_reference(model, prompt: list[int], atol: float) -> None:
         torch.testing.assert_close(lean, reference, atol=atol, rtol=0)
 
 
-@pytest.mark.parametrize("precision", ["fp32", "int8"])
+CPU_DEFAULT = pytest.mark.skipif(torch.cuda.is_available(), reason="the int8 default runs on a CPU only")
+
+
+@pytest.mark.parametrize("precision", ["fp32", pytest.param("int8", marks=CPU_DEFAULT)])
 def test_lean_logits_are_the_hugging_face_forwards(precision, pair, default_pair):
     """On the int8 default the lean forward runs the same ops on the same values as the Hugging Face
     forward, so its logits are equal bit for bit (an int8 path must be: a last-bit change of an
@@ -106,6 +109,7 @@ def test_a_model_the_lean_forward_does_not_cover_runs_the_reference_with_a_note(
     assert check_lean("static", "static", model) == "static"
 
 
+@CPU_DEFAULT
 def test_the_cpu_default_runs_the_lean_forward(default_pair):
     assert default_pair.fast_path == "lean"
     assert load_pair(precision="fp32", fast_path="off").fast_path == "off"
