@@ -87,9 +87,9 @@ def llamacpp_forward_ms(pair: ModelPair, sizes, context: int, repeats: int = 9) 
     """llama.cpp's t(n) on the pair's GGUF, measured as `dyspec.auto.profile.forward_ms` measures
     dyspec's: n new tokens after `context` cached ones, every row's logits returned (what verifying
     a tree needs), sizes taking turns, the median of `repeats` rounds."""
+    check_llamacpp(pair)  # before the import: without llama-cpp-python, a clear error
     from llama_cpp import Llama
 
-    check_llamacpp(pair)
     vocab = pair.target.config.vocab_size
     g = torch.Generator().manual_seed(0)
     llm = Llama(str(gguf_path(pair)), n_ctx=2048, n_threads=torch.get_num_threads(), logits_all=True, verbose=False)
