@@ -215,7 +215,7 @@ def cmd_profile(args: argparse.Namespace) -> None:
 
     pair = pair_of(args)
     profile = measure_profile(pair)
-    if args.device in (None, "auto", "cpu") and pair.device.type == "cpu":
+    if pair.device.type == "cpu":
         from dyspec.eval.peers import llamacpp_forward_ms
 
         try:  # the plain decoding users already have, beside dyspec's forwards

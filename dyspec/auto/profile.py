@@ -15,11 +15,11 @@ import torch
 from torch import nn
 from transformers import PreTrainedModel
 
-from dyspec.core.kv import KVSession, compile_forwards, sync
-from dyspec.core.static import bucket, static_model
+from dyspec.core.kv import compile_forwards, sync
+from dyspec.core.session import open_session
+from dyspec.core.static import bucket
 from dyspec.models import cache_dir, load_model, write_cache
 from dyspec.models.feature_draft import FeatureDraft
-from dyspec.models.lean import runner
 from dyspec.models.quant import Int8Linear
 
 # Every n up to 16: fp32 forwards of a few rows on a CPU are lumpy, not smooth between powers of
@@ -43,10 +43,7 @@ def forward_ms(
     Sizes take turns within each round, so a slow spell of a shared machine hits all of them alike."""
     g = torch.Generator().manual_seed(0)
     vocab = model.config.vocab_size
-    static, run = None, runner(model, fast_path)
-    if fast_path in ("static", "compiled"):
-        static = static_model(model, "profile", context + bucket(max(sizes)), compiled=fast_path == "compiled")
-    kv = KVSession(run, static=static, cache=run.cache_for("profile") if run is not model else None)
+    kv = open_session(model, fast_path, "profile", context + bucket(max(sizes)))
     if fast_path == "compiled":
         compile_forwards([kv], sorted({bucket(n) for n in sizes}), last_only=(False,))
     kv.append(torch.randint(vocab, (context,), generator=g).tolist())

@@ -8,20 +8,19 @@ import warnings
 from collections.abc import Callable, Iterator, Sequence
 
 import torch
-from transformers import PreTrainedModel
 
 from dyspec.auto.budget import AUTO_CAP, AutoState
 from dyspec.auto.controller import budget_controller
 from dyspec.core.draft import DraftSession
 from dyspec.core.events import Event, GenerationFinished, StepVerified, TreeExpanded
-from dyspec.core.kv import FINAL, KVSession, compile_forwards, sync
-from dyspec.core.static import BUCKETS, bucket, static_model
+from dyspec.core.kv import FINAL, compile_forwards, sync
+from dyspec.core.session import open_session
+from dyspec.core.static import BUCKETS, bucket
 from dyspec.core.step import Decoding, Step, speculative_step
 from dyspec.core.tree import Tree
 from dyspec.defaults import defaults_for
 from dyspec.errors import DyspecError
 from dyspec.models import ModelPair
-from dyspec.models.lean import runner
 from dyspec.policies import check_options, get_policy
 
 MAX_BUDGET = 256
@@ -156,18 +155,6 @@ def step_events(pair: ModelPair, number: int, s: Step, emitted: list[int], step_
     return [*grown, verified]
 
 
-def _session(pair: ModelPair, model: PreTrainedModel, role: str, need: int, **kwargs) -> KVSession:
-    """A session for `model` in `role` ("target", "draft0", ...) on the pair's fast path: a static
-    cache holding `need` tokens (`static`, `compiled`), the lean forward's cache (`lean`), or a
-    growing cache over the Hugging Face forward (`off`)."""
-    if pair.fast_path in ("static", "compiled"):
-        kwargs["static"] = static_model(model, role, need, compiled=pair.fast_path == "compiled")
-    run = runner(model, pair.fast_path)
-    if run is not model:
-        kwargs["cache"] = run.cache_for(role)
-    return KVSession(run, **kwargs)
-
-
 def start(
     pair: ModelPair, ids: list[int], policy: str, options: dict, temperature: float, seed: int, room: int
 ) -> Decoding:
@@ -177,12 +164,22 @@ def start(
     models = [pair.draft, *(pair.extra_drafts if spec.multi_draft else [])]
     need = bucket(len(ids)) + room  # the draft's first forward reads the whole prompt
     drafts = [
-        DraftSession(m, ids, temperature, None if m is None else _session(pair, m, f"draft{i}", need, keep_hidden=True))
+        DraftSession(
+            m,
+            ids,
+            temperature,
+            None if m is None else open_session(m, pair.fast_path, f"draft{i}", need, keep_hidden=True),
+        )
         for i, m in enumerate(models)
     ]
     layers = [d.feature_layers for d in drafts if d.needs_features]  # one set: load_pair checks
-    target = _session(
-        pair, pair.target, "target", need, keep_hidden=bool(layers), hidden_layers=layers[0] if layers else FINAL
+    target = open_session(
+        pair.target,
+        pair.fast_path,
+        "target",
+        need,
+        keep_hidden=bool(layers),
+        hidden_layers=layers[0] if layers else FINAL,
     )
     generator = torch.Generator(device=pair.device).manual_seed(seed)
     return Decoding(spec, options, target, drafts, temperature, generator)

@@ -148,9 +148,7 @@ class LeanForward(nn.Module):
             )
             for layer in base.layers
         ]
-        self.exact_attention = isinstance(self.lm_head, Int8Linear) or any(
-            isinstance(layer.o, Int8Linear) for layer in self.layers
-        )
+        self.exact_attention = isinstance(self.lm_head, Int8Linear)  # quantize_int8 converts every Linear
         self.rotary = base.rotary_emb
         self._rotary_table(config.max_position_embeddings)
         self.scale = self.head_dim**-0.5
