@@ -15,8 +15,8 @@ import torch
 from torch import nn
 from transformers import PreTrainedModel
 
+from dyspec.core.fastpath import open_session
 from dyspec.core.kv import compile_forwards, sync
-from dyspec.core.session import open_session
 from dyspec.core.static import bucket
 from dyspec.models import cache_dir, load_model, write_cache
 from dyspec.models.feature_draft import FeatureDraft

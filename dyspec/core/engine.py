@@ -13,8 +13,8 @@ from dyspec.auto.budget import AUTO_CAP, AutoState
 from dyspec.auto.controller import budget_controller
 from dyspec.core.draft import DraftSession
 from dyspec.core.events import Event, GenerationFinished, StepVerified, TreeExpanded
+from dyspec.core.fastpath import open_session
 from dyspec.core.kv import FINAL, compile_forwards, sync
-from dyspec.core.session import open_session
 from dyspec.core.static import BUCKETS, bucket
 from dyspec.core.step import Decoding, Step, speculative_step
 from dyspec.core.tree import Tree
