@@ -2,6 +2,7 @@
 
 from dyspec.core.engine import generate, stream
 from dyspec.core.events import GenerationFinished, StepVerified, TreeExpanded
+from dyspec.core.replay import ReplayRun, Trace, record_trace, replay
 from dyspec.errors import DyspecError
 from dyspec.models import ModelPair, load_pair
 
@@ -9,9 +10,13 @@ __all__ = [
     "DyspecError",
     "GenerationFinished",
     "ModelPair",
+    "ReplayRun",
     "StepVerified",
+    "Trace",
     "TreeExpanded",
     "generate",
     "load_pair",
+    "record_trace",
+    "replay",
     "stream",
 ]

@@ -3,14 +3,16 @@ with an event per tree expansion and step for the views, and one when the genera
 
 from __future__ import annotations
 
+import math
 import time
 import warnings
 from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
 
 import torch
 
 from dyspec.auto.budget import AUTO_CAP, AutoState
-from dyspec.auto.controller import budget_controller
+from dyspec.auto.controller import Budget, budget_controller
 from dyspec.core.draft import DraftSession
 from dyspec.core.events import Event, GenerationFinished, StepVerified, TreeExpanded
 from dyspec.core.fastpath import open_session
@@ -22,6 +24,7 @@ from dyspec.defaults import defaults_for
 from dyspec.errors import DyspecError
 from dyspec.models import ModelPair
 from dyspec.policies import check_options, get_policy
+from dyspec.policies.contract import Policy
 
 MAX_BUDGET = 256
 MAX_TEMPERATURE = 5.0
@@ -93,10 +96,11 @@ def _texts(pair: ModelPair, ids: list[int]) -> list[str]:
     return pair.tokenizer.batch_decode([[i] for i in ids])
 
 
-def _target_probs(logits: torch.Tensor, tree: Tree, p: torch.Tensor | None) -> list[float]:
-    """Target probability of each node's token after its parent (at T = 1 when decoding greedily)."""
-    if tree.size == 0:
-        return [1.0]
+def _target_probs(logits: torch.Tensor | None, tree: Tree, p: torch.Tensor | None) -> list[float]:
+    """Target probability of each node's token after its parent (at T = 1 when decoding greedily);
+    NaN where the target did not run (a replay)."""
+    if tree.size == 0 or logits is None:
+        return [1.0] + [math.nan] * tree.size
     parents = torch.tensor(tree.parents[1:], device=logits.device)
     tokens = torch.tensor(tree.tokens[1:], device=logits.device)
     if p is None:
@@ -155,15 +159,11 @@ def step_events(pair: ModelPair, number: int, s: Step, emitted: list[int], step_
     return [*grown, verified]
 
 
-def start(
-    pair: ModelPair, ids: list[int], policy: str, options: dict, temperature: float, seed: int, room: int
-) -> Decoding:
-    """A generation's sessions, their caches empty; on the static path (`pair.fast_path`) each cache
-    holds the prompt and `room` more tokens."""
-    spec = get_policy(policy)
+def open_drafts(pair: ModelPair, ids: list[int], spec: Policy, temperature: float, need: int) -> list[DraftSession]:
+    """The draft sessions of a generation: the first draft's, or every merged one's for a multi-draft
+    policy; on a fast path each cache holds `need` tokens."""
     models = [pair.draft, *(pair.extra_drafts if spec.multi_draft else [])]
-    need = bucket(len(ids)) + room  # the draft's first forward reads the whole prompt
-    drafts = [
+    return [
         DraftSession(
             m,
             ids,
@@ -172,6 +172,16 @@ def start(
         )
         for i, m in enumerate(models)
     ]
+
+
+def start(
+    pair: ModelPair, ids: list[int], policy: str, options: dict, temperature: float, seed: int, room: int
+) -> Decoding:
+    """A generation's sessions, their caches empty; on the static path (`pair.fast_path`) each cache
+    holds the prompt and `room` more tokens."""
+    spec = get_policy(policy)
+    need = bucket(len(ids)) + room  # the draft's first forward reads the whole prompt
+    drafts = open_drafts(pair, ids, spec, temperature, need)
     layers = [d.feature_layers for d in drafts if d.needs_features]  # one set: load_pair checks
     target = open_session(
         pair.target,
@@ -194,6 +204,62 @@ def prefill(run: Decoding, ids: list[int]) -> None:
     for draft in run.drafts:
         draft.set_prompt_features(run.target.hidden)
     sync(run.target.device)
+
+
+def plan(
+    pair: ModelPair,
+    ids: list[int],
+    policy: str,
+    budget: int | str,
+    temperature: float,
+    max_new_tokens: int,
+    options: dict | None,
+    auto_state: AutoState | None,
+) -> tuple[Policy, dict, Budget]:
+    """A checked request's policy, its options resolved once (`Policy.prepare`), and its budget
+    controller."""
+    check_request(pair, ids, policy, budget, temperature, max_new_tokens, dict(options or {}))
+    spec = get_policy(policy)
+    options = spec.prepare(pair, temperature, dict(options or {})) if spec.prepare else dict(options or {})
+    return spec, options, budget_controller(pair, spec, budget, options, temperature, auto_state)
+
+
+@dataclass
+class Progress:
+    """What a generation has committed so far, and why it ended."""
+
+    out: list[int] = field(default_factory=list)
+    steps: int = 0
+    stop_reason: str = "max_new_tokens"  # or "eos", "stopped"
+
+
+def decode_steps(
+    pair: ModelPair,
+    root: int,
+    max_new_tokens: int,
+    step: Callable[[int, int], Step],
+    done: Progress,
+    hooks: Sequence[Hook] = (),
+    stop: Callable[[], bool] | None = None,
+) -> Iterator[Event]:
+    """Steps (`step(root, left)`) from the prompt's last token `root` until the answer ends, with
+    their events; `done` holds what they committed."""
+    while len(done.out) < max_new_tokens:
+        if stop is not None and stop():
+            done.stop_reason = "stopped"
+            return
+        t0 = time.perf_counter()
+        s = step(root, max_new_tokens - len(done.out) - 1)
+        emitted = [s.tree.tokens[i] for i in s.accepted] + [s.next_token]
+        if cut := until_stop(emitted, pair.stop_ids):
+            emitted, done.stop_reason = emitted[:cut], "eos"
+        emitted = emitted[: max_new_tokens - len(done.out)]
+        done.out, root = done.out + emitted, s.next_token
+        for event in step_events(pair, done.steps, s, emitted, time.perf_counter() - t0):
+            yield _emit(event, hooks)
+        done.steps += 1
+        if done.stop_reason == "eos":
+            return
 
 
 def stream(
@@ -221,11 +287,7 @@ def stream(
     defaults = defaults_for(pair.device)
     policy, budget = policy or defaults.policy, defaults.budget if budget is None else budget
     ids = encode_prompt(pair, prompt, chat)
-    check_request(pair, ids, policy, budget, temperature, max_new_tokens, dict(options or {}))
-    spec = get_policy(policy)
-    options = spec.prepare(pair, temperature, dict(options or {})) if spec.prepare else dict(options or {})
-    controller = budget_controller(pair, spec, budget, options, temperature, auto_state)
-
+    spec, options, controller = plan(pair, ids, policy, budget, temperature, max_new_tokens, options, auto_state)
     cap = AUTO_CAP if budget == "auto" else budget
     # a step's forwards reach past the committed tokens by up to twice the tree, padded to buckets
     run = start(pair, ids, policy, options, temperature, seed, room=max_new_tokens + 2 * bucket(cap + 1))
@@ -235,43 +297,34 @@ def stream(
     t_start = time.perf_counter()
     prefill(run, ids)
     prefill_s = time.perf_counter() - t_start
-    root, out, number, stop_reason = ids[-1], [], 0, "max_new_tokens"
-    while len(out) < max_new_tokens:
-        if stop is not None and stop():
-            stop_reason = "stopped"
-            break
-        t0 = time.perf_counter()
-        s = speculative_step(run, root, controller, left=max_new_tokens - len(out) - 1)
-        emitted = [s.tree.tokens[i] for i in s.accepted] + [s.next_token]
-        if cut := until_stop(emitted, pair.stop_ids):
-            emitted, stop_reason = emitted[:cut], "eos"
-        emitted = emitted[: max_new_tokens - len(out)]
-        out, root = out + emitted, s.next_token
-        for event in step_events(pair, number, s, emitted, time.perf_counter() - t0):
-            yield _emit(event, hooks)
-        number += 1
-        if stop_reason == "eos":
-            break
-
+    done = Progress()
+    yield from decode_steps(
+        pair,
+        ids[-1],
+        max_new_tokens,
+        lambda root, left: speculative_step(run, root, controller, left),
+        done,
+        hooks,
+        stop,
+    )
     wall_s = time.perf_counter() - t_start
-    forwards = sum(d.forwards for d in run.drafts)
     yield _emit(
         GenerationFinished(
-            text=pair.tokenizer.decode(out, skip_special_tokens=True),
-            token_ids=out,
-            new_tokens=len(out),
-            target_forwards=number,
-            draft_forwards=forwards,
-            tokens_per_forward=len(out) / max(number, 1),
+            text=pair.tokenizer.decode(done.out, skip_special_tokens=True),
+            token_ids=done.out,
+            new_tokens=len(done.out),
+            target_forwards=done.steps,
+            draft_forwards=sum(d.forwards for d in run.drafts),
+            tokens_per_forward=len(done.out) / max(done.steps, 1),
             wall_s=wall_s,
             prefill_s=prefill_s,
-            tokens_per_s=len(out) / wall_s,
+            tokens_per_s=len(done.out) / wall_s,
             policy=policy,
             budget=budget,
             temperature=temperature,
             seed=seed,
             options=options,
-            stop_reason=stop_reason,
+            stop_reason=done.stop_reason,
         ),
         hooks,
     )

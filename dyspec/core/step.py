@@ -25,7 +25,7 @@ class Decoding:
 
     policy: Policy
     options: dict
-    target: KVSession
+    target: KVSession | None  # None in a replay (dyspec.core.replay): the trace stands for the target
     drafts: list[DraftSession]  # the first, or every merged one for a multi-draft policy
     temperature: float
     generator: torch.Generator
@@ -39,7 +39,7 @@ class Step:
     tree: Tree
     accepted: list[int]
     next_token: int
-    logits: torch.Tensor
+    logits: torch.Tensor | None  # None in a replay
     p: torch.Tensor | None
     draft_s: float
     build_s: float  # building the tree beyond the draft's forwards
@@ -47,11 +47,12 @@ class Step:
     draft_forwards: int
 
 
-def speculative_step(run: Decoding, root: int, budget: Budget, left: int) -> Step:
-    """One step from the last committed token `root`, with `left` tokens of the answer to draft."""
+def draft_tree(run: Decoding, root: int, budget: Budget, context: int, left: int) -> tuple[Tree, float, int]:
+    """The step's tree from the last committed token `root`, after `context` committed tokens, with
+    `left` tokens of the answer to draft; the seconds and forwards its drafts took."""
     d = run.drafts
-    t0, draft_s0, forwards0 = time.perf_counter(), sum(x.seconds for x in d), sum(x.forwards for x in d)
-    cap, args = budget.cap(run.target.length, left)
+    draft_s0, forwards0 = sum(x.seconds for x in d), sum(x.forwards for x in d)
+    cap, args = budget.cap(context, left)
     source = d if run.policy.multi_draft else d[0]
     tree = (
         Tree.root(root)
@@ -61,6 +62,22 @@ def speculative_step(run: Decoding, root: int, budget: Budget, left: int) -> Ste
     tree, old_ids = budget.cut(tree, d)
     for draft in d if old_ids else []:
         draft.relabel(old_ids)
+    return tree, sum(x.seconds for x in d) - draft_s0, sum(x.forwards for x in d) - forwards0
+
+
+def commit_drafts(
+    run: Decoding, budget: Budget, tree: Tree, accepted: list[int], next_token: int, target_hidden
+) -> None:
+    """Every draft keeps the accepted path; the budget learns from it."""
+    for draft in run.drafts:
+        draft.commit(tree, accepted, next_token, target_hidden)
+    budget.learn(tree, accepted)
+
+
+def speculative_step(run: Decoding, root: int, budget: Budget, left: int) -> Step:
+    """One step from the last committed token `root`, with `left` tokens of the answer to draft."""
+    t0 = time.perf_counter()
+    tree, draft_s, draft_forwards = draft_tree(run, root, budget, run.target.length, left)
     positions = [run.target.length + depth for depth in tree.depths]
     # even a chain gets a mask: a causal forward of several tokens is read as a prefill
     visible = tree.ancestor_mask() if len(tree) > 1 else None
@@ -75,18 +92,5 @@ def speculative_step(run: Decoding, root: int, budget: Budget, left: int) -> Ste
         p = to_probs(logits, run.temperature)
         accepted, next_token = verify_sampled(tree, p, run.generator)
     run.target.commit([run.target.length + i for i in [0, *accepted]])
-    for draft in d:
-        draft.commit(tree, accepted, next_token, run.target.hidden)
-    budget.learn(tree, accepted)
-    draft_s = sum(x.seconds for x in d) - draft_s0
-    return Step(
-        tree,
-        accepted,
-        next_token,
-        logits,
-        p,
-        draft_s,
-        t1 - t0 - draft_s,
-        t2 - t1,
-        sum(x.forwards for x in d) - forwards0,
-    )
+    commit_drafts(run, budget, tree, accepted, next_token, run.target.hidden)
+    return Step(tree, accepted, next_token, logits, p, draft_s, t1 - t0 - draft_s, t2 - t1, draft_forwards)
