@@ -188,9 +188,10 @@ def cmd_bench(args: argparse.Namespace) -> None:
     records = run_bench(pair, config, out, resume=args.resume, command=shlex.join(["dyspec", *sys.argv[1:]]))
     profile = measure_profile(pair) if args.profile else None
     report = out.with_suffix(".html")
-    write_report(records, report, profile, whatif_model)
+    models = [whatif_model] if whatif_model else []
+    write_report(records, report, profile, models)
     rows = summarize(records)
-    print(markdown_table(rows, records, whatif_model))
+    print(markdown_table(rows, records, models))
     if compared := auto_table(records, rows):
         print(f"\n{compared}")
     print(f"records: {out}  report: {report}", file=sys.stderr)
@@ -205,8 +206,38 @@ def cmd_report(args: argparse.Namespace) -> None:
     from dyspec.auto.whatif import load_profile
     from dyspec.eval.bench import results_page
 
-    whatif_model = load_profile(args.whatif) if args.whatif else None
-    print(results_page([Path(f) for f in args.records], args.title, whatif_model))
+    print(results_page([Path(f) for f in args.records], args.title, [load_profile(w) for w in args.whatif]))
+
+
+REPLAY_POLICIES = ("chain", "specinfer", "sequoia", "dyspec")
+REPLAY_BUDGETS = (2, 4, 8, 16, 32, 64, 128)
+
+
+def cmd_replay(args: argparse.Namespace) -> None:
+    from pathlib import Path
+
+    from dyspec.auto.profile import pair_profile
+    from dyspec.auto.whatif import from_profile, load_profile
+    from dyspec.core.engine import check_settings
+    from dyspec.eval.prompts import load_prompts
+    from dyspec.eval.sweep import REPLAY_NOTE, run_sweep, sweep_rows, sweep_table
+
+    for policy in args.policies:
+        for budget in args.budgets:
+            check_settings(policy, budget, 0.0, args.max_new_tokens, {})
+    models = {
+        w: None if w == THIS_MACHINE_FLAG else load_profile(w) for w in args.whatif or [THIS_MACHINE_FLAG, "h100"]
+    }
+    prompts = [("prompt", args.prompt)] if args.prompt else load_prompts(args.dataset, args.num_prompts, args.spread)
+    pair = pair_of(args)
+    if THIS_MACHINE_FLAG in models:
+        models[THIS_MACHINE_FLAG] = from_profile(pair_profile(pair), "this machine")
+    dataset = "prompt" if args.prompt else args.dataset
+    command = shlex.join(["dyspec", *sys.argv[1:]])
+    out = Path(args.out)
+    records = run_sweep(pair, dataset, prompts, args.policies, args.budgets, args.max_new_tokens, out, command)
+    print(sweep_table(sweep_rows(records, list(models.values()))))
+    print(f"{REPLAY_NOTE}\nrecords: {out}", file=sys.stderr)
 
 
 def cmd_profile(args: argparse.Namespace) -> None:
@@ -484,8 +515,43 @@ def build_parser() -> argparse.ArgumentParser:
     rp = sub.add_parser("report", help="a results page in Markdown from bench records, stamped with how they were made")
     rp.add_argument("records", nargs="+", help="JSONL files written by `dyspec bench --out`; one section each")
     rp.add_argument("--title", default="Results", help="the page's title")
-    rp.add_argument("--whatif", metavar="PROFILE", help="as for bench: a column modelled on other hardware")
+    rp.add_argument(
+        "--whatif",
+        metavar="PROFILE",
+        action="append",
+        default=[],
+        help="as for bench: a column modelled on other hardware (repeatable)",
+    )
     rp.set_defaults(func=cmd_report)
+
+    rl = sub.add_parser(
+        "replay",
+        help="policies x budgets replayed along the target's greedy answers (T = 0): exact trees and "
+        "tokens per forward at the draft's cost alone, with speedups modelled per hardware",
+    )
+    source = rl.add_mutually_exclusive_group()
+    source.add_argument("--prompt", help="one prompt (instead of --dataset)")
+    source.add_argument("--dataset", default="mtbench", help="as for bench")
+    rl.add_argument("--num-prompts", type=int, default=10)
+    rl.add_argument("--spread", action="store_true", help=SPREAD_HELP)
+    rl.add_argument("--policies", type=_csv(str), default=REPLAY_POLICIES, help=f"default: {','.join(REPLAY_POLICIES)}")
+    rl.add_argument(
+        "--budgets",
+        type=_csv(_budget),
+        default=REPLAY_BUDGETS,
+        help=f"up to 256; 'auto' allowed (default: {','.join(map(str, REPLAY_BUDGETS))})",
+    )
+    rl.add_argument("--max-new-tokens", type=int, default=64)
+    rl.add_argument("--out", default="bench-out/replay.jsonl", help="JSONL records (`dyspec report` makes a page)")
+    rl.add_argument(
+        "--whatif",
+        metavar="PROFILE",
+        action="append",
+        help="price the trees on this hardware: a file from `dyspec profile --json`, a shipped example (h100), "
+        "or `this` (this machine's profile); repeatable (default: this and h100)",
+    )
+    add_model_args(rl)
+    rl.set_defaults(func=cmd_replay)
 
     pr = sub.add_parser("profile", help="measure forward latency t(n) of target and draft")
     add_model_args(pr)

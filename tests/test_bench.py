@@ -68,7 +68,7 @@ def test_bench_smoke_and_resume(int8_draft_pair, tmp_path):
 
     # the hardware what-if prices each row from its records' step shapes
     h100 = load_profile("h100")
-    table = markdown_table(summarize(resumed), resumed, h100).splitlines()
+    table = markdown_table(summarize(resumed), resumed, [h100]).splitlines()
     assert "modelled on H100" in table[0]
     for line in table[2:]:
         cells = [c.strip() for c in line.strip("|").split("|")]
@@ -78,12 +78,12 @@ def test_bench_smoke_and_resume(int8_draft_pair, tmp_path):
             assert cells[-1] == f"{modelled_speedup(shapes, h100):.2f}x"
         else:  # Hugging Face's generate: no steps to price
             assert cells[-1] == "-"
-    write_report(resumed, report, whatif_model=h100)
+    write_report(resumed, report, whatif_models=[h100])
     assert "modelled on H100" in report.read_text()
 
     # a results page is made from the records alone, stamped with how they were made
     assert {r["command"] for r in resumed} == {None} and all(r["date"] and r["host"] for r in resumed)
-    page = results_page([out], "Smoke", h100)
+    page = results_page([out], "Smoke", [h100])
     first = resumed[0]
     assert page.startswith("# Smoke\n") and f"Host: {first['host']}; date: {first['date']}" in page
     assert "(not recorded)" in page and "| mtbench | dyspec | 4 |" in page and "modelled on H100" in page

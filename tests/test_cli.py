@@ -199,3 +199,26 @@ def test_train_head_and_distill_run_from_the_command_line(tmp_path):
 def test_fit_copy_needs_a_feature_draft(tmp_path):
     assert_one_line_error(dyspec("fit-copy", "--out", str(tmp_path), "--draft", "int8"), "--draft must be", "int8")
     assert_one_line_error(dyspec("fit-copy", "--out", str(tmp_path), "--num-prompts", "2"), "at least 5 prompts")
+
+
+def test_replay_sweep_records_table_and_page(tmp_path):
+    """`dyspec replay`: a record per prompt, policy and budget; the table's tokens per forward are the
+    records' totals; `dyspec report` makes a results page from them, each speedup labelled modelled."""
+    out = tmp_path / "replay.jsonl"
+    r = dyspec(
+        "replay", "--dataset", "mtbench", "--num-prompts", "2", "--max-new-tokens", "16",
+        "--policies", "chain,dyspec", "--budgets", "2,16", "--whatif", "h100", "--out", str(out),
+    )  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    records = [json.loads(line) for line in out.read_text().splitlines()]
+    assert len(records) == 2 * 2 * 2 and {x["kind"] for x in records} == {"replay"}
+    assert all(x["command"].startswith("dyspec replay") for x in records)
+    rows = [line.strip("|").split("|") for line in r.stdout.splitlines()[2:]]
+    for policy, budget, *_ in rows:
+        mine = [x for x in records if x["policy"] == policy.strip() and x["budget"] == int(budget)]
+        tpf = sum(x["new_tokens"] for x in mine) / sum(x["target_forwards"] for x in mine)
+        assert f"| {policy.strip()} | {budget.strip()} | 2 | {budget.strip()}.0 | {tpf:.2f} |" in r.stdout
+    assert "modelled on H100" in r.stdout.splitlines()[0] and "not measured" in r.stderr
+    page = dyspec("report", str(out), "--whatif", "h100", "--title", "Replay")
+    assert page.returncode == 0 and "not measured" in page.stdout and "| chain | 16 | 2 |" in page.stdout
+    assert_one_line_error(dyspec("replay", "--prompt", "hi", "--budgets", "300"), "budget")

@@ -19,6 +19,7 @@ import os
 import platform
 import time
 from collections import Counter
+from collections.abc import Sequence
 from dataclasses import dataclass
 from importlib.metadata import version
 from pathlib import Path
@@ -83,7 +84,7 @@ def read_records(path: Path) -> list[dict]:
     return records
 
 
-def _append(path: Path, record: dict) -> None:
+def append_record(path: Path, record: dict) -> None:
     with open(path, "a", encoding="utf-8") as f:
         f.write(json.dumps(record) + "\n")
         f.flush()
@@ -199,6 +200,23 @@ def host(device: torch.device) -> str:
     return f"{names[0] if names else platform.processor() or 'CPU'}, {os.cpu_count()} cores"
 
 
+def host_stamp(pair: ModelPair, command: str | None) -> dict:
+    """What a results page stamps a record with: the pair as it ran, the machine, the versions, the
+    date and the command."""
+    return {
+        "device": str(pair.device),
+        "dtype": str(pair.dtype).removeprefix("torch."),
+        "precision": pair.precision,
+        "fast_path": pair.fast_path,
+        "target": pair.target_name,
+        "draft": pair.drafts_label,
+        "versions": {m: version(m) for m in ("dyspec", "torch", "transformers")},
+        "host": host(pair.device),
+        "date": datetime.date.today().isoformat(),
+        "command": command,
+    }
+
+
 def run_bench(
     pair: ModelPair,
     config: BenchConfig,
@@ -253,9 +271,8 @@ def run_bench(
         for g, (seed, (pid, prompt), temperature) in enumerate(groups)
         for spec, budget in [("ar", 1), *rotated(runs, g)]
     ]
-    versions = {m: version(m) for m in ("dyspec", "torch", "transformers")}
     auto_states: dict[tuple, AutoState] = {}
-    stamp = {"host": host(pair.device), "date": datetime.date.today().isoformat(), "command": command}
+    stamp = host_stamp(pair, command)
     for pid, prompt, temperature, seed, policy, opts, budget in tqdm(jobs, desc="bench", disable=not progress):
         base = {
             "dataset": config.dataset,
@@ -285,16 +302,9 @@ def run_bench(
             **stats,
             "tokens_per_s": tokens_per_s,
             "speedup_vs_ar": tokens_per_s / reference if reference else None,
-            "device": str(pair.device),
-            "dtype": str(pair.dtype).removeprefix("torch."),
-            "precision": pair.precision,
-            "fast_path": pair.fast_path,
-            "target": pair.target_name,
-            "draft": pair.drafts_label,
-            "versions": versions,
             **stamp,
         }
-        _append(out, record)
+        append_record(out, record)
         records.append(record)
     return records
 
@@ -311,13 +321,15 @@ def modelled(records: list[dict], row: dict, model: whatif.LatencyModel) -> floa
     return whatif.modelled_speedup(shapes, model)
 
 
-def markdown_table(rows: list[dict], records: list[dict] = (), whatif_model: whatif.LatencyModel | None = None) -> str:
-    """The summary; with `whatif_model`, a column of each row's speedup modelled on that hardware
-    from the run's own trees."""
-    extra = f" modelled on {whatif_model.name} |" if whatif_model else ""
+def markdown_table(
+    rows: list[dict], records: list[dict] = (), whatif_models: Sequence[whatif.LatencyModel] = ()
+) -> str:
+    """The summary; per model in `whatif_models`, a column of each row's speedup modelled on that
+    hardware from the run's own trees."""
     lines = [
-        f"| dataset | policy | budget | T | runs | nodes/forward | tokens/forward | tokens/s | speedup vs ar |{extra}",
-        "|---|---|---|---|---|---|---|---|---|" + ("---|" if whatif_model else ""),
+        "| dataset | policy | budget | T | runs | nodes/forward | tokens/forward | tokens/s | speedup vs ar |"
+        + "".join(f" modelled on {m.name} |" for m in whatif_models),
+        "|---|---|---|---|---|---|---|---|---|" + "---|" * len(whatif_models),
     ]
     for r in rows:
         npf = "-" if r["nodes_per_forward"] is None else f"{r['nodes_per_forward']:.1f}"
@@ -327,8 +339,8 @@ def markdown_table(rows: list[dict], records: list[dict] = (), whatif_model: wha
             f"| {r['dataset']} | {r['policy']} | {r['budget']} | {r['temperature']:g} | {r['runs']} | "
             f"{npf} | {tpf} | {r['tokens_per_s']:.1f} | {sp} |"
         )
-        if whatif_model:
-            m = modelled(records, r, whatif_model)
+        for model in whatif_models:
+            m = modelled(records, r, model)
             line += f" {m:.2f}x |" if m else " - |"
         lines.append(line)
     return "\n".join(lines)
@@ -353,9 +365,11 @@ def auto_table(records: list[dict], rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
-def results_page(paths: list[Path], title: str, whatif_model: whatif.LatencyModel | None = None) -> str:
+def results_page(paths: list[Path], title: str, whatif_models: Sequence[whatif.LatencyModel] = ()) -> str:
     """A results page: per records file, its stamp (host, date, versions, pair, command, as the
-    records carry them) and its tables."""
+    records carry them) and its tables: a bench's summary, or a replay sweep's (dyspec.eval.sweep)."""
+    from dyspec.eval import sweep  # it builds on this module
+
     parts = [f"# {title}"]
     for path in paths:
         records = read_records(path)
@@ -364,21 +378,25 @@ def results_page(paths: list[Path], title: str, whatif_model: whatif.LatencyMode
         first = records[0]
         versions = ", ".join(f"{k} {v}" for k, v in first["versions"].items())
         commands = sorted({r.get("command") or "(not recorded)" for r in records})
-        rows = figures.summarize(records)
         fast = f", fast path {first['fast_path']}" if first.get("fast_path", "off") != "off" else ""
+        if first.get("kind") == sweep.KIND:
+            tables = [sweep.REPLAY_NOTE, sweep.sweep_table(sweep.sweep_rows(records, whatif_models))]
+        else:
+            rows = figures.summarize(records)
+            tables = [markdown_table(rows, records, whatif_models), auto_table(records, rows)]
         parts += [
             f"## {path.stem}",
             f"Host: {first.get('host', '(not recorded)')}; date: {first.get('date', '(not recorded)')}; {versions}. "
             f"Target `{first['target']}` ({first['precision']}{fast}, {first['device']}), draft `{first['draft']}`. "
             f"Records: `{path.name}`.",
             "\n".join(f"    {c}" for c in commands),
-            "\n\n".join(t for t in (markdown_table(rows, records, whatif_model), auto_table(records, rows)) if t),
+            "\n\n".join(t for t in tables if t),
         ]
     return "\n\n".join(parts) + "\n"
 
 
 def write_report(
-    records: list[dict], path: Path, profile: dict | None = None, whatif_model: whatif.LatencyModel | None = None
+    records: list[dict], path: Path, profile: dict | None = None, whatif_models: Sequence[whatif.LatencyModel] = ()
 ) -> None:
     rows = figures.summarize(records)
     engine = [r for r in records if r["policy"] not in PEERS]
@@ -392,7 +410,7 @@ def write_report(
     figs.append(figures.accept_length_figure(engine))
     parts = [pio.to_html(f, full_html=False, include_plotlyjs=(i == 0)) for i, f in enumerate(figs)]
     meta = records[0] if records else {}
-    tables = (markdown_table(rows, records, whatif_model), auto_table(records, rows))
+    tables = (markdown_table(rows, records, whatif_models), auto_table(records, rows))
     table = html.escape("\n\n".join(t for t in tables if t))
     page = (
         "<!doctype html><html><head><meta charset='utf-8'><title>dyspec bench</title></head><body>"
