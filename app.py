@@ -1,57 +1,37 @@
-"""dyspec web app: watch a token tree grow, get verified, and pay off against autoregressive decoding.
+"""dyspec web app: token trees side by side on one answer, and a live run that grows, verifies and
+pays off (or not) against autoregressive decoding on this machine.
 
     python app.py [--host 127.0.0.1] [--port 7860] [--target ID] [--draft ID] [--device D] [--whatif-profile F]
 
 The operator chooses the models when starting the app; a web user picks only among the built-in
-policies, within limits (LIMITS), and never loads a path or remote code. Generations are queued:
-at most `--concurrency` run at once (default 1: on a CPU, two at once only share the cores).
+policies, within limits (dyspec.views.state.Limits), and never loads a path or remote code.
+Generations are queued: at most `--concurrency` run at once (default 1: on a CPU, two at once only
+share the cores). What the app shows and how it runs lives in the view model
+(dyspec.views.state), shared with the notebook dashboard; this file is layout and bindings.
 """
 
 from __future__ import annotations
 
 import argparse
+import inspect
 
 import gradio as gr
 
 import dyspec
 from dyspec.auto import whatif
-from dyspec.core.events import GenerationFinished, StepVerified
-from dyspec.defaults import defaults_for
 from dyspec.errors import DyspecError
 from dyspec.eval import speedup
-from dyspec.eval.speedup import decode_rate, measured_speedup
 from dyspec.export import VIEW_FORMATS, run_snippet
 from dyspec.models import DEFAULT_DRAFT, DEFAULT_TARGET, PRECISIONS
-from dyspec.policies import available_policies
-from dyspec.views import figures
+from dyspec.views import figures, state
 from dyspec.views.examples import EXAMPLES
 
-LIMITS = {"max_new_tokens": 256, "budget": 64, "prompt_chars": 4000, "temperature": 2.0}
-
-
-def check_limits(prompt: str, budget: int, temperature: float, max_new_tokens: int) -> None:
-    if not prompt.strip():
-        raise gr.Error("Type a prompt first.")
-    if len(prompt) > LIMITS["prompt_chars"]:
-        raise gr.Error(f"The prompt is limited to {LIMITS['prompt_chars']} characters here.")
-    if not 1 <= budget <= LIMITS["budget"] or not 1 <= max_new_tokens <= LIMITS["max_new_tokens"]:
-        raise gr.Error(f"Budget must be 1-{LIMITS['budget']} and max new tokens 1-{LIMITS['max_new_tokens']}.")
-    if not 0 <= temperature <= LIMITS["temperature"]:
-        raise gr.Error(f"Temperature must be between 0 and {LIMITS['temperature']}.")
-
-
-def stats_markdown(steps: list[StepVerified], finished: GenerationFinished | None, ar: list[StepVerified]) -> str:
-    tokens = sum(len(s.emitted) for s in steps)
-    lines = [
-        f"**{tokens} tokens in {len(steps)} target forwards** "
-        f"({tokens / max(len(steps), 1):.2f} per forward), {decode_rate(steps):.1f} tokens/s while decoding"
-    ]
-    if ar:
-        shown = speedup.speedup_text(steps, ar, final=finished is not None)
-        lines.append(f"speedup vs ar: **{shown}**; {speedup.METHOD} (ar: {decode_rate(ar):.1f} tokens/s)")
-    if finished is not None:
-        lines.append(f"done ({finished.stop_reason}): {finished.wall_s:.2f} s wall, prefill included")
-    return "\n\n".join(lines)
+LOOK_FOR = (
+    "Every policy below drafts for the same answer, the target's own greedy one, with the same budget. "
+    "Look at where each spends its nodes: a static tree (`chain`, `sequoia`) keeps its shape whatever the "
+    "draft thinks, `dyspec` grows where the draft is confident, so more of its nodes end on the accepted "
+    "path (green) and it commits more tokens per target forward."
+)
 
 
 def slider_update(last: int, first: int, value: int | None = None):
@@ -59,122 +39,169 @@ def slider_update(last: int, first: int, value: int | None = None):
     return gr.update(maximum=max(last, first + 1), value=last if value is None else value)
 
 
+def errors_as_toasts(fn):
+    """A user's mistake (DyspecError) as a toast, with no traceback in the operator's log."""
+
+    def wrapped(*args):
+        try:
+            if inspect.isgeneratorfunction(fn):
+                return (yield from fn(*args))
+            return fn(*args)
+        except DyspecError as e:
+            raise gr.Error(str(e), print_exception=False) from None
+
+    return wrapped
+
+
 def build_app(pair: dyspec.ModelPair, concurrency: int = 1, profiles: dict | None = None) -> gr.Blocks:
     """`profiles`: latency models the operator loaded for the what-if menu, besides the shipped
     ones, this machine's and a parametric accelerator."""
-    policies = available_policies(pair)
-    defaults = defaults_for(pair.device)
-    default_policy = defaults.policy if defaults.policy in policies else "ar"
-    hardware = {**whatif.shipped_models(), **(profiles or {})}
-    choices = [*hardware, whatif.THIS_MACHINE, whatif.PARAMETRIC]
-    ar_cache: dict = {}  # ar's steps per (prompt, settings), and which policies have run warm
-    speedup.warm_up(pair, default_policy, defaults.budget, ar_cache)
+    vm = state.ViewModel(pair, profiles)
+    vm.warm_up()
+    tree_policies = [p for p in vm.policies if p != "ar"]
+    examples = [[e.prompt, e.expect] for e in EXAMPLES]
+    labels = [e.label for e in EXAMPLES]
 
-    def whatif_markdown(steps, ar, choice, width, fraction) -> str:
-        if not steps:
-            return "Run a generation to price its trees."
-        try:
-            model = whatif.choose_model(choice, pair, hardware, int(width), float(fraction))
-        except DyspecError as e:
-            raise gr.Error(str(e)) from None
-        here = measured_speedup(steps, ar) if ar else None
-        measured = f"measured here: **{here.ratio:.2f}x**" if here else "measured here: (ar not measured)"
-        return f"{measured} · **{whatif.whatif_line(steps, model)}**"
+    @errors_as_toasts
+    def check_generate(prompt, policy, budget, auto, temperature, seed, max_new_tokens, *_):
+        vm.check(prompt, "auto" if auto else int(budget), temperature, int(max_new_tokens))
+        vm.check_policies([policy])
 
-    def run(prompt, policy, budget, temperature, seed, max_new_tokens, measure_ar, choice, width, fraction):
-        budget, seed, max_new_tokens = int(budget), int(seed), int(max_new_tokens)
-        check_limits(prompt, budget, temperature, max_new_tokens)
-        if policy not in policies:
-            raise gr.Error(f"Unknown policy {policy!r}.")
-        try:
-            ar = []
-            if measure_ar and policy != "ar":
-                ar = speedup.ar_steps(pair, prompt, temperature, seed, max_new_tokens, ar_cache)
-                speedup.warm_up(pair, policy, budget, ar_cache)
-            ar_rate = decode_rate(ar) if ar else None
-            steps: list[StepVerified] = []
-            for event in dyspec.stream(
-                pair,
-                prompt,
-                policy=policy,
-                budget=budget,
-                temperature=temperature,
-                seed=seed,
-                max_new_tokens=max_new_tokens,
-            ):
-                if isinstance(event, StepVerified):
-                    steps.append(event)
-                finished = event if isinstance(event, GenerationFinished) else None
-                if steps and (finished or isinstance(event, StepVerified)):
-                    yield (
-                        figures.text_html(steps),
-                        figures.tree_figure(steps[-1]),
-                        figures.steps_figure(steps, speedup.running_speedup(steps, ar_rate) if ar_rate else None),
-                        stats_markdown(steps, finished, ar),
-                        (steps, ar),
-                        slider_update(len(steps) - 1, 0),
-                        slider_update(len(steps[-1].tokens), 1),
-                        whatif_markdown(steps, ar, choice, width, fraction) if finished else gr.skip(),
-                    )
-        except DyspecError as e:
-            raise gr.Error(str(e)) from None
+    @errors_as_toasts
+    def run(prompt, policy, budget, auto, temperature, seed, max_new_tokens, measure_ar, choice, width, fraction):
+        budget = "auto" if auto else int(budget)
+        for live in vm.run(prompt, policy, budget, temperature, int(seed), int(max_new_tokens), None, measure_ar):
+            ar_rate = speedup.decode_rate(live.ar) if live.ar else None
+            yield (
+                vm.text(live.steps),
+                figures.tree_figure(live.steps[-1]) if live.steps else gr.skip(),
+                figures.steps_figure(live.steps, speedup.running_speedup(live.steps, ar_rate) if ar_rate else None),
+                vm.stats(live),
+                live,
+                slider_update(len(live.steps) - 1, 0),
+                slider_update(len(live.steps[-1].tokens), 1) if live.steps else gr.skip(),
+                vm.whatif(live, choice, width, fraction) if live.finished else gr.skip(),
+            )
 
-    def show_step(state, index, growth):
-        steps = state[0] if state else []
-        if not steps:
+    def show_step(live, index, growth):
+        if not live or not live.steps:
             return gr.skip(), gr.skip()
-        step = steps[min(int(index), len(steps) - 1)]
+        step = live.steps[min(int(index), len(live.steps) - 1)]
         upto = min(int(growth), len(step.tokens))
         return figures.tree_figure(step, upto), slider_update(len(step.tokens), 1, upto)
 
-    def reprice(state, choice, width, fraction):
-        steps, ar = state if state else ([], [])
-        return whatif_markdown(steps, ar, choice, width, fraction)
+    def reprice(live, choice, width, fraction):
+        return vm.whatif(live or state.Live(), choice, width, fraction)
 
-    def export_tree(state, fmt):
-        steps = state[0] if state else []
+    def pricing_controls(label: str, value: str | None, elem_id: str):
+        """The hardware menu, and the parametric accelerator's two sliders, shown only when it is chosen."""
+        choice = gr.Dropdown(vm.hardware_choices, value=value or vm.hardware_choices[0], label=label, elem_id=elem_id)
+        width = gr.Slider(1, 256, value=64, step=1, label="Parametric: t(n) flat up to width", visible=False)
+        fraction = gr.Slider(0, 1, value=0.1, step=0.01, label="Parametric: draft / t(1)", visible=False)
+        choice.change(
+            lambda c: [gr.update(visible=c == whatif.PARAMETRIC)] * 2, choice, [width, fraction], api_name=False
+        )
+        return choice, width, fraction
+
+    def export_tree(live, fmt):
+        steps = live.steps if live else []
         return run_snippet([s.parents for s in steps], fmt) if steps else "# run a generation first"
 
-    def compare(prompt, policy_a, policy_b, budget, temperature, seed, max_new_tokens):
-        budget, seed, max_new_tokens = int(budget), int(seed), int(max_new_tokens)
-        check_limits(prompt, budget, temperature, max_new_tokens)
-        table = [
-            "| policy | tokens | target forwards | tokens/forward | tokens/s decoding | speedup vs ar |",
-            "|---|---|---|---|---|---|",
+    @errors_as_toasts
+    def check_side_by_side(prompt, policies, budget, max_new_tokens, *_):
+        vm.check_policies(policies, state.MAX_SIDE_BY_SIDE)
+        vm.check(prompt, int(budget), 0.0, int(max_new_tokens), replay=True)
+
+    def side_trees(runs, position):
+        shown = [
+            figures.tree_figure(state.at_position(r.steps, int(position)), title=f"{r.policy} at {r.budget}")
+            for r in runs
         ]
-        texts = {}
-        try:
-            ar = speedup.ar_steps(pair, prompt, temperature, seed, max_new_tokens, ar_cache)
-            for policy in ("ar", policy_a, policy_b):
-                speedup.warm_up(pair, policy, budget, ar_cache)
-                steps: list[StepVerified] = []
-                r = dyspec.generate(
-                    pair,
-                    prompt,
-                    policy=policy,
-                    budget=budget,
-                    temperature=temperature,
-                    seed=seed,
-                    max_new_tokens=max_new_tokens,
-                    hooks=[lambda e, steps=steps: steps.append(e) if isinstance(e, StepVerified) else None],
-                )
-                texts[policy] = r.text
-                table.append(
-                    f"| {policy} | {r.new_tokens} | {r.target_forwards} | {r.tokens_per_forward:.2f} "
-                    f"| {decode_rate(steps):.1f} | {measured_speedup(steps, ar)} |"
-                )
-                yield "\n".join(table), texts.get(policy_a, ""), texts.get(policy_b, "")
-        except DyspecError as e:
-            raise gr.Error(str(e)) from None
+        hidden = [gr.update(visible=False)] * (state.MAX_SIDE_BY_SIDE - len(shown))
+        return [gr.update(value=f, visible=True) for f in shown] + hidden
+
+    @errors_as_toasts
+    def side_by_side(prompt, policies, budget, max_new_tokens, choice, width, fraction):
+        runs = vm.replay(prompt, policies, [int(budget)], int(max_new_tokens))
+        models = [vm.latency_model(c, width, fraction) for c in dict.fromkeys([whatif.THIS_MACHINE, choice])]
+        table = vm.replay_table(runs, models)
+        yield table, runs, slider_update(runs[0].tokens - 1, 0, 0), *side_trees(runs, 0), gr.skip()
+        sweep = vm.replay(prompt, policies, [b for b in state.SWEEP_BUDGETS if b <= 128], int(max_new_tokens))
+        yield gr.skip(), gr.skip(), gr.skip(), *[gr.skip()] * state.MAX_SIDE_BY_SIDE, figures.sweep_figure(sweep)
 
     with gr.Blocks(title="dyspec") as demo:
         gr.Markdown(
-            f"# dyspec: speculative decoding with token trees\ntarget `{pair.target_name}` ({pair.precision}), "
-            f"draft `{pair.drafts_label}`, {pair.device}; default: `{default_policy}` at budget {defaults.budget}, "
-            "the fastest measured on this kind of device. Green tokens were drafted and accepted; blue ones are "
-            "the target's own (bonus or correction)."
+            f"# dyspec: speculative decoding with token trees\nTarget `{pair.target_name}` ({pair.precision}), "
+            f"draft `{pair.drafts_label}`, {pair.device}. A small draft model proposes a tree of next tokens; the "
+            "target checks the whole tree in one forward and keeps the longest path it agrees with, plus one token "
+            "of its own, so the answer is exactly the target's."
         )
-        with gr.Tab("Generate"):
+        with gr.Tab("Trees side by side"):
+            gr.Markdown(LOOK_FOR)
+            with gr.Row():
+                with gr.Column(scale=1):
+                    s_prompt = gr.Textbox(label="Prompt", value=EXAMPLES[0].prompt, lines=4, elem_id="sbs-prompt")
+                    s_expect = gr.Textbox(label="What to expect", value=EXAMPLES[0].expect, lines=2, interactive=False)
+                    gr.Examples(
+                        examples, [s_prompt, s_expect], example_labels=labels, label="Examples", elem_id="sbs-examples"
+                    )
+                    s_policies = gr.CheckboxGroup(
+                        tree_policies,
+                        value=vm.side_by_side,
+                        label=f"Policies (up to {state.MAX_SIDE_BY_SIDE})",
+                        elem_id="sbs-policies",
+                    )
+                    s_budget = gr.Slider(
+                        1,
+                        vm.limits.replay_budget,
+                        value=state.SIDE_BY_SIDE_BUDGET,
+                        step=1,
+                        label="Budget (drafted tokens per step)",
+                        info="replayed: even 256-node trees take seconds here",
+                    )
+                    s_max = gr.Slider(1, vm.limits.max_new_tokens, value=64, step=1, label="Max new tokens")
+                    opening = state.SIDE_BY_SIDE_HARDWARE if state.SIDE_BY_SIDE_HARDWARE in vm.hardware else None
+                    s_choice, s_width, s_fraction = pricing_controls("Price the trees on", opening, "sbs-hardware")
+                    s_btn = gr.Button("Replay side by side", variant="primary", elem_id="sbs-run")
+                with gr.Column(scale=3):
+                    s_table = gr.Markdown("Replay to see each policy's tree on the same answer.", elem_id="sbs-table")
+                    s_position = gr.Slider(
+                        0,
+                        1,
+                        value=0,
+                        step=1,
+                        label="Answer token (every tree is the one drafting it)",
+                        elem_id="sbs-position",
+                    )
+                    with gr.Column():
+                        s_trees = [
+                            gr.Plot(label=f"Tree {i + 1}", elem_id=f"sbs-tree-{i}", visible=False)
+                            for i in range(state.MAX_SIDE_BY_SIDE)
+                        ]
+                    s_sweep = gr.Plot(label="Tokens per forward against budget", elem_id="sbs-sweep")
+            s_runs = gr.State(None)
+            s_inputs = [s_prompt, s_policies, s_budget, s_max, s_choice, s_width, s_fraction]
+            s_btn.click(check_side_by_side, s_inputs, None, api_name=False).success(
+                side_by_side,
+                s_inputs,
+                [s_table, s_runs, s_position, *s_trees, s_sweep],
+                api_name="side_by_side",
+                concurrency_limit=concurrency,
+            )
+            s_position.release(
+                lambda runs, pos: side_trees(runs, pos) if runs else [gr.skip()] * state.MAX_SIDE_BY_SIDE,
+                [s_runs, s_position],
+                s_trees,
+                api_name=False,
+            )
+
+        with gr.Tab("Generate (live, measured)"):
+            gr.Markdown(
+                f"A live run on this machine, measured against plain decoding (`ar`) on the same prompt. "
+                f"The default, `{vm.default_text}`, is the fastest measured on a {pair.device.type}; on a CPU "
+                "every extra node costs, so bigger trees are usually slower here (the side-by-side tab shows them). "
+                "In the text, green tokens were drafted and accepted, blue ones are the target's own."
+            )
             with gr.Row():
                 with gr.Column(scale=1):
                     prompt = gr.Textbox(label="Prompt", value=EXAMPLES[0].prompt, lines=5, elem_id="prompt")
@@ -182,25 +209,35 @@ def build_app(pair: dyspec.ModelPair, concurrency: int = 1, profiles: dict | Non
                         label="What to expect", value=EXAMPLES[0].expect, lines=2, interactive=False, elem_id="expect"
                     )
                     gr.Examples(
-                        [[e.prompt, e.expect] for e in EXAMPLES],
+                        examples,
                         [prompt, expect],
-                        example_labels=[e.label for e in EXAMPLES],
+                        example_labels=labels,
                         label="Examples: where trees pay, and where they pay little",
+                        elem_id="examples",
                     )
-                    policy = gr.Dropdown(
-                        policies,
-                        value=default_policy,
-                        label="Policy",
-                        info=f"{default_policy} at budget {defaults.budget} is the fastest measured on a "
-                        f"{pair.device.type}; others may be slower than ar here (the speedup says)",
-                    )
-                    budget = gr.Slider(
-                        1, LIMITS["budget"], value=defaults.budget, step=1, label="Budget (drafted tokens per step)"
-                    )
-                    temperature = gr.Slider(0, LIMITS["temperature"], value=0, step=0.05, label="Temperature")
+                    policy = gr.Dropdown(vm.policies, value=vm.default_policy, label="Policy", elem_id="policy")
+                    with gr.Row():
+                        budget = gr.Slider(
+                            1,
+                            vm.limits.budget,
+                            value=vm.default_budget,
+                            step=1,
+                            label="Budget (drafted tokens per step)",
+                            scale=3,
+                        )
+                        auto = gr.Checkbox(
+                            value=False,
+                            label="auto",
+                            info="size each tree by its expected gain on this machine",
+                            elem_id="auto",
+                            scale=1,
+                        )
+                    temperature = gr.Slider(0, vm.limits.temperature, value=0, step=0.05, label="Temperature")
                     seed = gr.Number(value=0, precision=0, label="Seed")
-                    max_new = gr.Slider(1, LIMITS["max_new_tokens"], value=64, step=1, label="Max new tokens")
-                    measure_ar = gr.Checkbox(value=True, label="Compare with ar on the same prompt (for speedup)")
+                    max_new = gr.Slider(
+                        1, vm.limits.max_new_tokens, value=64, step=1, label="Max new tokens", elem_id="max-new"
+                    )
+                    measure_ar = gr.Checkbox(value=True, label="Measure ar on the same prompt (for the speedup)")
                     with gr.Row():
                         run_btn = gr.Button("Run", variant="primary", elem_id="run")
                         stop_btn = gr.Button("Stop", elem_id="stop")
@@ -209,7 +246,9 @@ def build_app(pair: dyspec.ModelPair, concurrency: int = 1, profiles: dict | Non
                     text = gr.HTML(elem_id="text")
                     tree = gr.Plot(label="Token tree", elem_id="tree")
                     step_slider = gr.Slider(0, 1, value=0, step=1, label="Step")
-                    growth_slider = gr.Slider(1, 2, value=1, step=1, label="Growth (nodes shown, in growth order)")
+                    growth_slider = gr.Slider(
+                        1, 2, value=1, step=1, label="Nodes shown: the root and the drafted ones, in growth order"
+                    )
                     with gr.Accordion("Export this run's tree to a serving engine", open=False):
                         with gr.Row():
                             fmt = gr.Dropdown(list(VIEW_FORMATS), value="trtllm", label="Format", elem_id="format")
@@ -224,46 +263,25 @@ def build_app(pair: dyspec.ModelPair, concurrency: int = 1, profiles: dict | Non
                             "the hardware's price of a tree. Priced with a latency profile (forwards only)."
                         )
                         with gr.Row():
-                            choice = gr.Dropdown(choices, value=choices[0], label="Hardware", elem_id="hardware")
-                            width = gr.Slider(1, 256, value=64, step=1, label="Parametric: t(n) flat up to width")
-                            fraction = gr.Slider(0, 1, value=0.1, step=0.01, label="Parametric: draft / t(1)")
+                            choice, width, fraction = pricing_controls("Hardware", None, "hardware")
                         whatif_md = gr.Markdown("Run a generation to price its trees.", elem_id="whatif")
-            state = gr.State(None)
-            run_evt = run_btn.click(
+            live_state = gr.State(None)
+            inputs = [prompt, policy, budget, auto, temperature, seed, max_new, measure_ar, choice, width, fraction]
+            run_evt = run_btn.click(check_generate, inputs, None, api_name=False).success(
                 run,
-                [prompt, policy, budget, temperature, seed, max_new, measure_ar, choice, width, fraction],
-                [text, tree, chart, stats, state, step_slider, growth_slider, whatif_md],
+                inputs,
+                [text, tree, chart, stats, live_state, step_slider, growth_slider, whatif_md],
                 api_name="run",
                 concurrency_limit=concurrency,
             )
             stop_btn.click(None, None, None, cancels=[run_evt])
             for slider in (step_slider, growth_slider):
-                slider.release(show_step, [state, step_slider, growth_slider], [tree, growth_slider], api_name=False)
-            export_btn.click(export_tree, [state, fmt], export_code, api_name="export")
+                slider.release(
+                    show_step, [live_state, step_slider, growth_slider], [tree, growth_slider], api_name=False
+                )
+            export_btn.click(export_tree, [live_state, fmt], export_code, api_name="export")
             for control in (choice, width, fraction):
-                control.change(reprice, [state, choice, width, fraction], whatif_md, api_name=False)
-        with gr.Tab("Compare"):
-            with gr.Row():
-                c_prompt = gr.Textbox(label="Prompt", value=EXAMPLES[0].prompt, lines=3)
-                with gr.Column():
-                    c_a = gr.Dropdown(policies, value="chain" if "chain" in policies else policies[0], label="Policy A")
-                    c_b = gr.Dropdown(policies, value=default_policy, label="Policy B")
-                    c_budget = gr.Slider(1, LIMITS["budget"], value=defaults.budget, step=1, label="Budget")
-                    c_temp = gr.Slider(0, LIMITS["temperature"], value=0, step=0.05, label="Temperature")
-                    c_seed = gr.Number(value=0, precision=0, label="Seed")
-                    c_max = gr.Slider(1, LIMITS["max_new_tokens"], value=48, step=1, label="Max new tokens")
-            c_btn = gr.Button("Compare with ar", variant="primary")
-            c_table = gr.Markdown()
-            with gr.Row():
-                c_text_a = gr.Textbox(label="Policy A output", lines=6)
-                c_text_b = gr.Textbox(label="Policy B output", lines=6)
-            c_btn.click(
-                compare,
-                [c_prompt, c_a, c_b, c_budget, c_temp, c_seed, c_max],
-                [c_table, c_text_a, c_text_b],
-                api_name="compare",
-                concurrency_limit=concurrency,
-            )
+                control.change(reprice, [live_state, choice, width, fraction], whatif_md, api_name=False)
     demo.queue(default_concurrency_limit=concurrency, max_size=64)
     return demo
 

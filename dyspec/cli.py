@@ -204,7 +204,7 @@ def cmd_report(args: argparse.Namespace) -> None:
     from pathlib import Path
 
     from dyspec.auto.whatif import load_profile
-    from dyspec.eval.bench import results_page
+    from dyspec.eval.report import results_page
 
     print(results_page([Path(f) for f in args.records], args.title, [load_profile(w) for w in args.whatif]))
 

@@ -27,20 +27,24 @@ def free_port() -> int:
 
 
 @pytest.fixture(scope="module")
-def server():
+def server(tmp_path_factory):
+    """The app, its operator's log in `proc.log` (a file, read while it runs)."""
     port = free_port()
-    proc = subprocess.Popen(
-        [sys.executable, str(ROOT / "app.py"), "--port", str(port)],
-        cwd=ROOT,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-    )
+    log = tmp_path_factory.mktemp("app") / "app.log"
+    with open(log, "w") as out:
+        proc = subprocess.Popen(
+            [sys.executable, str(ROOT / "app.py"), "--port", str(port)],
+            cwd=ROOT,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+    proc.log = log
     url = f"http://127.0.0.1:{port}/"
     deadline = time.time() + 240
     while time.time() < deadline:
         if proc.poll() is not None:
-            pytest.fail(f"app exited: {proc.stdout.read()}")
+            pytest.fail(f"app exited: {log.read_text()}")
         try:
             if requests.get(url, timeout=2).status_code == 200:
                 break
@@ -67,23 +71,27 @@ def test_api_with_gradio_client(server):
     client = Client(url, verbose=False)
     whatif = ("h100", 64, 0.1)  # the what-if menu: hardware, parametric width and draft fraction
     text, tree, chart, stats, *_ = client.predict(
-        "Name three colors.", "chain", 4, 0, 0, 12, False, *whatif, api_name="/run"
+        "Name three colors.", "chain", 4, False, 0, 0, 12, False, *whatif, api_name="/run"
     )
     assert "12 tokens" in stats and "per forward" in stats
     assert "<span" in text
-    table, a, b = client.predict("Name three colors.", "chain", "dyspec", 8, 0, 0, 12, api_name="/compare")
-    assert "| ar |" in table and "| dyspec |" in table and a == b  # greedy: every policy gives ar's text
+    *_, whatif_line = client.predict("Name three colors.", "dyspec", 4, True, 0, 0, 12, True, *whatif, api_name="/run")
+    assert "Measured on this machine" in whatif_line and "Modelled on H100" in whatif_line
     with pytest.raises(Exception, match="maximum value 64"):
-        client.predict("hi", "chain", 999, 0, 0, 12, False, *whatif, api_name="/run")
+        client.predict("hi", "chain", 999, False, 0, 0, 12, False, *whatif, api_name="/run")
     with pytest.raises(Exception, match="Type a prompt"):
-        client.predict("   ", "chain", 4, 0, 0, 12, False, *whatif, api_name="/run")
+        client.predict("   ", "chain", 4, False, 0, 0, 12, False, *whatif, api_name="/run")
+    with pytest.raises(Exception, match="at most 4"):
+        client.predict(
+            "hi", ["chain", "specinfer", "sequoia", "dyspec", "eagle2"], 8, 8, *whatif, api_name="/side_by_side"
+        )
 
 
 def test_concurrent_clients_match_single_run_and_memory_settles(server):
     from gradio_client import Client
 
     url, proc = server
-    args = ("Write a haiku about rain.", "dyspec", 8, 0.8, 7, 32, False, "h100", 64, 0.1)
+    args = ("Write a haiku about rain.", "dyspec", 8, False, 0.8, 7, 32, False, "h100", 64, 0.1)
     single = Client(url, verbose=False).predict(*args, api_name="/run")[0]
     rss_before = psutil.Process(proc.pid).memory_info().rss
     with ThreadPoolExecutor(8) as pool:
@@ -97,9 +105,17 @@ def test_concurrent_clients_match_single_run_and_memory_settles(server):
 STATS_TEXT = "#stats [data-testid='markdown']"  # the stats without Gradio's progress overlay
 
 
-@pytest.mark.skipif(not os.path.exists(CHROMIUM), reason="needs Debian's chromium (.ci/run installs it)")
-def test_browser_run_and_stop(server, tmp_path):
-    from playwright.sync_api import expect, sync_playwright
+def screenshot(page, tmp_path, name: str) -> None:
+    """A screenshot of the page; into DYSPEC_SCREENSHOTS (a folder, e.g. docs) when set."""
+    page.wait_for_timeout(1000)  # plotly's last redraw
+    page.screenshot(path=str(tmp_path / name), full_page=True)
+    if folder := os.environ.get("DYSPEC_SCREENSHOTS"):
+        shutil.copy(tmp_path / name, Path(folder) / name)
+
+
+@pytest.fixture
+def page(server):
+    from playwright.sync_api import sync_playwright
 
     url, _ = server
     with sync_playwright() as p:
@@ -117,47 +133,107 @@ def test_browser_run_and_stop(server, tmp_path):
         )
         page = browser.new_page(viewport={"width": 1400, "height": 1100})
         page.goto(url)
-        page.get_by_text("A list", exact=True).click()  # an example fills the prompt and what to expect
-        expect(page.locator("#prompt textarea")).to_have_value(EXAMPLES[2].prompt)
-        expect(page.locator("#expect textarea")).to_have_value(EXAMPLES[2].expect)
-        page.get_by_label("Max new tokens").first.fill("48")
-        page.locator("#run").click()
-        expect(page.locator("#stats")).to_contain_text("48 tokens", timeout=120_000)
-        expect(page.locator("#stats")).to_contain_text("speedup vs ar:")
-        expect(page.locator("#text span").first).to_be_visible()
-        expect(page.locator("#tree .main-svg").first).to_be_visible()
-        whatif = page.locator("#whatif")
-        expect(whatif).to_contain_text("measured here:", timeout=30_000)
-        expect(whatif).to_contain_text("modelled from this run's acceptance")
-        page.wait_for_timeout(1000)  # plotly's last redraw
-        page.screenshot(path=str(tmp_path / "app.png"), full_page=True)
-        if os.environ.get("DYSPEC_SCREENSHOT"):
-            shutil.copy(tmp_path / "app.png", os.environ["DYSPEC_SCREENSHOT"])
-
-        # the run's tree shape, ready for a serving engine, parses back as TensorRT-LLM's choices
-        page.get_by_text("Export this run's tree to a serving engine").click()
-        page.locator("#export").click()
-        snippet = page.locator("#snippet")
-        expect(snippet).to_contain_text("eagle_choices = [[0]", timeout=30_000)
-        choices = json.loads(snippet.inner_text().split("eagle_choices = ")[1].split("  #")[0])
-        assert all(c[:-1] in choices for c in choices if len(c) > 1)
-
-        # Stop once the new run streams: the first run's stats read "tokens in" too, and matching them
-        # clicked Stop while the app still measured `ar` (a flaky failure on a busy machine)
-        stale = page.locator(STATS_TEXT).first.inner_text()
-        page.locator("#prompt textarea").fill("Name two planets.")
-        page.get_by_label("Max new tokens").first.fill("256")
-        page.locator("#run").click()
-        page.wait_for_function(
-            "([sel, old]) => { const t = document.querySelector(sel)?.innerText ?? ''; "
-            "return t.includes('tokens in') && t !== old; }",
-            arg=[STATS_TEXT, stale],
-            timeout=120_000,
-        )
-        page.locator("#stop").click()
-        time.sleep(3)
-        stopped = page.locator("#stats").inner_text()
-        time.sleep(3)
-        assert page.locator("#stats").inner_text() == stopped  # nothing streams after Stop
-        assert "256 tokens" not in stopped
+        yield page
         browser.close()
+
+
+def tree_branches(page, elem_id: str) -> int:
+    """How many drafted nodes in the plotted tree have a sibling: > 0 when the tree branches."""
+    return page.evaluate(
+        """(id) => {
+            const plot = document.querySelector(`#${id} .js-plotly-plot`);
+            const edges = plot.data.filter(t => t.mode === 'lines').flatMap(t => {
+                const out = [];
+                for (let i = 0; i + 1 < t.x.length; i += 3) out.push(`${t.x[i]},${t.y[i]}`);
+                return out;
+            });
+            const counts = {};
+            edges.forEach(e => counts[e] = (counts[e] || 0) + 1);
+            return Object.values(counts).filter(c => c > 1).length;
+        }""",
+        elem_id,
+    )
+
+
+@pytest.mark.skipif(not os.path.exists(CHROMIUM), reason="needs Debian's chromium (.ci/run installs it)")
+def test_browser_side_by_side(page, tmp_path):
+    """The first tab and its first run: the opening comparison's trees side by side, branching, with
+    the baseline row and a sweep chart; moving along the answer redraws every tree."""
+    from playwright.sync_api import expect
+
+    expect(page.locator("#sbs-run")).to_be_visible()
+    page.locator("#sbs-examples").get_by_text("A list", exact=True).click()
+    page.locator("#sbs-run").click()
+    table = page.locator("#sbs-table")
+    expect(table).to_contain_text("ar (baseline)", timeout=180_000)
+    for policy in ("chain", "sequoia", "dyspec"):
+        expect(table).to_contain_text(policy)
+    expect(table).to_contain_text("modelled on H100")
+    expect(table).to_contain_text("not measured")
+    for i in range(3):
+        expect(page.locator(f"#sbs-tree-{i} .main-svg").first).to_be_visible()
+    expect(page.locator("#sbs-tree-3")).to_be_hidden()
+    assert tree_branches(page, "sbs-tree-2") > 0  # dyspec's tree branches
+    expect(page.locator("#sbs-sweep .main-svg").first).to_be_visible(timeout=180_000)
+    expect(page.locator("#sbs-sweep")).to_contain_text("against budget")
+    screenshot(page, tmp_path, "app-side-by-side.png")
+
+
+@pytest.mark.skipif(not os.path.exists(CHROMIUM), reason="needs Debian's chromium (.ci/run installs it)")
+def test_browser_run_and_stop(server, page, tmp_path):
+    from playwright.sync_api import expect
+
+    _, proc = server
+    page.get_by_role("tab", name="Generate (live, measured)").click()
+    page.locator("#prompt textarea").fill("")
+    page.locator("#run").click()  # a user's mistake: a toast, no badge over the outputs, no traceback
+    expect(page.get_by_text("Type a prompt first.").first).to_be_visible(timeout=30_000)
+    expect(page.locator("#stats .error, #tree .error, #text .error")).to_have_count(0)
+    screenshot(page, tmp_path, "app-error.png")
+    assert "Type a prompt first." not in proc.log.read_text()  # the user's mistake is not the operator's
+    page.locator(".toast-close").first.click()
+
+    page.locator("#examples").get_by_text(
+        "A list", exact=True
+    ).click()  # an example fills the prompt and what to expect
+    expect(page.locator("#prompt textarea")).to_have_value(EXAMPLES[0].prompt)
+    expect(page.locator("#expect textarea")).to_have_value(EXAMPLES[0].expect)
+    page.locator("#max-new input[type=number]").fill("48")
+    page.locator("#auto input").check()  # budget auto, sized by the cost model
+    page.locator("#run").click()
+    expect(page.locator("#stats")).to_contain_text("48 tokens", timeout=120_000)
+    expect(page.locator("#stats")).to_contain_text("Measured speedup vs ar")
+    expect(page.locator("#text span").first).to_be_visible()
+    expect(page.locator("#tree .main-svg").first).to_be_visible()
+    whatif = page.locator("#whatif")
+    expect(whatif).to_contain_text("Measured on this machine", timeout=30_000)
+    expect(whatif).to_contain_text("Modelled on")
+    expect(page.get_by_label("Parametric: draft / t(1)")).to_have_count(0)  # shown for the parametric one only
+    screenshot(page, tmp_path, "app.png")
+
+    # the run's tree shape, ready for a serving engine, parses back as TensorRT-LLM's choices
+    page.get_by_text("Export this run's tree to a serving engine").click()
+    page.locator("#export").click()
+    snippet = page.locator("#snippet")
+    expect(snippet).to_contain_text("eagle_choices = [[0]", timeout=30_000)
+    choices = json.loads(snippet.inner_text().split("eagle_choices = ")[1].split("  #")[0])
+    assert all(c[:-1] in choices for c in choices if len(c) > 1)
+
+    # Stop once the new run streams: the first run's stats read "tokens in" too, and matching them
+    # clicked Stop while the app still measured `ar` (a flaky failure on a busy machine)
+    stale = page.locator(STATS_TEXT).first.inner_text()
+    page.locator("#prompt textarea").fill("Name two planets.")
+    page.locator("#max-new input[type=number]").fill("256")
+    page.locator("#run").click()
+    page.wait_for_function(
+        "([sel, old]) => { const t = document.querySelector(sel)?.innerText ?? ''; "
+        "return t.includes('tokens in') && t !== old; }",
+        arg=[STATS_TEXT, stale],
+        timeout=120_000,
+    )
+    page.locator("#stop").click()
+    time.sleep(3)
+    stopped = page.locator("#stats").inner_text()
+    time.sleep(3)
+    assert page.locator("#stats").inner_text() == stopped  # nothing streams after Stop
+    assert "256 tokens" not in stopped

@@ -13,11 +13,11 @@ from dyspec.eval.bench import (
     markdown_table,
     read_records,
     record_key,
-    results_page,
     run_bench,
     write_report,
 )
 from dyspec.eval.prompts import load_prompts
+from dyspec.eval.report import results_page
 from dyspec.models import load_pair
 from dyspec.views.figures import summarize
 

@@ -95,3 +95,27 @@ def test_follow():
     assert follow(tree, [6, 9, 8]) == ([b], 9)
     assert follow(tree, [4]) == ([], 4)
     assert follow(tree, [6, 7]) == ([b], 7)
+
+
+def test_at_position_finds_the_step_that_drafted_a_token():
+    from types import SimpleNamespace
+
+    from dyspec.views.state import at_position
+
+    steps = [SimpleNamespace(emitted=[1, 2]), SimpleNamespace(emitted=[3]), SimpleNamespace(emitted=[4, 5, 6])]
+    assert [at_position(steps, k) for k in range(7)] == [steps[0]] * 2 + [steps[1]] + [steps[2]] * 4
+
+
+def test_example_expectations_hold_on_the_default_pair(default_pair):
+    """The examples' "what to expect" against what the default pair does: the one said to pay most
+    gets the most tokens per forward from `dyspec` at budget 16, the one said to pay least the fewest."""
+    from dyspec.views.examples import EXAMPLES
+
+    tpf = {
+        e.label: replay(default_pair, e.prompt, ["dyspec"], [16], progress=False)[0].tokens_per_forward
+        for e in EXAMPLES
+    }
+    most = [e.label for e in EXAMPLES if e.expect.startswith("Trees pay most")]
+    least = [e.label for e in EXAMPLES if e.expect.startswith("Trees pay least")]
+    assert len(most) == len(least) == 1, "one example pays most, one least"
+    assert max(tpf, key=tpf.get) == most[0] and min(tpf, key=tpf.get) == least[0], tpf

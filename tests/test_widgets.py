@@ -2,7 +2,8 @@
 
 import time
 
-from widgets import Compare, Dashboard
+from dyspec.views.figures import LEGEND
+from widgets import Dashboard, SideBySide
 
 
 def test_dashboard_run_updates_figures(pair):
@@ -12,12 +13,15 @@ def test_dashboard_run_updates_figures(pair):
     assert finished.new_tokens == 20 and len(d.steps) == finished.target_forwards
     last = d.steps[-1]
     names = {t.name for t in d.tree_fig.data if t.name}
-    assert "root" in names and "accepted" in names | {"root"}
+    assert LEGEND["root"] in names and LEGEND["accepted"] in names
     drawn = sum(len(t.x) for t in d.tree_fig.data if t.mode == "markers+text")
-    assert drawn == len(last.tokens)  # every node of the last tree is drawn
+    own = len(last.emitted) > len(last.accepted)  # the target's token, unless the answer ended before it
+    assert drawn == len(last.tokens) + own  # every node of the last tree, and the target's own token after it
+    d.step_slider.value = 0
+    assert LEGEND["target"] in {t.name for t in d.tree_fig.data if t.name}
     assert [b.y for b in d.steps_fig.data if b.type == "bar"][0] == tuple(len(s.emitted) for s in d.steps)
-    assert d.ar_steps and "speedup vs ar: <b>" in d.stats.value and "prefill excluded" in d.stats.value
-    assert "modelled from this run's acceptance" in d.whatif.value and "measured here" in d.whatif.value
+    assert d.live.ar and "Measured speedup vs ar" in d.stats.value and "prefill excluded" in d.stats.value
+    assert "Measured on this machine" in d.whatif.value and "Modelled on" in d.whatif.value
     assert d.text.value.count("<span") == 20
     assert d.step_slider.max == len(d.steps) - 1
     d.export_format.value = "sglang"  # the run's tree shape for a serving engine
@@ -54,13 +58,30 @@ def test_dashboard_stop_interrupts(pair):
     assert d.finished.stop_reason == "stopped" and d.finished.new_tokens < 256
 
 
-def test_compare_runs_both_on_the_same_prompt(pair):
-    c = Compare(pair, "chain", "dyspec")
-    c.a.prompt.value = "Say hi."
-    for d in (c.a, c.b):
-        d.max_new_tokens.value, d.measure_ar.value = 8, False
-    a, b = c.run()
-    assert a.token_ids == b.token_ids and a.policy == "chain" and b.policy == "dyspec"
+def test_side_by_side_replays_trees_on_one_answer(pair):
+    """The chosen policies replayed on one answer: a tree each at the same answer token, the
+    baseline row first, a sweep line per policy; a mistake leaves the last results as they were."""
+    s = SideBySide(pair, ["chain", "dyspec"], budget=8)
+    s.prompt.value, s.max_new_tokens.value = "List four colors.", 16
+    runs = s.run()
+    assert [r.policy for r in runs] == ["chain", "dyspec"] and all(r.budget == 8 for r in runs)
+    assert runs[0].tokens == runs[1].tokens == s.position.max + 1
+    assert [f.layout.title.text for f in s.trees] == ["chain at 8", "dyspec at 8"]
+    assert "ar (baseline)" in s.table.value and "modelled on H100" in s.table.value
+    assert {t.name for t in s.sweep_fig.data} == {"chain", "dyspec"}
+    s.position.value = s.position.max  # the last answer token: every tree is each run's last
+    assert [f.layout.title.text for f in s.trees] == ["chain at 8", "dyspec at 8"]
+    s.policies.value = ()
+    assert s.run() == runs and "Pick at least one policy" in s.error.value and len(s.trees) == 2
+
+
+def test_dashboard_bad_input_keeps_the_last_run(pair):
+    d = Dashboard(pair, prompt="Say hi.")
+    d.max_new_tokens.value, d.measure_ar.value = 8, False
+    first = d.run()
+    d.prompt.value = "  "
+    assert d.run() is None and "Type a prompt first" in d.error.value
+    assert d.finished is first and d.steps
 
 
 def test_dashboard_examples_and_hardware_whatif(pair):
@@ -73,8 +94,10 @@ def test_dashboard_examples_and_hardware_whatif(pair):
     d.max_new_tokens.value, d.measure_ar.value = 8, False
     d.run()
     shipped = d.whatif.value
-    assert "H100" in shipped and "ar not measured" in shipped
-    d.hardware_choice.value, d.width.value, d.draft_fraction.value = "parametric", 256, 0.0
+    assert "H100" in shipped and "ar was not run" in shipped
+    assert d.pricing.width.layout.display == "none"  # the parametric sliders only for the parametric one
+    d.pricing.choice.value, d.pricing.width.value, d.pricing.draft_fraction.value = "parametric", 256, 0.0
+    assert d.pricing.width.layout.display is None
     # verification and drafts free: the speedup is the tokens per forward
     tokens_per_forward = d.finished.new_tokens / d.finished.target_forwards
-    assert f"{tokens_per_forward:.2f}x on t(n) flat to 256" in d.whatif.value
+    assert f"Modelled on t(n) flat to 256, draft 0% of t(1): <b>{tokens_per_forward:.2f}x</b>" in d.whatif.value

@@ -1,5 +1,5 @@
-"""Jupyter front end: ipywidgets controls and plotly figures fed by dyspec's events."""
+"""Jupyter front end: ipywidgets controls and plotly figures over dyspec's view model."""
 
-from widgets.dashboard import Compare, Dashboard
+from widgets.dashboard import Dashboard, SideBySide
 
-__all__ = ["Compare", "Dashboard"]
+__all__ = ["Dashboard", "SideBySide"]

@@ -1,7 +1,8 @@
-"""A notebook dashboard: type a prompt, move the budget or temperature, run, and watch the token tree
-grow, get verified, and pay off against autoregressive decoding. The figures come from
-`dyspec.views.figures`, the same functions the web app uses; the dashboard keeps them as plotly figures
-(`tree_fig`, `steps_fig`, `calibration_fig`) so they can be inspected from Python and in tests.
+"""Notebook front ends over the same view model as the web app (dyspec.views.state):
+`SideBySide` replays several policies on one answer and draws their trees next to each other;
+`Dashboard` runs one policy live and measures it against autoregressive decoding. The figures come
+from `dyspec.views.figures` and are kept as plotly figures (`tree_fig`, `trees`, `sweep_fig`, ...)
+so they can be inspected from Python and in tests.
 """
 
 from __future__ import annotations
@@ -16,13 +17,21 @@ from IPython.display import display
 
 import dyspec
 from dyspec.auto import whatif
-from dyspec.core.events import GenerationFinished, StepVerified
-from dyspec.defaults import defaults_for
+from dyspec.core.events import GenerationFinished
+from dyspec.core.replay import ReplayRun
 from dyspec.eval import speedup
 from dyspec.export import VIEW_FORMATS, run_snippet
-from dyspec.policies import available_policies
 from dyspec.views import figures
 from dyspec.views.examples import EXAMPLES
+from dyspec.views.state import (
+    MAX_SIDE_BY_SIDE,
+    SIDE_BY_SIDE_BUDGET,
+    SIDE_BY_SIDE_HARDWARE,
+    SWEEP_BUDGETS,
+    Live,
+    ViewModel,
+    at_position,
+)
 
 # While a generation runs, the text and stats update every step and the figures at most this often
 # (always once at its end): a browser drawing three plotly figures takes cores from the decoding
@@ -33,65 +42,106 @@ REDRAW_S = 1.0
 LIVE_FIGURES = (os.cpu_count() or 1) > 2
 
 
+def _draw(out: W.Output, fig: go.Figure) -> None:
+    out.clear_output(wait=True)
+    with out:
+        fig.show()
+
+
+class Pricing:
+    """The hardware menu, with the parametric accelerator's sliders shown only when it is chosen."""
+
+    def __init__(self, vm: ViewModel, value: str | None = None, description: str = "What-if"):
+        self.vm = vm
+        self.choice = W.Dropdown(
+            options=vm.hardware_choices, value=value or vm.hardware_choices[0], description=description
+        )
+        self.width = W.IntSlider(64, min=1, max=256, description="Width W", tooltip="parametric: t(n) flat up to W")
+        self.draft_fraction = W.FloatSlider(0.1, min=0, max=1, step=0.01, description="Draft/t(1)")
+        self.choice.observe(lambda _: self._show(), names="value")
+        self._show()
+
+    def _show(self) -> None:
+        for slider in (self.width, self.draft_fraction):
+            slider.layout.display = None if self.choice.value == whatif.PARAMETRIC else "none"
+
+    def model(self) -> whatif.LatencyModel:
+        return self.vm.latency_model(self.choice.value, self.width.value, self.draft_fraction.value)
+
+    def observe(self, fn) -> None:
+        for control in (self.choice, self.width, self.draft_fraction):
+            control.observe(lambda _: fn(), names="value")
+
+    def widget(self) -> W.Widget:
+        return W.HBox([self.choice, self.width, self.draft_fraction])
+
+
+def _examples(prompt: W.Textarea, own: str | None) -> tuple[W.Dropdown, W.HTML]:
+    """The example menu, filling `prompt` and a line on what to expect."""
+    menu = W.Dropdown(
+        options=[("(your own prompt)", None), *((e.label, e) for e in EXAMPLES)],
+        value=None if own else EXAMPLES[0],
+        description="Example",
+    )
+    expect = W.HTML()
+
+    def pick(_=None) -> None:
+        if menu.value is not None:
+            prompt.value = menu.value.prompt
+        expect.value = f"<i>{menu.value.expect}</i>" if menu.value is not None else ""
+
+    menu.observe(pick, names="value")
+    pick()
+    return menu, expect
+
+
 class Dashboard:
-    """`profiles`: latency models (`dyspec.auto.whatif.load_profile`) for the what-if menu, besides the
-    shipped ones, this machine's and a parametric accelerator. `ar_cache` keeps `ar`'s measured steps
-    per prompt and settings; dashboards on one pair may share one."""
+    """Type a prompt, pick a policy and budget (or auto), run, and watch the token tree grow, get
+    verified, and pay off against autoregressive decoding. `profiles`: latency models
+    (`dyspec.auto.whatif.load_profile`) for the what-if menu; `vm`: a view model to share (its
+    caches keep `ar`'s measured steps per prompt and settings)."""
 
     def __init__(
         self,
         pair: dyspec.ModelPair,
         prompt: str | None = None,
         profiles: dict | None = None,
-        ar_cache: dict | None = None,
+        vm: ViewModel | None = None,
     ):
-        self.pair = pair
-        self.steps: list[StepVerified] = []
-        self.ar_steps: list[StepVerified] = []
-        self.finished: GenerationFinished | None = None
-        self.ar_cache = {} if ar_cache is None else ar_cache
-        self.hardware = {**whatif.shipped_models(), **(profiles or {})}
+        self.vm = vm or ViewModel(pair, profiles)
+        self.live = Live()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
-        policies = available_policies(pair)
-        defaults = defaults_for(pair.device)
-        self.example = W.Dropdown(
-            options=[("(your own prompt)", None), *((e.label, e) for e in EXAMPLES)],
-            value=None if prompt else EXAMPLES[0],
-            description="Example",
-        )
-        self.expect = W.HTML()
-        self.prompt = W.Textarea(
-            prompt or EXAMPLES[0].prompt, description="Prompt", layout=W.Layout(width="100%", height="90px")
-        )
-        self.policy = W.Dropdown(
-            options=policies, value=defaults.policy if defaults.policy in policies else "ar", description="Policy"
-        )
-        self.budget = W.IntSlider(defaults.budget, min=1, max=64, description="Budget")
-        self.temperature = W.FloatSlider(0.0, min=0, max=2, step=0.05, description="Temperature")
-        self.threshold = W.FloatText(0.0, description="Threshold", tooltip="dyspec-threshold's t (0: 1/budget)")
-        self.h = W.FloatSlider(0.5, min=0.05, max=0.95, step=0.05, description="h", tooltip="specdecpp's stop level")
-        self.max_depth = W.IntSlider(16, min=1, max=32, description="Max depth")
+        limits = self.vm.limits
+        self.prompt = W.Textarea(prompt or "", description="Prompt", layout=W.Layout(width="100%", height="90px"))
+        self.example, self.expect = _examples(self.prompt, prompt)
+        self.policy = W.Dropdown(options=self.vm.policies, value=self.vm.default_policy, description="Policy")
+        self.budget = W.IntSlider(self.vm.default_budget, min=1, max=limits.budget, description="Budget")
+        self.auto = W.Checkbox(False, description="auto budget", tooltip="size each tree by its expected gain here")
+        self.temperature = W.FloatSlider(0.0, min=0, max=limits.temperature, step=0.05, description="Temperature")
+        self.option_controls = {
+            "threshold": W.FloatText(0.0, description="Threshold", tooltip="dyspec-threshold's t (0: 1/budget)"),
+            "h": W.FloatSlider(0.5, min=0.05, max=0.95, step=0.05, description="h", tooltip="specdecpp's stop level"),
+            "max_depth": W.IntSlider(16, min=1, max=32, description="Max depth"),
+        }
         self.seed = W.IntText(0, description="Seed")
-        self.max_new_tokens = W.IntSlider(64, min=1, max=256, description="Max tokens")
-        self.measure_ar = W.Checkbox(True, description="compare with ar (for speedup)")
+        self.max_new_tokens = W.IntSlider(64, min=1, max=limits.max_new_tokens, description="Max tokens")
+        self.measure_ar = W.Checkbox(True, description="measure ar (for the speedup)")
         self.live_figures = W.Checkbox(LIVE_FIGURES, description="redraw figures while running")
         self.run_button = W.Button(description="Run", button_style="primary")
         self.stop_button = W.Button(description="Stop")
         self.step_slider = W.IntSlider(0, min=0, max=0, description="Step")
-        self.growth_slider = W.IntSlider(1, min=1, max=1, description="Growth")
+        self.growth_slider = W.IntSlider(1, min=1, max=1, description="Nodes shown")
         # Replays the tree's growth: Play ticks its value in the browser, the link moves the slider.
         self.growth_play = W.Play(1, min=1, max=1, interval=400, description="Replay growth")
         W.link((self.growth_play, "value"), (self.growth_slider, "value"))
         W.link((self.growth_play, "max"), (self.growth_slider, "max"))
-        choices = [*self.hardware, whatif.THIS_MACHINE, whatif.PARAMETRIC]
-        self.hardware_choice = W.Dropdown(options=choices, value=choices[0], description="What-if")
-        self.width = W.IntSlider(64, min=1, max=256, description="Width W", tooltip="parametric: t(n) flat up to W")
-        self.draft_fraction = W.FloatSlider(0.1, min=0, max=1, step=0.01, description="Draft/t(1)")
+        self.pricing = Pricing(self.vm)
         self.whatif = W.HTML("Run a generation to price its trees.")
         self.export_format = W.Dropdown(options=list(VIEW_FORMATS), value="trtllm", description="Export")
         self.export_button = W.Button(description="Export this tree")
         self.export_text = W.Textarea(layout=W.Layout(width="100%"), rows=3)
+        self.error = W.HTML()
         self.stats = W.HTML()
         self.text = W.HTML()
         self.tree_fig = go.Figure()
@@ -103,27 +153,36 @@ class Dashboard:
         self.stop_button.on_click(lambda _: self.stop())
         self.step_slider.observe(lambda _: self.show_step(), names="value")
         self.growth_slider.observe(lambda _: self.show_step(), names="value")
-        self.example.observe(lambda _: self.pick_example(), names="value")
-        for control in (self.hardware_choice, self.width, self.draft_fraction):
-            control.observe(lambda _: self.price(), names="value")
-        self.pick_example()
+        self.policy.observe(lambda _: self._show_options(), names="value")
+        self.pricing.observe(self.price)
+        self._show_options()
 
-    def pick_example(self) -> None:
-        example = self.example.value
-        if example is not None:
-            self.prompt.value = example.prompt
-        self.expect.value = f"<i>{example.expect}</i>" if example is not None else ""
+    @property
+    def steps(self):
+        return self.live.steps
+
+    @property
+    def finished(self) -> GenerationFinished | None:
+        return self.live.finished
+
+    def _show_options(self) -> None:
+        takes = self.vm.options_of(self.policy.value)
+        for name, control in self.option_controls.items():
+            control.layout.display = None if name in takes else "none"
+
+    def options(self) -> dict:
+        """Policy options set by the controls (only those the chosen policy takes)."""
+        takes = self.vm.options_of(self.policy.value)
+        chosen = {name: c.value for name, c in self.option_controls.items() if name in takes}
+        if not chosen.get("threshold", 1):
+            del chosen["threshold"]  # 0: the policy's own default
+        return chosen
 
     def price(self) -> str:
-        """The what-if line for the last run under the chosen hardware (also shown)."""
-        if not self.steps:
-            return self.whatif.value
-        model = whatif.choose_model(
-            self.hardware_choice.value, self.pair, self.hardware, self.width.value, self.draft_fraction.value
+        """The what-if lines for the last run under the chosen hardware (also shown)."""
+        self.whatif.value = self.vm.whatif(
+            self.live, self.pricing.choice.value, self.pricing.width.value, self.pricing.draft_fraction.value
         )
-        here = speedup.measured_speedup(self.steps, self.ar_steps)
-        measured = f"measured here: <b>{here.ratio:.2f}x</b>" if here else "measured here: (ar not measured)"
-        self.whatif.value = f"{measured} &middot; <b>{whatif.whatif_line(self.steps, model)}</b>"
         return self.whatif.value
 
     def export(self) -> str:
@@ -131,43 +190,25 @@ class Dashboard:
         self.export_text.value = run_snippet([s.parents for s in self.steps], self.export_format.value)
         return self.export_text.value
 
-    def options(self) -> dict:
-        """Policy options set by the controls (only those the chosen policy takes)."""
-        takes = dyspec.policies.policy_options(self.policy.value)
-        chosen = {"max_depth": self.max_depth.value, "h": self.h.value}
-        if self.threshold.value > 0:
-            chosen["threshold"] = self.threshold.value
-        return {k: v for k, v in chosen.items() if k in takes}
-
-    def run(self) -> GenerationFinished:
-        """Generate with the current settings, updating the views after every step (blocking)."""
+    def run(self) -> GenerationFinished | None:
+        """Generate with the current settings, updating the views after every step (blocking). A
+        mistake in the settings is shown, and the last run's results stay."""
         self._stop.clear()
-        self.steps, self.ar_steps, self.finished = [], [], None
-        kwargs = {
-            "temperature": self.temperature.value,
-            "seed": self.seed.value,
-            "max_new_tokens": self.max_new_tokens.value,
-        }
+        budget = "auto" if self.auto.value else self.budget.value
+        settings = (self.temperature.value, self.seed.value, self.max_new_tokens.value, self.options())
+        runs = self.vm.run(
+            self.prompt.value, self.policy.value, budget, *settings, self.measure_ar.value, self._stop.is_set
+        )
         drawn = 0.0
-        if self.measure_ar.value and self.policy.value != "ar":
-            self.ar_steps = speedup.ar_steps(self.pair, self.prompt.value, cache=self.ar_cache, **kwargs)
-            speedup.warm_up(self.pair, self.policy.value, self.budget.value, self.ar_cache)
-        for event in dyspec.stream(
-            self.pair,
-            self.prompt.value,
-            policy=self.policy.value,
-            budget=self.budget.value,
-            options=self.options(),
-            stop=self._stop.is_set,
-            **kwargs,
-        ):
-            if isinstance(event, StepVerified):
-                self.steps.append(event)
-                live = self.live_figures.value and time.perf_counter() - drawn >= REDRAW_S
-                self._refresh(figures_too=live)
-                drawn = time.perf_counter() if live else drawn
-            elif isinstance(event, GenerationFinished):
-                self.finished = event
+        try:
+            for live in runs:
+                self.live, self.error.value = live, ""
+                drawn_now = self.live_figures.value and time.perf_counter() - drawn >= REDRAW_S
+                self._refresh(figures_too=drawn_now)
+                drawn = time.perf_counter() if drawn_now else drawn
+        except dyspec.DyspecError as e:
+            self.error.value = f"<span style='color:#D55E00'>{e}</span>"
+            return None
         self._refresh()
         self.price()
         return self.finished
@@ -188,55 +229,39 @@ class Dashboard:
         step = self.steps[min(self.step_slider.value, len(self.steps) - 1)]
         self.growth_slider.max = len(step.tokens)
         self.tree_fig = figures.tree_figure(step, self.growth_slider.value)
-        self._draw(self._tree_out, self.tree_fig)
+        _draw(self._tree_out, self.tree_fig)
 
     def _refresh(self, figures_too: bool = True) -> None:
-        last = self.steps[-1] if self.steps else None
-        self.text.value = figures.text_html(self.steps)
-        ar_rate = speedup.decode_rate(self.ar_steps) if self.ar_steps else None
-        tokens = sum(len(s.emitted) for s in self.steps)
-        stats = (
-            f"<b>{tokens} tokens in {len(self.steps)} target forwards</b>, "
-            f"{speedup.decode_rate(self.steps):.1f} tokens/s decoding"
-        )
-        if self.ar_steps:
-            shown = speedup.speedup_text(self.steps, self.ar_steps, final=self.finished is not None)
-            stats += f"; speedup vs ar: <b>{shown}</b> ({speedup.METHOD}; ar {ar_rate:.1f} tokens/s)"
-        if self.finished:
-            stats += f" ({self.finished.stop_reason})"
-        self.stats.value = stats
-        if not figures_too:
+        self.text.value = self.vm.text(self.steps)
+        self.stats.value = self.vm.stats(self.live)
+        if not figures_too or not self.steps:
             return
+        ar_rate = speedup.decode_rate(self.live.ar) if self.live.ar else None
         running = speedup.running_speedup(self.steps, ar_rate) if ar_rate else None
         self.steps_fig = figures.steps_figure(self.steps, running)
         self.calibration_fig = figures.calibration_figure(*figures.calibration_counts(self.steps))
-        if last is not None:
-            with self.step_slider.hold_trait_notifications(), self.growth_slider.hold_trait_notifications():
-                self.step_slider.max = len(self.steps) - 1
-                self.step_slider.value = len(self.steps) - 1
-                self.growth_slider.max = len(last.tokens)
-                self.growth_slider.value = len(last.tokens)
-            self.tree_fig = figures.tree_figure(last)
-            self._draw(self._tree_out, self.tree_fig)
-        self._draw(self._steps_out, self.steps_fig)
-        self._draw(self._calibration_out, self.calibration_fig)
-
-    @staticmethod
-    def _draw(out: W.Output, fig: go.Figure) -> None:
-        out.clear_output(wait=True)
-        with out:
-            fig.show()
+        last = self.steps[-1]
+        with self.step_slider.hold_trait_notifications(), self.growth_slider.hold_trait_notifications():
+            self.step_slider.max = len(self.steps) - 1
+            self.step_slider.value = len(self.steps) - 1
+            self.growth_slider.max = len(last.tokens)
+            self.growth_slider.value = len(last.tokens)
+        self.tree_fig = figures.tree_figure(last)
+        _draw(self._tree_out, self.tree_fig)
+        _draw(self._steps_out, self.steps_fig)
+        _draw(self._calibration_out, self.calibration_fig)
 
     def widget(self) -> W.Widget:
         controls = W.VBox(
             [
                 W.HBox([self.example, self.expect]),
                 self.prompt,
-                W.HBox([self.policy, self.budget, self.temperature]),
-                W.HBox([self.threshold, self.h, self.max_depth]),
+                W.HBox([self.policy, self.budget, self.auto]),
+                W.HBox([self.temperature, *self.option_controls.values()]),
                 W.HBox([self.seed]),
                 W.HBox([self.max_new_tokens, self.measure_ar, self.live_figures]),
                 W.HBox([self.run_button, self.stop_button]),
+                self.error,
             ]
         )
         return W.VBox(
@@ -247,7 +272,7 @@ class Dashboard:
                 W.HBox([self.step_slider, self.growth_play, self.growth_slider]),
                 self._tree_out,
                 W.HBox([self._steps_out, self._calibration_out]),
-                W.HBox([self.hardware_choice, self.width, self.draft_fraction]),
+                self.pricing.widget(),
                 self.whatif,
                 W.HBox([self.export_format, self.export_button]),
                 self.export_text,
@@ -258,18 +283,88 @@ class Dashboard:
         display(self.widget())
 
 
-class Compare:
-    """Two dashboards side by side on the same prompt and seed."""
+class SideBySide:
+    """Several policies' trees on the same answer at one budget (replayed at T = 0: exact trees,
+    modelled times), a table of tokens per forward and modelled speedups, and tokens per forward
+    against budget for each policy."""
 
-    def __init__(self, pair: dyspec.ModelPair, policy_a: str = "chain", policy_b: str = "dyspec"):
-        self.a = Dashboard(pair)
-        self.b = Dashboard(pair, ar_cache=self.a.ar_cache)
-        self.a.policy.value, self.b.policy.value = policy_a, policy_b
-        self.b.prompt = self.a.prompt  # one prompt box drives both
-        self.b.seed = self.a.seed
+    def __init__(self, pair: dyspec.ModelPair, policies=None, budget: int = SIDE_BY_SIDE_BUDGET, vm=None):
+        self.vm = vm or ViewModel(pair)
+        self.runs: list[ReplayRun] = []
+        self.sweep: list[ReplayRun] = []
+        self.prompt = W.Textarea(description="Prompt", layout=W.Layout(width="100%", height="90px"))
+        self.example, self.expect = _examples(self.prompt, None)
+        tree_policies = [p for p in self.vm.policies if p != "ar"]
+        self.policies = W.SelectMultiple(
+            options=tree_policies, value=tuple(policies or self.vm.side_by_side), description="Policies"
+        )
+        self.budget = W.IntSlider(budget, min=1, max=self.vm.limits.replay_budget, description="Budget")
+        self.max_new_tokens = W.IntSlider(64, min=1, max=self.vm.limits.max_new_tokens, description="Max tokens")
+        hardware = SIDE_BY_SIDE_HARDWARE if SIDE_BY_SIDE_HARDWARE in self.vm.hardware else None
+        self.pricing = Pricing(self.vm, hardware, "Price on")
+        self.run_button = W.Button(description="Replay side by side", button_style="primary")
+        self.position = W.IntSlider(0, min=0, max=0, description="Answer token")
+        self.error = W.HTML()
+        self.table = W.HTML()
+        self.trees: list[go.Figure] = []
+        self.sweep_fig = go.Figure()
+        self._tree_outs = [W.Output() for _ in range(MAX_SIDE_BY_SIDE)]
+        self._sweep_out = W.Output()
+        self.run_button.on_click(lambda _: self.run())
+        self.position.observe(lambda _: self.show_position(), names="value")
+        self.pricing.observe(self._table)
 
-    def run(self) -> tuple[GenerationFinished, GenerationFinished]:
-        return self.a.run(), self.b.run()
+    def run(self, sweep: bool = True) -> list[ReplayRun]:
+        """Replay the chosen policies at the budget (then, with `sweep`, at every budget of
+        SWEEP_BUDGETS up to 128 for the chart)."""
+        policies, prompt, max_new = list(self.policies.value), self.prompt.value, self.max_new_tokens.value
+        try:
+            self.runs = self.vm.replay(prompt, policies, [self.budget.value], max_new)
+        except dyspec.DyspecError as e:
+            self.error.value = f"<span style='color:#D55E00'>{e}</span>"
+            return self.runs
+        self.error.value = ""
+        self._table()
+        with self.position.hold_trait_notifications():
+            self.position.max, self.position.value = self.runs[0].tokens - 1, 0
+        self.show_position()
+        if sweep:
+            self.sweep = self.vm.replay(prompt, policies, [b for b in SWEEP_BUDGETS if b <= 128], max_new)
+            self.sweep_fig = figures.sweep_figure(self.sweep)
+            _draw(self._sweep_out, self.sweep_fig)
+        return self.runs
+
+    def _table(self) -> None:
+        if self.runs:
+            models = [self.vm.latency_model(whatif.THIS_MACHINE), self.pricing.model()]
+            table = self.vm.replay_table(self.runs, list({m.name: m for m in models}.values()))
+            self.table.value = f"<pre>{table}</pre>"
+
+    def show_position(self) -> None:
+        self.trees = [
+            figures.tree_figure(at_position(r.steps, self.position.value), title=f"{r.policy} at {r.budget}")
+            for r in self.runs
+        ]
+        for out, fig in zip(self._tree_outs, self.trees):
+            _draw(out, fig)
+        for out in self._tree_outs[len(self.trees) :]:
+            out.clear_output()
+
+    def widget(self) -> W.Widget:
+        return W.VBox(
+            [
+                W.HBox([self.example, self.expect]),
+                self.prompt,
+                W.HBox([self.policies, W.VBox([self.budget, self.max_new_tokens])]),
+                self.pricing.widget(),
+                self.run_button,
+                self.error,
+                self.table,
+                self.position,
+                *self._tree_outs,
+                self._sweep_out,
+            ]
+        )
 
     def _ipython_display_(self) -> None:
-        display(W.HBox([self.a.widget(), self.b.widget()]))
+        display(self.widget())

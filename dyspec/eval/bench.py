@@ -365,36 +365,6 @@ def auto_table(records: list[dict], rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
-def results_page(paths: list[Path], title: str, whatif_models: Sequence[whatif.LatencyModel] = ()) -> str:
-    """A results page: per records file, its stamp (host, date, versions, pair, command, as the
-    records carry them) and its tables: a bench's summary, or a replay sweep's (dyspec.eval.sweep)."""
-    from dyspec.eval import sweep  # it builds on this module
-
-    parts = [f"# {title}"]
-    for path in paths:
-        records = read_records(path)
-        if not records:
-            raise DyspecError(f"{path}: no bench records in it")
-        first = records[0]
-        versions = ", ".join(f"{k} {v}" for k, v in first["versions"].items())
-        commands = sorted({r.get("command") or "(not recorded)" for r in records})
-        fast = f", fast path {first['fast_path']}" if first.get("fast_path", "off") != "off" else ""
-        if first.get("kind") == sweep.KIND:
-            tables = [sweep.REPLAY_NOTE, sweep.sweep_table(sweep.sweep_rows(records, whatif_models))]
-        else:
-            rows = figures.summarize(records)
-            tables = [markdown_table(rows, records, whatif_models), auto_table(records, rows)]
-        parts += [
-            f"## {path.stem}",
-            f"Host: {first.get('host', '(not recorded)')}; date: {first.get('date', '(not recorded)')}; {versions}. "
-            f"Target `{first['target']}` ({first['precision']}{fast}, {first['device']}), draft `{first['draft']}`. "
-            f"Records: `{path.name}`.",
-            "\n".join(f"    {c}" for c in commands),
-            "\n\n".join(t for t in tables if t),
-        ]
-    return "\n\n".join(parts) + "\n"
-
-
 def write_report(
     records: list[dict], path: Path, profile: dict | None = None, whatif_models: Sequence[whatif.LatencyModel] = ()
 ) -> None:

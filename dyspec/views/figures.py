@@ -189,7 +189,17 @@ def _by(rows, *keys) -> dict:
     return out
 
 
-COLORS = {"root": "#4c78a8", "accepted": "#2ca02c", "rejected": "#d62728", "unreached": "#bbbbbb"}
+# Okabe-Ito, safe for colour-blind readers; the text's highlights use the same two meanings
+COLORS = {"root": "#000000", "accepted": "#009E73", "rejected": "#D55E00", "unreached": "#BBBBBB", "target": "#0072B2"}
+LABEL_ALL = 24  # nodes up to which every node's token is written in the tree
+LEGEND = {
+    "root": "root: the last committed token",
+    "accepted": "drafted, accepted",
+    "rejected": "drafted, rejected",
+    "unreached": "drafted, not reached",
+    "target": "the target's own next token (bonus or correction)",
+}
+HIGHLIGHT = {"drafted": "#b5e6a2", "target": "#a9c8f0"}  # yellowish green, blue: apart for every reader
 
 
 def node_outcomes(step) -> list[str]:
@@ -236,12 +246,12 @@ def token_label(text: str) -> str:
 
 def tree_figure(step, upto: int | None = None, title: str | None = None) -> go.Figure:
     """The step's token tree, root at the left, one column per depth: colour by outcome, size by
-    draft probability, the accepted path drawn thick, hover with draft and target probability,
+    draft probability, the accepted path drawn thick and ended by the target's own next token (the
+    bonus or correction, once the whole tree is shown), hover with draft and target probability,
     path value, depth and sibling order, and the acceptance head's prediction where the policy made
     one (specdecpp). `upto` shows only the first nodes in growth order, to replay how the tree grew."""
     n = len(step.tokens) if upto is None else max(1, min(upto, len(step.tokens)))
-    y = tree_layout(step.parents[:n])
-    x = step.depths[:n]
+    parents, x = list(step.parents[:n]), list(step.depths[:n])
     outcome = node_outcomes(step)[:n]
     rank = [0] * n
     seen: dict[int, int] = defaultdict(int)
@@ -252,18 +262,32 @@ def tree_figure(step, upto: int | None = None, title: str | None = None) -> go.F
     head = [
         f"{predicted[i - 1]:.3f}" if 0 < i <= len(predicted) and predicted[i - 1] is not None else "-" for i in range(n)
     ]
+    texts = [token_label(t) for t in step.texts[:n]]
+    if n == len(step.tokens) and len(step.emitted) > len(step.accepted):  # the target's token, after the path
+        last = step.accepted[-1] if step.accepted else 0
+        parents.append(last)
+        x.append(x[last] + 1)
+        outcome.append("target")
+        texts.append(token_label(step.emitted_texts[len(step.accepted)]))
+        rank.append(seen[last])
+        head.append("-")
+    y = tree_layout(parents)  # the target's token gets a row of its own
+    size = [9 + 16 * p for p in step.draft_probs[:n]] + [14] * (len(x) - n)
+    probs = [*step.draft_probs[:n], *[math.nan] * (len(x) - n)]
+    target_p = [*step.target_probs[:n], *[math.nan] * (len(x) - n)]
+    values = [*step.values[:n], *[math.nan] * (len(x) - n)]
     fig = go.Figure()
     for on_path in (False, True):  # the accepted path last, over the other edges
         ex, ey = [], []
-        for i in range(1, n):
-            if (outcome[i] == "accepted") == on_path:
-                p = step.parents[i]
+        for i in range(1, len(x)):
+            if (outcome[i] in ("accepted", "target")) == on_path:
+                p = parents[i]
                 ex += [x[p], x[i], None]
                 ey += [y[p], y[i], None]
-        line = {"color": COLORS["accepted"], "width": 4} if on_path else {"color": "#aaa", "width": 1}
+        line = {"color": COLORS["accepted"], "width": 4} if on_path else {"color": "#999", "width": 1}
         fig.add_trace(go.Scatter(x=ex, y=ey, mode="lines", line=line, hoverinfo="skip", showlegend=False))
     for kind, color in COLORS.items():
-        idx = [i for i in range(n) if outcome[i] == kind]
+        idx = [i for i in range(len(x)) if outcome[i] == kind]
         if not idx:
             continue
         fig.add_trace(
@@ -271,16 +295,20 @@ def tree_figure(step, upto: int | None = None, title: str | None = None) -> go.F
                 x=[x[i] for i in idx],
                 y=[y[i] for i in idx],
                 mode="markers+text",
-                name=kind,
-                text=[token_label(step.texts[i]) for i in idx],
+                name=LEGEND[kind],
+                # a big tree labels what the verifier reached; the hover names every node
+                text=[texts[i] if kind != "unreached" or len(x) <= LABEL_ALL else "" for i in idx],
+                hovertext=[texts[i] for i in idx],
                 textposition="top center",
-                textfont={"family": "monospace", "size": 13, "color": "#222" if kind != "unreached" else "#888"},
-                marker={"color": color, "size": [9 + 16 * step.draft_probs[i] for i in idx], "line": {"width": 0}},
-                customdata=[
-                    [step.draft_probs[i], step.target_probs[i], step.values[i], step.depths[i], rank[i], head[i]]
-                    for i in idx
-                ],
-                hovertemplate="%{text}<br>draft p %{customdata[0]:.3f}<br>target p %{customdata[1]:.3f}"
+                textfont={"family": "monospace", "size": 13, "color": "#222" if kind != "unreached" else "#777"},
+                marker={
+                    "color": color,
+                    "size": [size[i] for i in idx],
+                    "symbol": "diamond" if kind == "target" else "circle",
+                    "line": {"width": 0},
+                },
+                customdata=[[probs[i], target_p[i], values[i], x[i], rank[i], head[i]] for i in idx],
+                hovertemplate="%{hovertext}<br>draft p %{customdata[0]:.3f}<br>target p %{customdata[1]:.3f}"
                 "<br>path value %{customdata[2]:.3f}<br>depth %{customdata[3]}, sibling %{customdata[4]}"
                 + ("<br>predicted acceptance %{customdata[5]}" if predicted else "")
                 + "<extra></extra>",
@@ -290,39 +318,56 @@ def tree_figure(step, upto: int | None = None, title: str | None = None) -> go.F
     leaves = max(y, default=0) + 1
     fig.update_layout(
         title=title or f"step {step.step}: {len(step.tokens) - 1} {made}, {len(step.accepted)} accepted",
-        xaxis={"title": "depth", "dtick": 1, "range": [-0.4, max(x, default=0) + 0.6]},
-        yaxis={"visible": False, "range": [leaves - 0.4, -0.8]},  # first leaf at the top; room for labels
-        height=max(300, min(900, 120 + 42 * leaves)),
-        margin={"l": 20, "r": 20, "t": 50, "b": 40},
-        legend={"orientation": "h", "y": -0.12},
+        xaxis={"title": "depth (tokens after the root)", "dtick": 1, "range": [-0.5, max(x, default=0) + 0.8]},
+        yaxis={"visible": False, "range": [leaves - 0.4, -1.0]},  # first leaf at the top; room for its label
+        height=max(340, min(900, 190 + 42 * leaves)),
+        margin={"l": 20, "r": 20, "t": 60, "b": 100},
+        legend={"orientation": "h", "yref": "container", "y": 0, "yanchor": "bottom"},  # in the bottom margin
     )
     return fig
 
 
-def text_html(steps) -> str:
+def text_html(steps, hidden_ids: frozenset[int] = frozenset()) -> str:
     """The generated text, each token marked by the step that produced it: drafted and accepted
-    tokens in green, the target's own token of each step (bonus or correction) in blue."""
+    tokens in green, the target's own token of each step (bonus or correction) in blue; tokens in
+    `hidden_ids` (special ones, such as the end of a turn) left out."""
     parts = []
     for s in steps:
-        for j, text in enumerate(s.emitted_texts):
+        for j, (token, text) in enumerate(zip(s.emitted, s.emitted_texts)):
+            if token in hidden_ids:
+                continue
             kind = "drafted" if j < len(s.accepted) else "target"
-            color = "#d7f5d7" if kind == "drafted" else "#d8e6f8"
+            what = "drafted and accepted" if kind == "drafted" else "the target's own token"
             parts.append(
-                f'<span title="step {s.step}, {kind}" style="background:{color};white-space:pre-wrap">'
+                f'<span title="step {s.step}: {what}" style="background:{HIGHLIGHT[kind]};white-space:pre-wrap">'
                 f"{html.escape(text)}</span>"
             )
     return "<div style='font-family:monospace;line-height:1.6'>" + "".join(parts) + "</div>"
 
 
 def steps_figure(steps, running: list[float | None] | None = None) -> go.Figure:
-    """Tokens committed per target forward at each step, and the running speedup over `ar` on the
-    same prompt (`dyspec.eval.speedup.running_speedup`: None until enough tokens are in)."""
+    """Tokens committed per target forward at each step (left axis), and the running speedup over
+    `ar` on the same prompt with ar's own 1.0x (right axis; `dyspec.eval.speedup.running_speedup`:
+    None until enough tokens are in)."""
     fig = go.Figure()
-    fig.add_trace(go.Bar(x=[s.step for s in steps], y=[len(s.emitted) for s in steps], name="tokens per forward"))
+    xs = [s.step for s in steps]
+    fig.add_trace(
+        go.Bar(x=xs, y=[len(s.emitted) for s in steps], name="tokens per forward (left)", marker_color="#999999")
+    )
     if running and any(r is not None for r in running):
         fig.add_trace(
             go.Scatter(
-                x=[s.step for s in steps], y=running, name="running speedup vs ar", yaxis="y2", connectgaps=False
+                x=xs, y=running, name="running speedup vs ar (right)", yaxis="y2", line={"color": "#E69F00", "width": 3}
+            )
+        )
+        fig.add_trace(
+            go.Scatter(
+                x=[xs[0], xs[-1]],
+                y=[1.0, 1.0],
+                name="ar: 1.0x (right)",
+                yaxis="y2",
+                mode="lines",
+                line={"color": "#555", "dash": "dot"},
             )
         )
         top = max(2.0, *(r for r in running if r is not None)) * 1.1
@@ -336,7 +381,6 @@ def steps_figure(steps, running: list[float | None] | None = None) -> go.Figure:
                 "automargin": True,
             }
         )
-        fig.add_hline(y=1.0, line_dash="dot", line_color="gray", yref="y2")
     fig.update_layout(
         title="Per step",
         xaxis_title="step",
@@ -344,5 +388,30 @@ def steps_figure(steps, running: list[float | None] | None = None) -> go.Figure:
         height=320,
         legend={"orientation": "h", "y": -0.25},
         margin={"l": 50, "r": 50, "t": 50, "b": 40},
+    )
+    return fig
+
+
+def sweep_figure(runs) -> go.Figure:
+    """Tokens per target forward against budget, a line per policy, from replayed runs
+    (dyspec.core.replay.ReplayRun)."""
+    fig = go.Figure()
+    by_policy = defaultdict(list)
+    for r in runs:
+        by_policy[r.policy].append(r)
+    for policy, rs in by_policy.items():
+        rs = sorted(rs, key=lambda r: r.budget)
+        fig.add_trace(
+            go.Scatter(
+                x=[r.budget for r in rs], y=[r.tokens_per_forward for r in rs], mode="lines+markers", name=policy
+            )
+        )
+    fig.update_layout(
+        title="Tokens per target forward against budget (replayed, T = 0)",
+        xaxis={"title": "budget (drafted tokens per step)", "type": "log", "dtick": math.log10(2)},
+        yaxis={"title": "tokens per target forward", "rangemode": "tozero"},
+        height=360,
+        legend={"orientation": "h", "y": -0.25},
+        margin={"l": 50, "r": 20, "t": 50, "b": 40},
     )
     return fig

@@ -1,0 +1,222 @@
+"""The view model behind both front ends, the web app (app.py) and the notebook dashboard
+(widgets/): the pair, its caches and warm-up, the limits, the policy and hardware menus, how a live
+run and a side-by-side replay run, and every line of text they show. The front ends are layout and
+bindings over it, so a new control or statistic changes one place. Text comes as HTML fragments,
+which Gradio's Markdown and ipywidgets' HTML both render."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+
+from dyspec.auto import whatif
+from dyspec.core.engine import MAX_BUDGET, MAX_TEMPERATURE, stream
+from dyspec.core.events import GenerationFinished, StepVerified
+from dyspec.core.replay import ReplayRun, Trace, record_trace, replay_run
+from dyspec.defaults import defaults_for
+from dyspec.errors import DyspecError
+from dyspec.eval import speedup
+from dyspec.eval.sweep import REPLAY_NOTE
+from dyspec.models import ModelPair
+from dyspec.policies import available_policies, policy_options
+
+# the side-by-side view opens on trees of one size from a chain, the optimal static tree and the
+# dynamic one, priced on an H100: where DySpec's tree beats a static one of the same size
+SIDE_BY_SIDE = ("chain", "sequoia", "dyspec")
+SIDE_BY_SIDE_BUDGET = 32
+SIDE_BY_SIDE_HARDWARE = "h100"
+SWEEP_BUDGETS = (2, 4, 8, 16, 32, 64, 128, 256)
+MAX_SIDE_BY_SIDE = 4  # trees shown at once
+BELOW_ONE = "below 1x = slower than plain decoding"
+
+
+@dataclass(frozen=True)
+class Limits:
+    """What a web user may ask for: a live run's tree costs its forward on this machine, so on a CPU
+    it stops at 64 nodes (bigger ones take seconds a step; the side-by-side replay draws them)."""
+
+    budget: int
+    replay_budget: int = MAX_BUDGET
+    max_new_tokens: int = 256
+    prompt_chars: int = 4000
+    temperature: float = MAX_TEMPERATURE
+
+
+def limits_for(pair: ModelPair) -> Limits:
+    return Limits(budget=64 if pair.device.type == "cpu" else MAX_BUDGET)
+
+
+@dataclass
+class Live:
+    """A live run so far: its steps, `ar`'s on the same prompt (empty when not measured), and the
+    final event once it is over."""
+
+    steps: list[StepVerified] = field(default_factory=list)
+    ar: list[StepVerified] = field(default_factory=list)
+    finished: GenerationFinished | None = None
+
+
+def at_position(steps: Sequence[StepVerified], position: int) -> StepVerified:
+    """The step whose tree drafted the answer's token `position` (the last step past the end)."""
+    done = 0
+    for s in steps:
+        done += len(s.emitted)
+        if position < done:
+            return s
+    return steps[-1]
+
+
+class ViewModel:
+    """`profiles`: latency models the operator loaded for the what-if menu, besides the shipped ones,
+    this machine's and a parametric accelerator."""
+
+    def __init__(self, pair: ModelPair, profiles: dict[str, whatif.LatencyModel] | None = None):
+        self.pair = pair
+        self.limits = limits_for(pair)
+        self.policies = available_policies(pair)
+        defaults = defaults_for(pair.device)
+        self.default_policy = defaults.policy if defaults.policy in self.policies else "ar"
+        self.default_budget = defaults.budget
+        self.side_by_side = [p for p in SIDE_BY_SIDE if p in self.policies] or self.policies[:1]
+        self.hardware = {**whatif.shipped_models(), **(profiles or {})}
+        self.hardware_choices = [*self.hardware, whatif.THIS_MACHINE, whatif.PARAMETRIC]
+        self.ar_cache: dict = {}  # ar's measured steps per prompt and settings, and which policies ran warm
+        self.traces: dict[tuple[str, int], Trace] = {}
+        self.hidden_ids = frozenset(pair.tokenizer.all_special_ids)  # not printed in the text
+
+    @property
+    def default_text(self) -> str:
+        return f"{self.default_policy} at budget {self.default_budget}"
+
+    def options_of(self, policy: str) -> dict:
+        """The options `policy` takes beyond budget and temperature, with their defaults."""
+        return policy_options(policy)
+
+    def check(self, prompt: str, budget: int | str, temperature: float, max_new_tokens: int, replay=False) -> None:
+        """A web user's request within the limits, before anything runs or any output changes."""
+        limits = self.limits
+        top = limits.replay_budget if replay else limits.budget
+        if not prompt.strip():
+            raise DyspecError("Type a prompt first.")
+        if len(prompt) > limits.prompt_chars:
+            raise DyspecError(f"The prompt is limited to {limits.prompt_chars} characters here.")
+        if budget != "auto" and not 1 <= budget <= top:
+            raise DyspecError(f"Budget must be 1-{top}{'' if replay else ' or auto'} here.")
+        if not 1 <= max_new_tokens <= limits.max_new_tokens:
+            raise DyspecError(f"Max new tokens must be 1-{limits.max_new_tokens}.")
+        if not 0 <= temperature <= limits.temperature:
+            raise DyspecError(f"Temperature must be between 0 and {limits.temperature}.")
+
+    def check_policies(self, policies: Sequence[str], most: int = 1) -> None:
+        if not policies:
+            raise DyspecError("Pick at least one policy.")
+        if len(policies) > most:
+            raise DyspecError(f"Pick at most {most} policies.")
+        if unknown := [p for p in policies if p not in self.policies]:
+            raise DyspecError(f"Unknown policy {unknown[0]!r}; choose among: {', '.join(self.policies)}.")
+
+    def warm_up(self, policy: str | None = None, budget: int | str | None = None) -> None:
+        """One short generation of `ar` and `policy` (the default one), so that no measured run pays a
+        first run's one-off costs (dyspec.eval.speedup)."""
+        speedup.warm_up(self.pair, policy or self.default_policy, budget or self.default_budget, self.ar_cache)
+
+    def run(
+        self,
+        prompt: str,
+        policy: str,
+        budget: int | str,
+        temperature: float = 0.0,
+        seed: int = 0,
+        max_new_tokens: int = 64,
+        options: dict | None = None,
+        measure_ar: bool = True,
+        stop: Callable[[], bool] | None = None,
+    ) -> Iterator[Live]:
+        """A live run, the state after each step and once at its end; `ar` measured first on the
+        same prompt and settings (once per prompt and settings) when `measure_ar`."""
+        self.check(prompt, budget, temperature, max_new_tokens)
+        self.check_policies([policy])
+        live = Live()
+        if measure_ar and policy != "ar":
+            live.ar = speedup.ar_steps(self.pair, prompt, temperature, seed, max_new_tokens, self.ar_cache)
+            self.warm_up(policy, budget)
+        kwargs = {"temperature": temperature, "seed": seed, "max_new_tokens": max_new_tokens, "options": options}
+        for event in stream(self.pair, prompt, policy, budget, stop=stop, **kwargs):
+            if isinstance(event, StepVerified):
+                live.steps.append(event)
+                yield live
+            elif isinstance(event, GenerationFinished):
+                live.finished = event
+                yield live
+
+    def stats(self, live: Live) -> str:
+        """What a live run did, and its speedup measured against `ar` on this machine."""
+        steps, tokens = live.steps, sum(len(s.emitted) for s in live.steps)
+        lines = [
+            f"<b>{tokens} tokens in {len(steps)} target forwards</b> ({tokens / max(len(steps), 1):.2f} tokens "
+            f"per forward), {speedup.decode_rate(steps):.1f} tokens/s while decoding"
+        ]
+        if live.ar:
+            shown = speedup.speedup_text(steps, live.ar, live.finished is not None)
+            lines.append(
+                f"Measured speedup vs ar (plain decoding, {speedup.decode_rate(live.ar):.1f} tokens/s) on this "
+                f"machine: <b>{shown}</b>; {BELOW_ONE}. Repeated runs differ by a few percent; {speedup.METHOD}."
+            )
+        if live.finished is not None:
+            lines.append(f"Done ({live.finished.stop_reason}): {live.finished.wall_s:.2f} s wall, prefill included.")
+        return "<br>".join(lines)
+
+    def latency_model(self, choice: str, width: int = 64, draft_fraction: float = 0.1) -> whatif.LatencyModel:
+        return whatif.choose_model(choice, self.pair, self.hardware, int(width), float(draft_fraction))
+
+    def whatif(self, live: Live, choice: str, width: int = 64, draft_fraction: float = 0.1) -> str:
+        """The run measured here and modelled elsewhere, one line each, each saying which it is."""
+        if not live.steps:
+            return "Run a generation to price its trees."
+        here = speedup.measured_speedup(live.steps, live.ar) if live.ar else None
+        measured = f"<b>{here.ratio:.2f}x</b> vs ar" if here else "not measured (ar was not run)"
+        model = self.latency_model(choice, width, draft_fraction)
+        modelled = whatif.modelled_speedup(whatif.step_shapes(live.steps), model)
+        return (
+            f"Measured on this machine: {measured}.<br>Modelled on {model.name}: <b>{modelled:.2f}x</b> vs ar, "
+            f"from this run's trees with a latency profile (not run there); {BELOW_ONE}."
+        )
+
+    def text(self, steps: Sequence[StepVerified]) -> str:
+        from dyspec.views.figures import text_html  # plotly, loaded by the views that draw
+
+        return text_html(steps, self.hidden_ids)
+
+    def trace(self, prompt: str, max_new_tokens: int) -> Trace:
+        """The target's greedy answer to `prompt`, recorded once; its steps are `ar`'s at T = 0."""
+        key = (prompt, max_new_tokens)
+        if key not in self.traces:
+            self.warm_up("ar", 1)
+            self.traces[key] = record_trace(self.pair, prompt, max_new_tokens)
+            self.ar_cache.setdefault((prompt, 0.0, 0, max_new_tokens), self.traces[key].steps)
+        return self.traces[key]
+
+    def replay(
+        self, prompt: str, policies: Sequence[str], budgets: Sequence[int], max_new_tokens: int = 64
+    ) -> list[ReplayRun]:
+        """Each policy at each budget along the prompt's trace (T = 0; times modelled, never measured)."""
+        self.check_policies(policies, MAX_SIDE_BY_SIDE)
+        for budget in budgets:
+            self.check(prompt, budget, 0.0, max_new_tokens, replay=True)
+        trace = self.trace(prompt, max_new_tokens)
+        return [replay_run(self.pair, trace, p, b) for p in policies for b in budgets]
+
+    def replay_table(self, runs: Sequence[ReplayRun], models: Sequence[whatif.LatencyModel]) -> str:
+        """Per run: tokens per forward, draft forwards per step and the speedup modelled on each of
+        `models`, below a row for `ar`, the baseline (one token a forward, 1x by definition)."""
+        head = "| policy | budget | tokens per target forward | draft forwards per step |"
+        head += "".join(f" modelled on {m.name} |" for m in models)
+        rows = [head, "|---|---|---|---|" + "---|" * len(models)]
+        rows.append("| ar (baseline) | - | 1.00 | 0 |" + " 1.00x |" * len(models))
+        for r in runs:
+            cells = "".join(f" {whatif.modelled_speedup(whatif.step_shapes(r.steps), m):.2f}x |" for m in models)
+            rows.append(
+                f"| {r.policy} | {r.budget} | {r.tokens_per_forward:.2f} | "
+                f"{r.draft_forwards / max(len(r.steps), 1):.1f} |{cells}"
+            )
+        return "\n".join(rows) + "\n\n" + REPLAY_NOTE
