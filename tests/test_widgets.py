@@ -21,9 +21,14 @@ def test_dashboard_run_updates_figures(pair):
     assert LEGEND["target"] in {t.name for t in d.tree_fig.data if t.name}
     assert [b.y for b in d.steps_fig.data if b.type == "bar"][0] == tuple(len(s.emitted) for s in d.steps)
     assert d.live.ar and "Measured speedup vs ar" in d.stats.value and "prefill excluded" in d.stats.value
+    assert "Run it again" in d.stats.value and len(d.live.repeats) == 1
     assert "Measured on this machine" in d.whatif.value and "Modelled on" in d.whatif.value
     assert d.text.value.count("<span") == 20
     assert d.step_slider.max == len(d.steps) - 1
+    first = d.live.repeats[0]
+    d.run()  # the same settings again: both measurements, and their spread
+    assert d.live.repeats[0] == first and len(d.live.repeats) == 2
+    assert "measured 2 times here" in d.stats.value and f"{first:.2f}x" in d.stats.value
     d.export_format.value = "sglang"  # the run's tree shape for a serving engine
     assert "--speculative-eagle-topk" in d.export() and d.export_text.value == d.export()
     d.export_format.value = "vllm"

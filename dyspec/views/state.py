@@ -54,6 +54,7 @@ class Live:
     steps: list[StepVerified] = field(default_factory=list)
     ar: list[StepVerified] = field(default_factory=list)
     finished: GenerationFinished | None = None
+    repeats: list[float] = field(default_factory=list)  # the speedups measured so far with these settings
 
 
 def at_position(steps: Sequence[StepVerified], position: int) -> StepVerified:
@@ -82,6 +83,7 @@ class ViewModel:
         self.hardware_choices = [*self.hardware, whatif.THIS_MACHINE, whatif.PARAMETRIC]
         self.ar_cache: dict = {}  # ar's measured steps per prompt and settings, and which policies ran warm
         self.traces: dict[tuple[str, int], Trace] = {}
+        self.speedups: dict[tuple, list[float]] = {}  # measured per prompt and settings: their spread
         self.hidden_ids = frozenset(pair.tokenizer.all_special_ids)  # not printed in the text
 
     @property
@@ -144,10 +146,13 @@ class ViewModel:
         for event in stream(self.pair, prompt, policy, budget, stop=stop, **kwargs):
             if isinstance(event, StepVerified):
                 live.steps.append(event)
-                yield live
             elif isinstance(event, GenerationFinished):
                 live.finished = event
-                yield live
+                if live.ar and event.stop_reason != "stopped":
+                    key = (prompt, policy, budget, repr(kwargs))
+                    live.repeats = self.speedups.setdefault(key, [])
+                    live.repeats.append(speedup.decode_rate(live.steps) / speedup.decode_rate(live.ar))
+            yield live
 
     def stats(self, live: Live) -> str:
         """What a live run did, and its speedup measured against `ar` on this machine."""
@@ -160,8 +165,16 @@ class ViewModel:
             shown = speedup.speedup_text(steps, live.ar, live.finished is not None)
             lines.append(
                 f"Measured speedup vs ar (plain decoding, {speedup.decode_rate(live.ar):.1f} tokens/s) on this "
-                f"machine: <b>{shown}</b>; {BELOW_ONE}. Repeated runs differ by a few percent; {speedup.METHOD}."
+                f"machine: <b>{shown}</b>; {BELOW_ONE}; {speedup.METHOD}."
             )
+        if len(live.repeats) > 1:
+            runs = ", ".join(f"{r:.2f}x" for r in live.repeats)
+            lines.append(
+                f"The same settings measured {len(live.repeats)} times here: {runs} (a spread of "
+                f"{max(live.repeats) - min(live.repeats):.2f}x: this machine's noise, the answer is the same)."
+            )
+        elif live.repeats:
+            lines.append("Run it again to see how much repeated measurements differ on this machine.")
         if live.finished is not None:
             lines.append(f"Done ({live.finished.stop_reason}): {live.finished.wall_s:.2f} s wall, prefill included.")
         return "<br>".join(lines)
