@@ -1,8 +1,8 @@
 """dyspec: interactive speculative decoding with token trees."""
 
-from dyspec.core.engine import generate, stream
 from dyspec.core.events import GenerationFinished, StepVerified, TreeExpanded
-from dyspec.core.replay import ReplayRun, Trace, record_trace, replay
+from dyspec.decode.engine import generate, stream
+from dyspec.decode.replay import ReplayRun, Trace, record_trace, replay
 from dyspec.errors import DyspecError
 from dyspec.models import ModelPair, load_pair
 

@@ -89,6 +89,10 @@ def pair_of(args: argparse.Namespace, draft: str | None = None) -> ModelPair:
 _DEFAULTS = "; ".join(f"{device}: {d.policy} at budget {d.budget}" for device, d in DEFAULTS.items())
 
 
+def add_option_arg(p: argparse.ArgumentParser, help: str) -> None:
+    p.add_argument("--option", type=_option, action="append", default=[], metavar="NAME=VALUE", help=help)
+
+
 def add_decoding_args(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--policy", default=None, help=f"decoding policy (default: the fastest measured on the device: {_DEFAULTS})"
@@ -103,18 +107,11 @@ def add_decoding_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--temperature", type=float, default=0.0)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--max-new-tokens", type=int, default=64)
-    p.add_argument(
-        "--option",
-        type=_option,
-        action="append",
-        default=[],
-        metavar="NAME=VALUE",
-        help="a policy option, e.g. --option max_depth=8 (repeatable)",
-    )
+    add_option_arg(p, "a policy option, e.g. --option max_depth=8 (repeatable)")
 
 
 def cmd_generate(args: argparse.Namespace) -> None:
-    from dyspec.core.engine import check_settings, generate
+    from dyspec.decode.engine import check_settings, generate
     from dyspec.models import pick_device
 
     options = dict(args.option)
@@ -218,7 +215,7 @@ def cmd_replay(args: argparse.Namespace) -> None:
 
     from dyspec.auto.profile import pair_profile
     from dyspec.auto.whatif import from_profile, load_profile
-    from dyspec.core.engine import check_settings
+    from dyspec.decode.engine import check_settings
     from dyspec.eval.prompts import load_prompts
     from dyspec.eval.sweep import REPLAY_NOTE, run_sweep, sweep_rows, sweep_table
 
@@ -241,7 +238,7 @@ def cmd_replay(args: argparse.Namespace) -> None:
 
 
 def cmd_profile(args: argparse.Namespace) -> None:
-    from dyspec.auto.profile import CONTEXT, LONG_CONTEXT, LONG_SIZES, floor_text, measure_profile, profile_path
+    from dyspec.auto.profile import CONTEXT, LONG_SIZES, measure_profile, profile_path, profile_table
     from dyspec.models import write_cache
 
     pair = pair_of(args)
@@ -260,27 +257,7 @@ def cmd_profile(args: argparse.Namespace) -> None:
     if args.json:
         print(json.dumps(profile))
         return
-    labels = {
-        "target": "target",
-        f"target_at_{LONG_CONTEXT}": f"@{LONG_CONTEXT}",
-        "draft": "draft",
-        "target_hf": "HF",
-        "llamacpp": "llama.cpp",
-        "baseline_hf_fp32_eager": "fp32 HF",
-    }
-    columns = [name for name in labels if name in profile]
-    print(
-        f"forward latency, ms (median) on {profile['device']}, {profile['precision']} ({profile['dtype']}), "
-        f"fast path {profile['fast_path']}"
-    )
-    print(
-        f"behind {CONTEXT} cached tokens; @{LONG_CONTEXT}: the target behind {LONG_CONTEXT}"
-        + ("; HF: the same target on the Hugging Face forward" if "target_hf" in profile else "")
-    )
-    print(f"{'n':>4}" + "".join(f"{labels[c]:>10}" for c in columns))
-    for n in profile["target"]:  # the others have fewer sizes: blank in the other rows
-        print(f"{n:>4}" + "".join(f"{profile[c][n]:10.1f}" if n in profile[c] else " " * 10 for c in columns))
-    print(floor_text(profile))
+    print(profile_table(profile))
 
 
 def cmd_export(args: argparse.Namespace) -> None:
@@ -289,6 +266,7 @@ def cmd_export(args: argparse.Namespace) -> None:
     from dyspec.export import (
         export,
         frequent_tree,
+        grown_trees,
         is_level_uniform,
         nearest_level_uniform,
         tree_parents,
@@ -313,19 +291,11 @@ def cmd_export(args: argparse.Namespace) -> None:
         parents, _ = optimal_tree(tuple(acceptance), args.budget, args.max_depth)
         source = f"Sequoia's optimal tree for a = {[round(a, 3) for a in acceptance]}"
     else:
-        from tqdm.auto import tqdm
-
-        from dyspec.core.engine import stream
-        from dyspec.core.events import StepVerified
         from dyspec.eval.prompts import load_prompts
 
         pair = pair_of(args)
-        trees = []
-        for _, prompt in tqdm(load_prompts(args.dataset, args.num_prompts, spread=True), desc=f"{args.source} trees"):
-            events = stream(
-                pair, prompt, args.source, args.budget, args.temperature, max_new_tokens=args.max_new_tokens
-            )
-            trees += [e.parents for e in events if isinstance(e, StepVerified)]
+        prompts = [p for _, p in load_prompts(args.dataset, args.num_prompts, spread=True)]
+        trees = grown_trees(pair, prompts, args.source, args.budget, args.temperature, args.max_new_tokens)
         parents = frequent_tree(trees, args.budget)
         source = f"the {args.budget} paths {args.source} grew most often over {len(trees)} steps"
     if args.nearest and args.format == "vllm" and not is_level_uniform(tree_paths(parents)):
@@ -491,14 +461,7 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--temperatures", type=_csv(float), default=(0.0,))
     b.add_argument("--seeds", type=_csv(int), default=(0,))
     b.add_argument("--max-new-tokens", type=int, default=64)
-    b.add_argument(
-        "--option",
-        type=_option,
-        action="append",
-        default=[],
-        metavar="NAME=VALUE",
-        help="a policy option passed to every policy (repeatable)",
-    )
+    add_option_arg(b, "a policy option passed to every policy (repeatable)")
     b.add_argument("--out", default="bench-out/results.jsonl", help="JSONL records; the report goes beside it")
     b.add_argument("--resume", action="store_true", help="keep the records in --out and run only what is missing")
     b.add_argument("--profile", action="store_true", help="also measure the latency profile t(n) for the report")

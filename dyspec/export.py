@@ -26,7 +26,10 @@ from collections import Counter
 from pathlib import Path
 
 import torch
+from tqdm.auto import tqdm
 
+from dyspec.core.events import StepVerified
+from dyspec.decode.engine import stream
 from dyspec.errors import DyspecError
 from dyspec.policies.sequoia import tree_score
 
@@ -220,3 +223,15 @@ def run_snippet(trees: list[list[int]], fmt: str) -> str:
         parents = tree_parents(nearest_level_uniform(tree_paths(parents)))
         head += ", made level-uniform for vLLM"
     return f"{head}\n{export(parents, fmt)[0]}"
+
+
+def grown_trees(
+    pair, prompts: list[str], policy: str, budget: int | str, temperature: float, max_new_tokens: int
+) -> list[list[int]]:
+    """The shape (parents) of every tree `policy` grew over `prompts`, behind a progress bar: what
+    `frequent_tree` mines."""
+    trees = []
+    for prompt in tqdm(prompts, desc=f"{policy} trees"):
+        events = stream(pair, prompt, policy, budget, temperature, max_new_tokens=max_new_tokens)
+        trees += [e.parents for e in events if isinstance(e, StepVerified)]
+    return trees

@@ -45,7 +45,7 @@ def test_no_import_cycles():
 
     for module in sorted(graph):
         visit(module, [module])
-    assert "dyspec.core.engine" in graph and "dyspec.policies" in graph["dyspec.core.engine"]
+    assert "dyspec.decode.engine" in graph and "dyspec.policies" in graph["dyspec.decode.engine"]
     assert not cycles, cycles
 
 
@@ -56,3 +56,43 @@ def test_the_core_imports_no_front_end():
         if module.startswith(("dyspec.core", "dyspec.policies", "dyspec.auto")):
             outside = {d for d in deps if d.startswith(("dyspec.views", "dyspec.eval", "dyspec.train", "dyspec.cli"))}
             assert not outside, (module, outside)
+
+
+# Each package's layer: a module imports its own package and lower layers only, so the core is a
+# ground floor and the policies and `--budget auto` (one layer) never know each other.
+LAYERS = {
+    "dyspec.errors": 0,
+    "dyspec.defaults": 0,
+    "dyspec.core": 1,
+    "dyspec.models": 2,
+    "dyspec.policies": 3,
+    "dyspec.auto": 3,
+    "dyspec.decode": 4,
+    "dyspec.export": 5,
+    "dyspec.eval": 6,
+    "dyspec.train": 7,
+    "dyspec.views": 7,
+    "dyspec.cli": 8,
+    "dyspec.__main__": 9,
+    "dyspec": 9,  # re-exports the public names
+}
+
+
+def package(module: str) -> str:
+    return ".".join(module.split(".")[:2])
+
+
+def test_layers_run_one_way():
+    """Package by package: imports go down the layers or stay in the package, except to a leaf (a
+    module that imports nothing of dyspec, like the figures, which any layer may draw with)."""
+    graph = import_graph()
+    leaves = {m for m, deps in graph.items() if not deps}
+    assert set(map(package, graph)) == set(LAYERS), "every package has a layer"
+    wrong = [
+        f"{module} -> {dep}"
+        for module, deps in graph.items()
+        for dep in deps - leaves
+        if package(dep) != package(module) and LAYERS[package(dep)] >= LAYERS[package(module)]
+    ]
+    assert not wrong, wrong
+    assert "dyspec.views.figures" in leaves

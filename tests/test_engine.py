@@ -4,11 +4,11 @@ import pytest
 import torch
 
 from dyspec import generate, stream
-from dyspec.core.engine import encode_prompt
 from dyspec.core.events import GenerationFinished, StepVerified, TreeExpanded
 from dyspec.core.kv import KVSession
 from dyspec.core.static import static_model
 from dyspec.core.tree import Tree
+from dyspec.decode.engine import encode_prompt
 from dyspec.models import load_pair
 from dyspec.models.lean import lean_forward
 from dyspec.policies import POLICIES

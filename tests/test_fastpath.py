@@ -38,11 +38,11 @@ from dyspec.auto.budget import (
 from dyspec.auto.profile import weight_bytes
 from dyspec.core import attention
 from dyspec.core.attention import rowwise_attention
-from dyspec.core.engine import encode_prompt
 from dyspec.core.events import StepVerified
 from dyspec.core.kv import KVSession
 from dyspec.core.tree import Tree
 from dyspec.core.verify import verify_sampled
+from dyspec.decode.engine import encode_prompt
 from dyspec.errors import DyspecError
 from dyspec.models import load_pair, shipped_draft
 from dyspec.models.feature_draft import features_before, load_feature_draft

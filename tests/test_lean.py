@@ -17,9 +17,9 @@ from transformers import (
 )
 
 from dyspec import generate
-from dyspec.core.engine import encode_prompt
 from dyspec.core.kv import KVSession
 from dyspec.core.tree import Tree
+from dyspec.decode.engine import encode_prompt
 from dyspec.errors import DyspecError
 from dyspec.models import check_lean, load_pair
 from dyspec.models import lean as lean_module

@@ -6,7 +6,7 @@ from functools import cache
 import pytest
 import torch
 
-from dyspec.auto.budget import BINS
+from dyspec.core.contract import BINS
 from dyspec.core.tree import Tree
 from dyspec.errors import DyspecError
 from dyspec.policies import dyspec, dyspec_threshold, eagle2, lookup, specinfer
@@ -264,9 +264,9 @@ def test_lookup_rejects_bad_options(options):
 
 
 def test_the_policy_contract_is_checked_when_a_policy_is_made():
+    from dyspec.core.contract import Policy
     from dyspec.policies import POLICIES
     from dyspec.policies.chain import build as chain_build
-    from dyspec.policies.contract import Policy
     from dyspec.policies.lookup import build as lookup_build
 
     assert Policy("mine", chain_build, needs_draft=True).options == {}

@@ -1,4 +1,4 @@
-"""Replay (dyspec.core.replay) against real runs: at T = 0 every tree policy's replay along the
+"""Replay (dyspec.decode.replay) against real runs: at T = 0 every tree policy's replay along the
 target's greedy trace grows the same trees, accepts the same paths and commits the same tokens as
 a real run of the same policy and budget."""
 
@@ -6,8 +6,8 @@ import pytest
 
 from dyspec import generate
 from dyspec.core.events import StepVerified
-from dyspec.core.replay import Trace, follow, record_trace, replay, replay_run
 from dyspec.core.tree import Tree
+from dyspec.decode.replay import Trace, follow, record_trace, replay, replay_run
 from dyspec.errors import DyspecError
 from dyspec.policies import available_policies
 
@@ -52,7 +52,7 @@ def test_trace_is_ar(default_pair, traces):
 @pytest.mark.parametrize("budget", [8, 32, "auto"])
 def test_replay_equals_real_runs(default_pair, traces, budget):
     """Per step: the same tree, the same accepted path (the last step's may stop short where the trace
-    ends: dyspec.core.replay), the same committed tokens and draft forwards; so the same tokens per
+    ends: dyspec.decode.replay), the same committed tokens and draft forwards; so the same tokens per
     forward."""
     tree_policies = [p for p in available_policies(default_pair) if p != "ar"]
     assert {"chain", "specinfer", "sequoia", "dyspec", "eagle2", "lookup"} <= set(tree_policies)

@@ -18,7 +18,7 @@ from IPython.display import display
 import dyspec
 from dyspec.auto import whatif
 from dyspec.core.events import GenerationFinished
-from dyspec.core.replay import ReplayRun
+from dyspec.decode.replay import ReplayRun
 from dyspec.eval import speedup
 from dyspec.export import VIEW_FORMATS, run_snippet
 from dyspec.views import figures

@@ -24,6 +24,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from itertools import accumulate
 
+from dyspec.core.contract import BINS, slot_bin
 from dyspec.core.tree import Tree
 
 AUTO_CAP = 64
@@ -152,7 +153,6 @@ def sampled_keep(tree: Tree, values: list[float], target_ms: dict[int, float], r
     return sorted(kept - {0})
 
 
-BINS = 10
 DECAY = 0.8  # weight of earlier steps' tokens per ms: it follows the text within a few steps
 TABLE_DECAY = 0.95  # weight of earlier steps' acceptance counts: ~20 steps of evidence
 PRIOR = 2.0  # pseudo-nodes per bin, accepted at the bin's prior rate (`bin_rates`)
@@ -244,18 +244,6 @@ def copy_bin(match: int) -> int:
     token was right 0.13 of the time after a 1-token match, 0.40 after 2, 0.45 after 3 and 0.95
     after 6 or more, and a chain of 16 copies gave 0.2, 1.1, 2.2 and 6.9 accepted tokens."""
     return COPY + min(match, MATCHES) - 1
-
-
-def slot_bin(key: float, later: bool) -> int:
-    """The bin of a key in [0, 1], BINS bins up for a later sibling."""
-    return min(int(key * BINS), BINS - 1) + (BINS if later else 0)
-
-
-def slot_rate(rates: list[float], key: float, later: bool) -> float:
-    """The learnt rate (`bin_rates`) of a sampled slot of key `key` (the sum of q^2 over the tokens
-    its earlier siblings left, which rounding can put a hair below 0), for a policy that grows by
-    it under auto (DySpec, its threshold build)."""
-    return rates[slot_bin(max(0.0, key), later)]
 
 
 def bin_rates(state: AutoState, sampled: bool) -> list[float]:

@@ -1,5 +1,5 @@
 """The budget controller: what the speculative step asks before the policy drafts and tells it
-after verification (dyspec.core.step). A fixed budget is the trivial controller; `--budget auto`
+after verification (dyspec.decode.step). A fixed budget is the trivial controller; `--budget auto`
 (dyspec.auto.budget) learns.
 
     cap(context, left)   the most nodes the next tree may have, or None: draft nothing this step,
@@ -12,8 +12,6 @@ Its state belongs to the caller: a generation starts a fresh one unless given an
 """
 
 from __future__ import annotations
-
-from typing import Protocol
 
 from dyspec.auto.budget import (
     AUTO_CAP,
@@ -28,16 +26,9 @@ from dyspec.auto.budget import (
     step_cap,
 )
 from dyspec.auto.profile import pair_profile, target_profiles
+from dyspec.core.contract import Budget, Policy
 from dyspec.core.draft import DraftSession
 from dyspec.core.tree import Tree
-from dyspec.policies.contract import Policy
-
-
-class Budget(Protocol):
-    def cap(self, context: int, left: int) -> tuple[int | None, dict]: ...
-    def cut(self, tree: Tree, drafts: list[DraftSession]) -> tuple[Tree, list[int] | None]: ...
-    def pad_to(self, n: int) -> int: ...
-    def learn(self, tree: Tree, accepted: list[int]) -> None: ...
 
 
 class FixedBudget:

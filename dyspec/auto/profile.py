@@ -15,10 +15,10 @@ import torch
 from torch import nn
 from transformers import PreTrainedModel
 
-from dyspec.core.fastpath import open_session
 from dyspec.core.kv import compile_forwards, sync
 from dyspec.core.static import bucket
 from dyspec.models import cache_dir, load_model, write_cache
+from dyspec.models.fastpath import open_session
 from dyspec.models.feature_draft import FeatureDraft
 from dyspec.models.quant import Int8Linear
 
@@ -186,3 +186,26 @@ def target_profiles(profile: dict) -> dict[int, dict[int, float]]:
     """The target's t(n) in ms per context (cached tokens) of a `pair_profile`."""
     contexts = {CONTEXT: profile["target"], LONG_CONTEXT: profile.get(f"target_at_{LONG_CONTEXT}")}
     return {c: {int(n): ms for n, ms in t.items()} for c, t in contexts.items() if t}
+
+
+def profile_table(profile: dict) -> str:
+    """A profile as `dyspec profile` prints it: t(n) per size, a column per forward measured."""
+    labels = {
+        "target": "target",
+        f"target_at_{LONG_CONTEXT}": f"@{LONG_CONTEXT}",
+        "draft": "draft",
+        "target_hf": "HF",
+        "llamacpp": "llama.cpp",
+        "baseline_hf_fp32_eager": "fp32 HF",
+    }
+    columns = [name for name in labels if name in profile]
+    lines = [
+        f"forward latency, ms (median) on {profile['device']}, {profile['precision']} ({profile['dtype']}), "
+        f"fast path {profile['fast_path']}",
+        f"behind {CONTEXT} cached tokens; @{LONG_CONTEXT}: the target behind {LONG_CONTEXT}"
+        + ("; HF: the same target on the Hugging Face forward" if "target_hf" in profile else ""),
+        f"{'n':>4}" + "".join(f"{labels[c]:>10}" for c in columns),
+    ]
+    for n in profile["target"]:  # the others have fewer sizes: blank in the other rows
+        lines.append(f"{n:>4}" + "".join(f"{profile[c][n]:10.1f}" if n in profile[c] else " " * 10 for c in columns))
+    return "\n".join([*lines, floor_text(profile)])

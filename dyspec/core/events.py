@@ -64,7 +64,7 @@ class GenerationFinished:
     prefill_s: float
     tokens_per_s: float
     policy: str
-    budget: int
+    budget: int | str  # or "auto"
     temperature: float
     seed: int
     options: dict

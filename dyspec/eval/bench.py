@@ -31,9 +31,9 @@ from tqdm.auto import tqdm
 from dyspec.auto import whatif
 from dyspec.auto.budget import AutoState
 from dyspec.auto.profile import floor_text
-from dyspec.core.engine import check_settings, encode_prompt, stream
 from dyspec.core.events import GenerationFinished, StepVerified
 from dyspec.core.kv import sync
+from dyspec.decode.engine import check_settings, encode_prompt, stream
 from dyspec.errors import DyspecError
 from dyspec.eval.peers import LLAMACPP_POLICIES, check_llamacpp, llamacpp_run
 from dyspec.eval.prompts import load_prompts

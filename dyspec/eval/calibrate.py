@@ -10,8 +10,8 @@ import json
 import numpy as np
 from tqdm.auto import tqdm
 
-from dyspec.core.engine import stream
 from dyspec.core.events import StepVerified
+from dyspec.decode.engine import stream
 from dyspec.errors import DyspecError
 from dyspec.eval.prompts import load_prompts
 from dyspec.models import write_cache

@@ -16,7 +16,7 @@ from pathlib import Path
 import torch
 
 from dyspec.auto.profile import median_ms
-from dyspec.core.engine import encode_prompt
+from dyspec.decode.engine import encode_prompt
 from dyspec.errors import DyspecError
 from dyspec.models import DEFAULT_TARGET, ModelPair, default_gguf
 

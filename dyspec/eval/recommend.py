@@ -19,8 +19,8 @@ from dataclasses import dataclass
 from tqdm.auto import tqdm
 
 from dyspec.auto.whatif import LatencyModel, modelled_speedup, step_shapes
-from dyspec.core.engine import stream
 from dyspec.core.events import StepVerified
+from dyspec.decode.engine import stream
 from dyspec.errors import DyspecError
 from dyspec.export import ENGINES, export, level_uniform_trees, sglang_flags, tree_parents, tree_paths, uniform_paths
 from dyspec.policies.sequoia import optimal_tree, tree_score

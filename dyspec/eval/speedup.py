@@ -22,8 +22,8 @@ import random
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from dyspec.core.engine import generate
 from dyspec.core.events import StepVerified
+from dyspec.decode.engine import generate
 from dyspec.models import ModelPair
 
 MIN_TOKENS = 16

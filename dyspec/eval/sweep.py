@@ -1,5 +1,5 @@
 """`dyspec replay`: policies x budgets replayed along the target's greedy trace of each prompt of a
-set (dyspec.core.replay, T = 0), one JSON record per run as `dyspec bench` writes them (kind
+set (dyspec.decode.replay, T = 0), one JSON record per run as `dyspec bench` writes them (kind
 "replay"), summarised as tokens per forward against budget and priced with latency models: the
 speedups are modelled, never measured (replay does not run the target)."""
 
@@ -11,8 +11,8 @@ from pathlib import Path
 from tqdm.auto import tqdm
 
 from dyspec.auto import whatif
-from dyspec.core.engine import check_settings
-from dyspec.core.replay import ReplayRun, record_trace, replay_run
+from dyspec.decode.engine import check_settings
+from dyspec.decode.replay import ReplayRun, record_trace, replay_run
 from dyspec.eval.bench import append_record, host_stamp
 from dyspec.models import ModelPair
 

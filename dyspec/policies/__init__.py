@@ -1,5 +1,5 @@
 """Tree policies. Each module builds one step's draft tree and knows nothing of the loop; it
-declares what it needs and offers as `POLICY = Policy(...)` (dyspec.policies.contract), checked
+declares what it needs and offers as `POLICY = Policy(...)` (dyspec.core.contract), checked
 when it is made:
 
     build(draft, root, budget, temperature, generator, **options) -> Tree
@@ -11,9 +11,9 @@ from __future__ import annotations
 
 import json
 
+from dyspec.core.contract import Policy
 from dyspec.errors import DyspecError
 from dyspec.policies import ar, chain, dyspec, dyspec_threshold, eagle2, lookup, sequoia, sglang, specdecpp, specinfer
-from dyspec.policies.contract import Policy
 
 POLICIES: dict[str, Policy] = {
     m.POLICY.name: m.POLICY

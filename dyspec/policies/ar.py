@@ -2,9 +2,9 @@
 
 import torch
 
+from dyspec.core.contract import Policy
 from dyspec.core.draft import DraftSession
 from dyspec.core.tree import Tree
-from dyspec.policies.contract import Policy
 
 
 def build(draft: DraftSession, root: int, budget: int, temperature: float, generator: torch.Generator) -> Tree:

@@ -2,10 +2,10 @@
 
 import torch
 
+from dyspec.core.contract import Policy
 from dyspec.core.draft import DraftSession
 from dyspec.core.sampling import sample, to_probs
 from dyspec.core.tree import Tree
-from dyspec.policies.contract import Policy
 
 
 def extend(tree: Tree, node: int, logits: torch.Tensor, temperature: float, generator: torch.Generator) -> None:

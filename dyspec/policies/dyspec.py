@@ -14,14 +14,13 @@ import math
 
 import torch
 
-from dyspec.auto.budget import slot_rate
+from dyspec.core.contract import Policy, slot_rate
 from dyspec.core.draft import DraftSession
 from dyspec.core.sampling import ranked_children, to_probs
 from dyspec.core.tree import Tree
 from dyspec.errors import DyspecError
 from dyspec.models.head import AcceptanceHead, head_for, load_head
 from dyspec.policies.common import child_mode
-from dyspec.policies.contract import Policy
 
 SCORES = ("draft", "head")
 

@@ -9,13 +9,12 @@ its chance, so the tree built more siblings than the cut kept, never paid in ful
 
 import torch
 
-from dyspec.auto.budget import slot_rate
+from dyspec.core.contract import Policy, slot_rate
 from dyspec.core.draft import DraftSession
 from dyspec.core.sampling import ranked_children, to_probs
 from dyspec.core.tree import Tree
 from dyspec.errors import DyspecError
 from dyspec.policies.common import child_mode
-from dyspec.policies.contract import Policy
 
 
 def build(

@@ -5,10 +5,10 @@ sampled, so at T > 0 they are verified as one-hot proposals, which stays exact."
 
 import torch
 
+from dyspec.core.contract import Policy
 from dyspec.core.draft import DraftSession
 from dyspec.core.tree import Tree
 from dyspec.policies.common import rerank, top_children
-from dyspec.policies.contract import Policy
 
 
 def build(

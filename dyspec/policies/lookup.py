@@ -17,12 +17,12 @@ the first token after a 2-token match, 0.95 after 6 or more).
 
 import torch
 
+from dyspec.core.contract import Policy
 from dyspec.core.copying import copied
 from dyspec.core.draft import DraftSession
 from dyspec.core.tree import Tree
 from dyspec.errors import DyspecError
 from dyspec.policies.chain import build as chain_build
-from dyspec.policies.contract import Policy
 
 
 def build(

@@ -13,13 +13,13 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from dyspec.core.contract import Policy
 from dyspec.core.draft import DraftSession
 from dyspec.core.sampling import ranked_children, to_probs
 from dyspec.core.tree import Tree
 from dyspec.errors import DyspecError
 from dyspec.models import cache_dir, pair_key
 from dyspec.policies.common import child_mode
-from dyspec.policies.contract import Policy
 
 SHIPPED = Path(__file__).parents[1] / "models" / "acceptance"  # vectors measured for the default pairs
 

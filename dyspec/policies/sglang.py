@@ -9,10 +9,10 @@ one-hot proposals, which stays exact. `dyspec recommend --engine sglang` measure
 
 import torch
 
+from dyspec.core.contract import Policy
 from dyspec.core.draft import DraftSession
 from dyspec.core.tree import Tree
 from dyspec.policies.common import rerank, top_children
-from dyspec.policies.contract import Policy
 
 
 def build(

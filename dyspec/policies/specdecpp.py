@@ -5,12 +5,12 @@ Verification is plain chain speculative sampling, so the output is exact whateve
 
 import torch
 
+from dyspec.core.contract import Policy
 from dyspec.core.draft import DraftSession
 from dyspec.core.tree import Tree
 from dyspec.errors import DyspecError
 from dyspec.models.head import head_for, load_head, shipped_head
 from dyspec.policies.chain import extend
-from dyspec.policies.contract import Policy
 
 
 def available(pair) -> bool:

@@ -5,11 +5,11 @@ With several drafts, each grows its own such tree and the trees share one target
 
 import torch
 
+from dyspec.core.contract import Policy
 from dyspec.core.draft import DraftSession
 from dyspec.core.sampling import ranked_children, sample_rows, to_probs
 from dyspec.core.tree import Tree
 from dyspec.errors import DyspecError
-from dyspec.policies.contract import Policy
 
 
 def parse_expansion(expansion: str | list[int] | None, budget: int) -> list[int]:

@@ -12,7 +12,7 @@ from pathlib import Path
 import torch
 from tqdm.auto import tqdm
 
-from dyspec.core.engine import encode_prompt, until_stop
+from dyspec.decode.engine import encode_prompt, until_stop
 from dyspec.errors import DyspecError
 from dyspec.eval.prompts import load_prompts, package_file
 from dyspec.models import ModelPair

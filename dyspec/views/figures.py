@@ -394,7 +394,7 @@ def steps_figure(steps, running: list[float | None] | None = None) -> go.Figure:
 
 def sweep_figure(runs) -> go.Figure:
     """Tokens per target forward against budget, a line per policy, from replayed runs
-    (dyspec.core.replay.ReplayRun)."""
+    (dyspec.decode.replay.ReplayRun)."""
     fig = go.Figure()
     by_policy = defaultdict(list)
     for r in runs:

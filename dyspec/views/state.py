@@ -10,9 +10,9 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 
 from dyspec.auto import whatif
-from dyspec.core.engine import MAX_BUDGET, MAX_TEMPERATURE, stream
 from dyspec.core.events import GenerationFinished, StepVerified
-from dyspec.core.replay import ReplayRun, Trace, record_trace, replay_run
+from dyspec.decode.engine import MAX_BUDGET, MAX_TEMPERATURE, stream
+from dyspec.decode.replay import ReplayRun, Trace, record_trace, replay_run
 from dyspec.defaults import defaults_for
 from dyspec.errors import DyspecError
 from dyspec.eval import speedup

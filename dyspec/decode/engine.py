@@ -1,4 +1,4 @@
-"""The decoding loop: prefill, then speculative steps (dyspec.core.step) until the answer ends,
+"""The decoding loop: prefill, then speculative steps (dyspec.decode.step) until the answer ends,
 with an event per tree expansion and step for the views, and one when the generation ends."""
 
 from __future__ import annotations
@@ -12,19 +12,19 @@ from dataclasses import dataclass, field
 import torch
 
 from dyspec.auto.budget import AUTO_CAP, AutoState
-from dyspec.auto.controller import Budget, budget_controller
+from dyspec.auto.controller import budget_controller
+from dyspec.core.contract import Budget, Policy
 from dyspec.core.draft import DraftSession
 from dyspec.core.events import Event, GenerationFinished, StepVerified, TreeExpanded
-from dyspec.core.fastpath import open_session
 from dyspec.core.kv import FINAL, compile_forwards, sync
 from dyspec.core.static import BUCKETS, bucket
-from dyspec.core.step import Decoding, Step, speculative_step
 from dyspec.core.tree import Tree
+from dyspec.decode.step import Decoding, Step, speculative_step
 from dyspec.defaults import defaults_for
 from dyspec.errors import DyspecError
 from dyspec.models import ModelPair
+from dyspec.models.fastpath import open_session
 from dyspec.policies import check_options, get_policy
-from dyspec.policies.contract import Policy
 
 MAX_BUDGET = 256
 MAX_TEMPERATURE = 5.0
@@ -51,6 +51,12 @@ def encode_prompt(pair: ModelPair, prompt: str | Sequence[int], chat: bool = Tru
     return tok(prompt).input_ids
 
 
+def tree_cap(budget: int | str) -> int:
+    """The most nodes a step's tree may have: `budget`, or under "auto" (which sizes each tree by
+    its expected gain) AUTO_CAP."""
+    return AUTO_CAP if budget == "auto" else budget
+
+
 def check_settings(policy: str, budget: int | str, temperature: float, max_new_tokens: int, options: dict) -> None:
     """Checks that need no model, so that a CLI can fail before loading anything."""
     check_options(policy, options)
@@ -60,8 +66,7 @@ def check_settings(policy: str, budget: int | str, temperature: float, max_new_t
             raise DyspecError(
                 f"budget 'auto' sizes {policy}'s tree each step, but the option {shape[0]} fixes it: give a number"
             )
-        return check_settings(policy, AUTO_CAP, temperature, max_new_tokens, options)
-    if not isinstance(budget, int) or not 1 <= budget <= MAX_BUDGET:
+    elif not isinstance(budget, int) or not 1 <= budget <= MAX_BUDGET:
         raise DyspecError(f"budget must be 'auto' or between 1 and {MAX_BUDGET}, got {budget}")
     if not 0 <= temperature <= MAX_TEMPERATURE:
         raise DyspecError(f"temperature must be between 0 and {MAX_TEMPERATURE}, got {temperature}")
@@ -79,7 +84,7 @@ def check_request(
     options: dict,
 ) -> None:
     check_settings(policy, budget, temperature, max_new_tokens, options)
-    budget = AUTO_CAP if budget == "auto" else budget
+    budget = tree_cap(budget)
     if get_policy(policy).needs_draft and pair.draft is None:
         raise DyspecError(f"policy '{policy}' needs a draft model; none is loaded")
     if not ids:
@@ -288,7 +293,7 @@ def stream(
     policy, budget = policy or defaults.policy, defaults.budget if budget is None else budget
     ids = encode_prompt(pair, prompt, chat)
     spec, options, controller = plan(pair, ids, policy, budget, temperature, max_new_tokens, options, auto_state)
-    cap = AUTO_CAP if budget == "auto" else budget
+    cap = tree_cap(budget)
     # a step's forwards reach past the committed tokens by up to twice the tree, padded to buckets
     run = start(pair, ids, policy, options, temperature, seed, room=max_new_tokens + 2 * bucket(cap + 1))
     if pair.fast_path == "compiled":  # the tree forwards, before the clock starts

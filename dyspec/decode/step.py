@@ -10,13 +10,12 @@ from dataclasses import dataclass
 
 import torch
 
-from dyspec.auto.controller import Budget
+from dyspec.core.contract import Budget, Policy
 from dyspec.core.draft import DraftSession
 from dyspec.core.kv import KVSession, sync
 from dyspec.core.sampling import to_probs
 from dyspec.core.tree import Tree
 from dyspec.core.verify import verify_greedy, verify_sampled
-from dyspec.policies.contract import Policy
 
 
 @dataclass
@@ -25,7 +24,7 @@ class Decoding:
 
     policy: Policy
     options: dict
-    target: KVSession | None  # None in a replay (dyspec.core.replay): the trace stands for the target
+    target: KVSession | None  # None in a replay (dyspec.decode.replay): the trace stands for the target
     drafts: list[DraftSession]  # the first, or every merged one for a multi-draft policy
     temperature: float
     generator: torch.Generator

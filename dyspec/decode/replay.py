@@ -23,8 +23,10 @@ from dataclasses import dataclass
 import torch
 from tqdm.auto import tqdm
 
-from dyspec.auto.budget import AUTO_CAP
-from dyspec.core.engine import (
+from dyspec.core.events import StepVerified
+from dyspec.core.static import bucket
+from dyspec.core.verify import verify_greedy
+from dyspec.decode.engine import (
     Hook,
     Progress,
     decode_steps,
@@ -33,11 +35,9 @@ from dyspec.core.engine import (
     plan,
     prefill,
     start,
+    tree_cap,
 )
-from dyspec.core.events import StepVerified
-from dyspec.core.static import bucket
-from dyspec.core.step import Decoding, Step, commit_drafts, draft_tree, speculative_step
-from dyspec.core.verify import verify_greedy
+from dyspec.decode.step import Decoding, Step, commit_drafts, draft_tree, speculative_step
 from dyspec.errors import DyspecError
 from dyspec.models import ModelPair
 
@@ -141,7 +141,7 @@ def replay_run(
     """`policy` at `budget` along `trace` (T = 0), its events passed to `hooks` as they come."""
     ids = trace.prompt_ids
     spec, options, controller = plan(pair, ids, policy, budget, 0.0, trace.max_new_tokens, options, None)
-    cap = AUTO_CAP if budget == "auto" else budget
+    cap = tree_cap(budget)
     drafts = open_drafts(pair, ids, spec, 0.0, bucket(len(ids)) + trace.max_new_tokens + 2 * bucket(cap + 1))
     run = Decoding(spec, options, None, drafts, 0.0, torch.Generator(device=pair.device).manual_seed(seed))
     prompt_features = trace.features[: len(ids) - 1] if trace.features is not None and len(ids) > 1 else None

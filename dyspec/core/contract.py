@@ -1,14 +1,17 @@
-"""The policy contract: what a policy needs from the engine and what it offers it, declared once in
-each policy module as `POLICY = Policy(...)` and checked when the policy is made, so the engine
-reads fields, never a module's optional attributes."""
+"""The contracts between the layers above the core: what a policy needs from the decoding loop and
+offers it (`Policy`, declared once in each policy module as `POLICY = Policy(...)` and checked
+when the policy is made, so the loop reads fields, never a module's optional attributes), what
+the loop asks a budget controller (`Budget`), and the acceptance-rate slots that `--budget auto`
+learns and a policy's build reads (`slot_rate`)."""
 
 from __future__ import annotations
 
 import inspect
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
+from dyspec.core.draft import DraftSession
 from dyspec.core.tree import Tree
 
 ENGINE_SET = ("auto_rates", "free_budget")  # `build` arguments the engine sets (under `--budget auto`), never a user
@@ -50,3 +53,28 @@ class Policy:
         """The options a user may set beyond budget and temperature, with their defaults."""
         params = inspect.signature(self.build).parameters
         return {k: p.default for k, p in params.items() if p.kind is p.KEYWORD_ONLY and k not in ENGINE_SET}
+
+
+class Budget(Protocol):
+    """What the speculative step asks before the policy drafts and tells after verification
+    (dyspec.auto.controller has the fixed budget and `--budget auto`)."""
+
+    def cap(self, context: int, left: int) -> tuple[int | None, dict]: ...
+    def cut(self, tree: Tree, drafts: list[DraftSession]) -> tuple[Tree, list[int] | None]: ...
+    def pad_to(self, n: int) -> int: ...
+    def learn(self, tree: Tree, accepted: list[int]) -> None: ...
+
+
+BINS = 10  # acceptance-rate slots per sibling group (first children, later siblings), by key
+
+
+def slot_bin(key: float, later: bool) -> int:
+    """The bin of a key in [0, 1], BINS bins up for a later sibling."""
+    return min(int(key * BINS), BINS - 1) + (BINS if later else 0)
+
+
+def slot_rate(rates: list[float], key: float, later: bool) -> float:
+    """The learnt rate (`dyspec.auto.budget.bin_rates`) of a sampled slot of key `key` (the sum of q^2
+    over the tokens its earlier siblings left, which rounding can put a hair below 0), for a policy
+    that grows by it under auto (DySpec, its threshold build)."""
+    return rates[slot_bin(max(0.0, key), later)]
