@@ -50,6 +50,7 @@ GREEDY_CASES = [
     ("sglang", 15, {"topk": 4, "steps": 3}),
     ("specdecpp", 8, {}),  # the head shipped for the default pair; other options: test_exact_tiny
     ("lookup", 8, {"min_ngram": 1, "fallback": 1}),
+    ("suffix", 16, {}),
 ]
 
 

@@ -47,6 +47,7 @@ CASES = [
     ("dyspec", {"score": "head", "batch": 1}),  # the random head's predictions shape the tree
     ("lookup", {"min_ngram": 1, "fallback": 0}),  # copied tokens only, one-hot proposals
     ("lookup", {"min_ngram": 2, "fallback": 2}),  # a chain from the draft where nothing matches
+    ("suffix", {}),  # a tree of copies, one-hot proposals
 ]
 FEATURE_CASES = [("chain", {}), ("dyspec", {})]  # a feature draft that cannot propose every token
 
@@ -216,9 +217,11 @@ def flat_profile(pair, tmp_path, monkeypatch):
     save_profile(pair, tmp_path, monkeypatch, lambda n: 10.0 + 0.1 * n)
 
 
-def test_auto_lookup_samples_target_distribution(pair, exact, flat_profile):
-    """Copies cut by depth (their values) and one-node draft chains where nothing matches."""
-    check_distribution(pair, exact, "lookup", {"min_ngram": 1, "fallback": 1}, budget="auto")
+@pytest.mark.parametrize("policy,options", [("lookup", {"min_ngram": 1, "fallback": 1}), ("suffix", {})])
+def test_auto_copies_sample_target_distribution(pair, exact, flat_profile, policy, options):
+    """Copies cut by their values (lookup's chain, suffix's tree), and for lookup one-node draft
+    chains where nothing matches."""
+    check_distribution(pair, exact, policy, options, budget="auto")
 
 
 def test_auto_sizes_lookups_copies_apart_from_the_drafts_cap(pair, flat_profile):

@@ -9,7 +9,7 @@ import torch
 from dyspec.core.contract import BINS
 from dyspec.core.tree import Tree
 from dyspec.errors import DyspecError
-from dyspec.policies import dyspec, dyspec_threshold, eagle2, lookup, specinfer
+from dyspec.policies import dyspec, dyspec_threshold, eagle2, lookup, specinfer, suffix
 from dyspec.policies.sequoia import optimal_tree, tree_score
 
 V = 4
@@ -280,3 +280,28 @@ def test_the_policy_contract_is_checked_when_a_policy_is_made():
         Policy("shaped", chain_build, needs_draft=True, shape_options=("expansion",))
     assert POLICIES["specinfer"].shape_options == ("expansion",) and "expansion" in POLICIES["specinfer"].options
     assert [n for n, p in POLICIES.items() if p.free_nodes] == ["lookup"]
+
+
+def test_suffix_builds_a_tree_of_every_continuation_by_frequency():
+    """After the suffix [1, 2], seen three times before: 3 came twice (then 8, then 6), 4 once (then
+    5). The tree holds the most frequent paths first, each edge's probability its share of its
+    parent's count."""
+    context = [7, 1, 2, 3, 8, 1, 2, 3, 6, 1, 2, 4, 5, 1, 2]
+    tree = suffix.build(Context(context), 2, 3, 0.7, torch.Generator())
+    assert tree.sampling == "deterministic" and tree.copied_after == 2 and tree.growth == [4]
+    assert tree.tokens[1] == 3 and tree.draft_probs[1] == pytest.approx(2 / 3)
+    edges = {(tree.tokens[tree.parents[i]], tree.tokens[i]): tree.draft_probs[i] for i in range(1, len(tree))}
+    assert set(edges) == {(2, 3), (2, 4), (4, 5)}  # ties (count 1) go to the latest occurrence
+    assert all(tree.values[i] <= tree.values[tree.parents[i]] for i in range(1, len(tree)))
+    whole = suffix.build(Context(context), 2, 100, 0.0, torch.Generator(), max_depth=2)
+    pairs = {(whole.tokens[whole.parents[i]], whole.tokens[i]) for i in range(1, len(whole))}
+    assert pairs == {(2, 3), (2, 4), (3, 8), (3, 6), (4, 5)}  # every continuation, two tokens deep
+    longest = suffix.build(Context([9, 1, 2, 5, 0, 9, 1, 2, 6, 1, 2, 7, 9, 1, 2]), 2, 8, 0.0, torch.Generator())
+    assert longest.copied_after == 3 and longest.tokens[1] == 6  # [9, 1, 2] matched before [1, 2]
+    assert suffix.build(Context([3, 1, 2]), 2, 4, 0.0, torch.Generator()).size == 0  # nothing repeats
+
+
+@pytest.mark.parametrize("options", [{"min_match": 3, "max_match": 2}, {"min_match": 0}, {"max_depth": 0}])
+def test_suffix_rejects_bad_options(options):
+    with pytest.raises(DyspecError):
+        suffix.build(Context([1, 2, 1]), 2, 4, 0.0, torch.Generator(), **options)

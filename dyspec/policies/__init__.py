@@ -13,11 +13,23 @@ import json
 
 from dyspec.core.contract import Policy
 from dyspec.errors import DyspecError
-from dyspec.policies import ar, chain, dyspec, dyspec_threshold, eagle2, lookup, sequoia, sglang, specdecpp, specinfer
+from dyspec.policies import (
+    ar,
+    chain,
+    dyspec,
+    dyspec_threshold,
+    eagle2,
+    lookup,
+    sequoia,
+    sglang,
+    specdecpp,
+    specinfer,
+    suffix,
+)
 
 POLICIES: dict[str, Policy] = {
     m.POLICY.name: m.POLICY
-    for m in (ar, chain, specinfer, sequoia, dyspec, dyspec_threshold, eagle2, sglang, specdecpp, lookup)
+    for m in (ar, chain, specinfer, sequoia, dyspec, dyspec_threshold, eagle2, sglang, specdecpp, lookup, suffix)
 }
 
 
