@@ -28,9 +28,9 @@ from dyspec.views.examples import EXAMPLES
 
 LOOK_FOR = (
     "Every policy below drafts for the same answer, the target's own greedy one, with the same budget. "
-    "Look at where each spends its nodes: a static tree (`chain`, `sequoia`) keeps its shape whatever the "
-    "draft thinks, `dyspec` grows where the draft is confident, so more of its nodes end on the accepted "
-    "path (green) and it commits more tokens per target forward."
+    "Look at where each spends its nodes: `chain` on one guess, the static trees (`specinfer`, `sequoia`) in a "
+    "shape fixed in advance, `dyspec` where the draft is confident. The table says what each tree bought "
+    "(tokens per target forward) and what it cost the draft (draft forwards per step)."
 )
 
 
