@@ -170,7 +170,7 @@ def build_app(pair: dyspec.ModelPair, concurrency: int = 1, profiles: dict | Non
                         1,
                         value=0,
                         step=1,
-                        label="Answer token (every tree is the one drafting it)",
+                        label="Answer token (each tree shown is the one that drafted it)",
                         elem_id="sbs-position",
                     )
                     with gr.Column():

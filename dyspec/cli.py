@@ -239,7 +239,7 @@ def cmd_replay(args: argparse.Namespace) -> None:
 
 def cmd_profile(args: argparse.Namespace) -> None:
     from dyspec.auto.profile import CONTEXT, LONG_SIZES, measure_profile, profile_path, profile_table
-    from dyspec.models import write_cache
+    from dyspec.models.cache import write_cache
 
     pair = pair_of(args)
     profile = measure_profile(pair)

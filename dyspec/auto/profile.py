@@ -17,7 +17,8 @@ from transformers import PreTrainedModel
 
 from dyspec.core.kv import compile_forwards, sync
 from dyspec.core.static import bucket
-from dyspec.models import cache_dir, load_model, write_cache
+from dyspec.models import load_model
+from dyspec.models.cache import cache_dir, write_cache
 from dyspec.models.fastpath import open_session
 from dyspec.models.feature_draft import FeatureDraft
 from dyspec.models.quant import Int8Linear

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import copy
 import importlib.util
-import os
 import shutil
 import warnings
 from dataclasses import dataclass, field
@@ -24,6 +23,7 @@ from dyspec.core import attention
 from dyspec.core.static import FAST_PATHS
 from dyspec.defaults import defaults_for
 from dyspec.errors import DyspecError
+from dyspec.models.cache import cache_dir
 from dyspec.models.feature_draft import FeatureDraft, is_feature_draft, load_feature_draft
 from dyspec.models.lean import lean_unsupported
 from dyspec.models.quant import int8_available, quantize_int8
@@ -80,20 +80,6 @@ class ModelPair:
 def pair_key(pair: ModelPair) -> str:
     """The file name stem of what is trained or measured for a target and draft (heads, acceptance)."""
     return f"{pair.target_name}--{pair.draft_name}".replace("/", "_").replace(":", "_")
-
-
-def cache_dir() -> Path:
-    root = os.environ.get("DYSPEC_CACHE") or Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "dyspec"
-    return Path(root)
-
-
-def write_cache(path: Path, text: str) -> None:
-    """Write a cache file whole or not at all: processes that share the cache (test workers, an app
-    and a notebook) may measure the same thing at once, and a reader must never see half a file."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f"{path.name}.tmp{os.getpid()}")
-    tmp.write_text(text)
-    tmp.replace(path)
 
 
 def pick_device(device: str | None = None) -> torch.device:

@@ -18,7 +18,8 @@ from dyspec.core.draft import DraftSession
 from dyspec.core.sampling import ranked_children, to_probs
 from dyspec.core.tree import Tree
 from dyspec.errors import DyspecError
-from dyspec.models import cache_dir, pair_key
+from dyspec.models import pair_key
+from dyspec.models.cache import cache_dir
 from dyspec.policies.common import child_mode
 
 SHIPPED = Path(__file__).parents[1] / "models" / "acceptance"  # vectors measured for the default pairs

@@ -1,0 +1,20 @@
+"""dyspec's cache folder: what is converted, measured or fitted once per machine and read after."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+
+def cache_dir() -> Path:
+    root = os.environ.get("DYSPEC_CACHE") or Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "dyspec"
+    return Path(root)
+
+
+def write_cache(path: Path, text: str) -> None:
+    """Write a cache file whole or not at all: processes that share the cache (test workers, an app
+    and a notebook) may measure the same thing at once, and a reader must never see half a file."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f"{path.name}.tmp{os.getpid()}")
+    tmp.write_text(text)
+    tmp.replace(path)
