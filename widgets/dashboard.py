@@ -21,6 +21,7 @@ from dyspec.core.events import GenerationFinished
 from dyspec.decode.replay import ReplayRun
 from dyspec.eval import speedup
 from dyspec.export import VIEW_FORMATS, run_snippet
+from dyspec.policies import policy_options
 from dyspec.views import figures
 from dyspec.views.examples import EXAMPLES
 from dyspec.views.state import (
@@ -166,13 +167,13 @@ class Dashboard:
         return self.live.finished
 
     def _show_options(self) -> None:
-        takes = self.vm.options_of(self.policy.value)
+        takes = policy_options(self.policy.value)
         for name, control in self.option_controls.items():
             control.layout.display = None if name in takes else "none"
 
     def options(self) -> dict:
         """Policy options set by the controls (only those the chosen policy takes)."""
-        takes = self.vm.options_of(self.policy.value)
+        takes = policy_options(self.policy.value)
         chosen = {name: c.value for name, c in self.option_controls.items() if name in takes}
         if not chosen.get("threshold", 1):
             del chosen["threshold"]  # 0: the policy's own default

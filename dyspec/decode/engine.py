@@ -74,29 +74,6 @@ def check_settings(policy: str, budget: int | str, temperature: float, max_new_t
         raise DyspecError(f"max new tokens must be at least 1, got {max_new_tokens}")
 
 
-def check_request(
-    pair: ModelPair,
-    ids: list[int],
-    policy: str,
-    budget: int | str,
-    temperature: float,
-    max_new_tokens: int,
-    options: dict,
-) -> None:
-    check_settings(policy, budget, temperature, max_new_tokens, options)
-    budget = tree_cap(budget)
-    if get_policy(policy).needs_draft and pair.draft is None:
-        raise DyspecError(f"policy '{policy}' needs a draft model; none is loaded")
-    if not ids:
-        raise DyspecError("the prompt is empty")
-    need = len(ids) + max_new_tokens + budget + 1
-    if need > pair.max_context:
-        raise DyspecError(
-            f"prompt of {len(ids)} tokens + {max_new_tokens} new tokens + a tree of {budget} does not fit "
-            f"the model's context of {pair.max_context} tokens"
-        )
-
-
 def _texts(pair: ModelPair, ids: list[int]) -> list[str]:
     return pair.tokenizer.batch_decode([[i] for i in ids])
 
@@ -223,9 +200,19 @@ def plan(
 ) -> tuple[Policy, dict, Budget]:
     """A checked request's policy, its options resolved once (`Policy.prepare`), and its budget
     controller."""
-    check_request(pair, ids, policy, budget, temperature, max_new_tokens, dict(options or {}))
-    spec = get_policy(policy)
-    options = spec.prepare(pair, temperature, dict(options or {})) if spec.prepare else dict(options or {})
+    options = dict(options or {})
+    check_settings(policy, budget, temperature, max_new_tokens, options)
+    spec, cap = get_policy(policy), tree_cap(budget)
+    if spec.needs_draft and pair.draft is None:
+        raise DyspecError(f"policy '{policy}' needs a draft model; none is loaded")
+    if not ids:
+        raise DyspecError("the prompt is empty")
+    if len(ids) + max_new_tokens + cap + 1 > pair.max_context:
+        raise DyspecError(
+            f"prompt of {len(ids)} tokens + {max_new_tokens} new tokens + a tree of {cap} does not fit "
+            f"the model's context of {pair.max_context} tokens"
+        )
+    options = spec.prepare(pair, temperature, options) if spec.prepare else options
     return spec, options, budget_controller(pair, spec, budget, options, temperature, auto_state)
 
 

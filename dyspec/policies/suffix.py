@@ -22,10 +22,12 @@ import heapq
 from array import array
 from collections import defaultdict
 from collections.abc import Sequence
+from itertools import islice
 
 import torch
 
 from dyspec.core.contract import Policy
+from dyspec.core.copying import earlier_starts
 from dyspec.core.draft import DraftSession
 from dyspec.core.tree import Tree
 from dyspec.errors import DyspecError
@@ -36,16 +38,11 @@ MAX_OCCURRENCES = 64  # the latest occurrences followed: older ones add little a
 def continuations(context: Sequence[int], max_match: int, min_match: int, depth: int) -> tuple[list[list[int]], int]:
     """Up to `depth` tokens after each earlier occurrence (the latest MAX_OCCURRENCES) of the context's
     last n tokens, for the largest n in max_match..min_match that occurs earlier, and n; ([], 0)
-    where none does. Searched as 4-byte words with `bytes.rfind`, as `dyspec.core.copying` does."""
+    where none does."""
     data = array("i", context).tobytes()
     for n in range(min(max_match, len(context) - 1), min_match - 1, -1):
-        suffix, end, found = data[-4 * n :], 4 * (len(context) - 1), []
-        while len(found) < MAX_OCCURRENCES and (at := data.rfind(suffix, 0, end)) >= 0:
-            if at % 4 == 0:
-                start = at // 4 + n
-                found.append(list(context[start : start + depth]))
-            end = at + 4 * n - 1
-        if found:
+        starts = islice(earlier_starts(data, n), MAX_OCCURRENCES)
+        if found := [list(context[start : start + depth]) for start in starts]:
             return found, n
     return [], 0
 

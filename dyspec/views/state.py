@@ -12,13 +12,14 @@ from dataclasses import dataclass, field
 from dyspec.auto import whatif
 from dyspec.core.events import GenerationFinished, StepVerified
 from dyspec.decode.engine import MAX_BUDGET, MAX_TEMPERATURE, stream
-from dyspec.decode.replay import ReplayRun, Trace, record_trace, replay_run
+from dyspec.decode.replay import ReplayRun, Trace, record_trace, replay
 from dyspec.defaults import defaults_for
 from dyspec.errors import DyspecError
 from dyspec.eval import speedup
 from dyspec.eval.sweep import REPLAY_NOTE
 from dyspec.models import ModelPair
-from dyspec.policies import available_policies, policy_options
+from dyspec.policies import available_policies
+from dyspec.views import figures
 
 # the side-by-side view opens on trees of one size from a chain, the optimal static tree and the
 # dynamic one, priced on an H100: where DySpec's tree beats a static one of the same size
@@ -89,10 +90,6 @@ class ViewModel:
     @property
     def default_text(self) -> str:
         return f"{self.default_policy} at budget {self.default_budget}"
-
-    def options_of(self, policy: str) -> dict:
-        """The options `policy` takes beyond budget and temperature, with their defaults."""
-        return policy_options(policy)
 
     def check(self, prompt: str, budget: int | str, temperature: float, max_new_tokens: int, replay=False) -> None:
         """A web user's request within the limits, before anything runs or any output changes."""
@@ -196,9 +193,7 @@ class ViewModel:
         )
 
     def text(self, steps: Sequence[StepVerified]) -> str:
-        from dyspec.views.figures import text_html  # plotly, loaded by the views that draw
-
-        return text_html(steps, self.hidden_ids)
+        return figures.text_html(steps, self.hidden_ids)
 
     def trace(self, prompt: str, max_new_tokens: int) -> Trace:
         """The target's greedy answer to `prompt`, recorded once; its steps are `ar`'s at T = 0."""
@@ -216,8 +211,7 @@ class ViewModel:
         self.check_policies(policies, MAX_SIDE_BY_SIDE)
         for budget in budgets:
             self.check(prompt, budget, 0.0, max_new_tokens, replay=True)
-        trace = self.trace(prompt, max_new_tokens)
-        return [replay_run(self.pair, trace, p, b) for p in policies for b in budgets]
+        return replay(self.pair, self.trace(prompt, max_new_tokens), policies, budgets, progress=False)
 
     def replay_table(self, runs: Sequence[ReplayRun], models: Sequence[whatif.LatencyModel]) -> str:
         """Per run: tokens per forward, draft forwards per step and the speedup modelled on each of
