@@ -61,11 +61,14 @@ class Int8Linear(nn.Module):
         self.pin[0, 0], self.pin[0, 1] = 1.0, -1.0
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        rows = x.reshape(-1, self.in_features).float()
+        # each op here costs microseconds, 121 calls a forward: reshape and cast only when needed
+        rows = x if x.dim() == 2 and x.dtype == torch.float32 else x.reshape(-1, self.in_features).float()
         # abs().amax(): linalg.vector_norm(inf) takes 3x as long at 8 rows, 6x at 64
         amax = rows.abs().amax(dim=1, keepdim=True).clamp_min_(1e-12)
         y = torch.ops.quantized.linear_dynamic(torch.cat([rows / amax, self.pin]), self._packed, self.reduce_range)
-        y = y[:-1].mul_(amax).view(*x.shape[:-1], self.out_features).to(x.dtype)
+        y = y[:-1].mul_(amax)
+        if rows is not x:
+            y = y.view(*x.shape[:-1], self.out_features).to(x.dtype)
         return y + self.bias if self.bias is not None else y
 
 
