@@ -23,6 +23,7 @@ import ast
 import itertools
 import json
 from collections import Counter
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -31,7 +32,8 @@ from tqdm.auto import tqdm
 from dyspec.core.events import StepVerified
 from dyspec.decode.engine import stream
 from dyspec.errors import DyspecError
-from dyspec.policies.sequoia import tree_score
+from dyspec.policies import get_policy
+from dyspec.policies.sequoia import optimal_tree, tree_score
 
 FORMATS = ("trtllm", "medusa", "vllm", "sglang", "sequoia")
 ENGINES = ("sglang", "vllm", "trtllm")  # the serving engines whose settings `dyspec recommend` measures
@@ -235,3 +237,40 @@ def grown_trees(
         events = stream(pair, prompt, policy, budget, temperature, max_new_tokens=max_new_tokens)
         trees += [e.parents for e in events if isinstance(e, StepVerified)]
     return trees
+
+
+@dataclass(frozen=True)
+class TreeSource:
+    """Where an exported tree comes from: `name` "sequoia", Sequoia's optimal tree of `budget` nodes
+    and `max_depth` levels for `acceptance` (the pair's measured vector where None); or a policy's
+    name, the union of the `budget` paths it grew most often over `prompts`."""
+
+    name: str
+    budget: int
+    temperature: float = 0.0
+    acceptance: list[float] | None = None
+    max_depth: int = 8
+    prompts: tuple[str, ...] = ()
+    max_new_tokens: int = 64
+
+
+def export_tree(pair, source: TreeSource, level_uniform: bool = False) -> tuple[list[int], list[float] | None, str]:
+    """The tree `source` names (parents), the acceptance vector it is scored by (None for a policy's
+    tree without one) and a line saying where it comes from; with `level_uniform`, the nearest
+    level-uniform tree where it is not one (vLLM runs only those as written)."""
+    acceptance = source.acceptance
+    if source.name == "sequoia":
+        if acceptance is None:  # the pair's measured vector (`dyspec calibrate`, or shipped)
+            acceptance = get_policy("sequoia").prepare(pair, source.temperature, {})["acceptance"]
+        parents, _ = optimal_tree(tuple(acceptance), source.budget, source.max_depth)
+        said = f"Sequoia's optimal tree for a = {[round(a, 3) for a in acceptance]}"
+    else:
+        trees = grown_trees(
+            pair, list(source.prompts), source.name, source.budget, source.temperature, source.max_new_tokens
+        )
+        parents = frequent_tree(trees, source.budget)
+        said = f"the {source.budget} paths {source.name} grew most often over {len(trees)} steps"
+    if level_uniform and not is_level_uniform(tree_paths(parents)):
+        parents = tree_parents(nearest_level_uniform(tree_paths(parents), acceptance))
+        said += ", made level-uniform"
+    return parents, acceptance, said

@@ -96,3 +96,31 @@ def test_layers_run_one_way():
     ]
     assert not wrong, wrong
     assert "dyspec.views.figures" in leaves
+
+
+def functions(folder: str) -> list[tuple[str, ast.FunctionDef]]:
+    """(file name, function) for every function defined in a package folder, methods included."""
+    return [
+        (path.name, node)
+        for path in sorted((PACKAGE / folder).glob("*.py"))
+        for node in ast.walk(ast.parse(path.read_text()))
+        if isinstance(node, ast.FunctionDef)
+    ]
+
+
+def test_auto_functions_take_few_parameters():
+    """`--budget auto`'s parts hand records between them (a plan, how a tree was built), not long
+    argument lists; `self` counts."""
+    many = [
+        f"{name}:{f.name}"
+        for name, f in functions("auto")
+        if len(f.args.posonlyargs + f.args.args + f.args.kwonlyargs) > 6
+    ]
+    assert not many, many
+
+
+def test_commands_are_thin():
+    """Each command parses, calls the library and prints: no function of the command line over 60
+    lines."""
+    long = [f"{name}:{f.name}" for name, f in functions("cli") if f.end_lineno - f.lineno + 1 > 60]
+    assert not long, long

@@ -124,7 +124,7 @@ def test_generate_json():
         (["--num-prompts", "x"], "comma-separated"),
         (["--corpus", "sharegpt:x"], "conversation number"),
         (["--feature-layers", "40"], "lower layers are 0 to 29"),
-        (["--init", "no-such-draft"], "not a draft folder"),
+        (["--init", "no-such-draft"], "must be a folder made by `dyspec distill`"),
         (["--draft-layers", "0"], "at least one decoder layer"),
     ],
 )

@@ -8,7 +8,8 @@ import torch
 from scipy.stats import chisquare
 
 from dyspec import generate
-from dyspec.auto.budget import COPY, PROBE_AFTER, AutoState
+from dyspec.auto.budget import PROBE_AFTER, AutoState, Growth
+from dyspec.auto.estimate import COPY
 from dyspec.auto.profile import (
     CONTEXT,
     DEFAULT_SIZES,
@@ -28,7 +29,7 @@ from dyspec.eval.calibrate import calibrate
 from dyspec.policies import POLICIES, available_policies
 from dyspec.views import figures
 
-from .tiny import exact_distribution, tiny_feature_pair, tiny_head_file, tiny_model, tiny_pair
+from .tiny import exact_distribution, tiny_eagle_pair, tiny_feature_pair, tiny_head_file, tiny_model, tiny_pair
 
 PROMPT = [0, 3, 1]
 TEMPERATURE = 0.8
@@ -93,6 +94,12 @@ def test_a_copying_draft_samples_target_distribution(exact, policy, options):
     pair = tiny_feature_pair()
     pair.draft.copy_weights = [0.5] * MATCHES
     check_distribution(pair, exact, policy, options)
+
+
+def test_an_eagle_draft_samples_target_distribution(exact, tmp_path):
+    """A published EAGLE-1/2 draft's layout (dyspec.models.eagle), read as a user's download is,
+    under DySpec's tree (children sampled without replacement)."""
+    check_distribution(tiny_eagle_pair(tmp_path), exact, "dyspec", {})
 
 
 def test_merged_drafts_sample_target_distribution(feature_pair, exact):
@@ -164,7 +171,7 @@ def test_auto_takes_trees_of_nothing(pair, steep_profile, temperature):
     expected = generate(pair, PROMPT, policy="ar", **kwargs).token_ids
     state = AutoState()
     assert generate(pair, PROMPT, policy="ar", budget="auto", auto_state=state, **kwargs).token_ids == expected
-    assert state.cap == 0  # nothing is ever built, so the cap stays 0 (its probes build nothing too)
+    assert state.growth.cap == 0  # nothing is ever built, so the cap stays 0 (its probes build nothing too)
     r = generate(pair, PROMPT, policy="sequoia", budget="auto", options={"acceptance": [0.0, 0.9]}, **kwargs)
     assert len(r.token_ids) == 24 and (temperature > 0 or r.token_ids == expected)
 
@@ -229,7 +236,7 @@ def test_auto_sizes_lookups_copies_apart_from_the_drafts_cap(pair, flat_profile)
     (that cap bounds its fallback alone), copy steps leave that cap alone, and copies learn their
     own acceptance rates (`copy_bin`), not the draft's."""
     options = {"min_ngram": 1, "fallback": 0}
-    state = AutoState(cap=1)
+    state = AutoState(growth=Growth(cap=1))
     steps = []
     kwargs = {"max_new_tokens": 40, "options": options, "hooks": [steps.append], "auto_state": state}
     r = generate(pair, PROMPT, policy="lookup", budget="auto", **kwargs)
@@ -238,7 +245,8 @@ def test_auto_sizes_lookups_copies_apart_from_the_drafts_cap(pair, flat_profile)
     assert max(len(s.tokens) - 1 for s in verified) > 1 and all(s.draft_forwards == 0 for s in verified)
     copy = next(s for s in verified if len(s.tokens) > 1)  # the views say what a copy followed
     assert "copied after a" in figures.tree_figure(copy).layout.title.text and copy.copied_after >= 1
-    assert state.cap == 1 and sum(state.reached[COPY:]) > 0 and sum(state.reached[:COPY]) == 0
+    reached = state.acceptance.reached
+    assert state.growth.cap == 1 and sum(reached[COPY:]) > 0 and sum(reached[:COPY]) == 0
 
 
 @pytest.fixture
@@ -249,7 +257,7 @@ def lumpy_profile(pair, tmp_path, monkeypatch):
 
 @pytest.mark.parametrize("policy", ["chain", "dyspec"])
 def test_auto_pads_forwards_where_more_tokens_cost_less(pair, lumpy_profile, monkeypatch, policy):
-    """Under `auto` the target's forward runs at the size that `budget.padded_size` prices (here at
+    """Under `auto` the target's forward runs at the size that `dyspec.auto.cost.padded_size` prices (here at
     least 4 tokens), and the output stays the target's."""
     calls = []
     forward = KVSession.forward
@@ -280,16 +288,17 @@ def test_auto_drafts_nothing_where_no_tree_pays(pair, costly_profile):
     assert drafting == [0, 17, 50]
     # a chain of 16 (the starting cap), then a probe's root, which reads the skipped tokens with it
     assert [steps[i].draft_forwards for i in drafting] == [16, 1, 1]
-    assert state.cap == 0 and state.probe_cap == 1 and state.probe_after == 64
+    assert state.growth.cap == 0 and state.growth.probe_cap == 1 and state.growth.probe_after == 64
 
 
 def test_trees_sized_by_the_answers_end_leave_the_cap_and_probes_alone(pair, costly_profile):
     """No tree pays here, but every tree of this 5-token answer is cut short by its end (cap 8, at
     most 4 tokens left to draft): they say nothing of the next answer's trees, so neither the cap
     nor the probes' schedule moves (the probes' wait had doubled at each such tree)."""
-    state = AutoState(cap=8)
+    state = AutoState(growth=Growth(cap=8))
     generate(pair, PROMPT, policy="chain", budget="auto", max_new_tokens=5, auto_state=state)
-    assert (state.cap, state.probe_after, state.drafted, state.idle) == (8, PROBE_AFTER, 0, 0)
+    growth = state.growth
+    assert (growth.cap, growth.probe_after, growth.drafted, growth.idle) == (8, PROBE_AFTER, 0, 0)
 
 
 @pytest.mark.parametrize("policy", ["chain", "dyspec"])
@@ -305,16 +314,16 @@ def test_a_seeded_auto_call_repeats_exactly(pair, steep_profile, policy):
     assert trees[0] == trees[1] and len({len(t[0]) for t in trees[0]}) > 1  # trees of several sizes
     state = AutoState()
     generate(pair, PROMPT, policy=policy, budget="auto", temperature=0.6, auto_state=state, max_new_tokens=24)
-    learnt = (list(state.reached), state.cap, state.rate)
-    assert sum(state.reached) > 0 and state.rate is not None
+    learnt = (list(state.acceptance.reached), state.growth.cap, state.acceptance.tokens_per_ms)
+    assert sum(state.acceptance.reached) > 0 and state.acceptance.tokens_per_ms is not None
     generate(pair, PROMPT, policy=policy, budget="auto", temperature=0.6, auto_state=state, max_new_tokens=24)
-    assert (list(state.reached), state.cap, state.rate) != learnt
+    assert (list(state.acceptance.reached), state.growth.cap, state.acceptance.tokens_per_ms) != learnt
 
 
 def test_auto_trees_end_with_the_answer(pair, steep_profile):
     """Under `auto` no node is deeper than the tokens left less the bonus token, and those last,
     shorter trees leave the cap as it was: they say nothing of the next answer's trees."""
-    state, steps = AutoState(cap=8), []
+    state, steps = AutoState(growth=Growth(cap=8)), []
     r = generate(pair, PROMPT, policy="chain", budget="auto", max_new_tokens=5, hooks=[steps.append], auto_state=state)
     assert r.token_ids == generate(pair, PROMPT, policy="ar", max_new_tokens=5).token_ids
     left, depths = 5, []
@@ -323,7 +332,7 @@ def test_auto_trees_end_with_the_answer(pair, steep_profile):
         left -= len(step.emitted)
     # the first tree reaches the bound (its steps price nodes alike); later cuts weigh learnt rates
     assert depths[0][0] == depths[0][1] and all(depth <= bound for depth, bound in depths)
-    assert state.cap == 8 and sum(state.reached) > 0
+    assert state.growth.cap == 8 and sum(state.acceptance.reached) > 0
     # specinfer over two merged drafts needs a node from each, even where 1 token is left to draft
     merged = dataclasses.replace(pair, extra_drafts=[tiny_model(3)], extra_draft_names=["tiny-draft-2"])
     r = generate(merged, PROMPT, policy="specinfer", budget="auto", max_new_tokens=2)

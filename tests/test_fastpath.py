@@ -9,35 +9,43 @@ from torch import nn
 
 from dyspec import generate
 from dyspec.auto.budget import (
-    BINS,
+    AUTO_CAP,
     GROW_MAX,
     PROBE_AFTER,
     PROBE_MAX,
     AutoState,
+    Built,
+    Growth,
     auto_tree,
-    auto_update,
+    next_auto_cap,
+    sampled_keep,
+    set_next_cap,
+    step_cap,
+)
+from dyspec.auto.cost import (
     best_prefix_size,
+    hull_ms,
+    interpolate_ms,
+    least_paying_chain,
+    padded_profile,
+    padded_size,
+    profile_at,
+)
+from dyspec.auto.estimate import (
+    Acceptance,
     bin_rates,
     copy_bin,
     estimates,
     first_rate_bound,
-    hull_ms,
-    interpolate_ms,
-    least_paying_chain,
-    next_auto_cap,
+    learn,
     node_bins,
-    padded_profile,
-    padded_size,
     position_values,
-    profile_at,
-    sampled_keep,
-    set_next_cap,
     slot_keys,
-    step_cap,
 )
 from dyspec.auto.profile import weight_bytes
 from dyspec.core import attention
 from dyspec.core.attention import rowwise_attention
+from dyspec.core.contract import BINS
 from dyspec.core.events import StepVerified
 from dyspec.core.kv import KVSession
 from dyspec.core.tree import Tree
@@ -174,12 +182,12 @@ def test_auto_budget_is_exact_and_adapts(pair):
     sizes = {len(s.tokens) - 1 for s in steps if isinstance(s, StepVerified)}
     assert max(sizes) < 64
     # what auto learnt carries to the next generation that is given the same state, and stays exact
-    assert sum(state.reached) > sum(AutoState().reached)
-    learnt = list(state.reached)
-    state.cap = 4  # whether drafting paid in the first answer depends on this machine's speed
+    assert sum(state.acceptance.reached) > sum(Acceptance().reached)
+    learnt = list(state.acceptance.reached)
+    state.growth.cap = 4  # whether drafting paid in the first answer depends on this machine's speed
     expected = generate(pair, PROMPTS[1], policy="ar", max_new_tokens=16).token_ids
     assert generate(pair, PROMPTS[1], max_new_tokens=16, **kwargs).token_ids == expected
-    assert state.reached != learnt
+    assert state.acceptance.reached != learnt
 
 
 @pytest.fixture(scope="module")
@@ -279,7 +287,10 @@ def test_auto_budget_at_t_above_0_ignores_the_drawn_token():
         x = int(torch.multinomial(q, 1, generator=g))
         tree.add(0, x, float(q[x]))
         keep = sampled_keep(
-            tree, estimates(bin_rates(AutoState(), sampled=True), tree, node_bins(tree, sampled=True)), steep, rate=0.05
+            tree,
+            estimates(bin_rates(Acceptance(), sampled=True), tree, node_bins(tree, sampled=True)),
+            steep,
+            rate=0.05,
         )  # value 0.5 (the prior), worth it from 0.25
         accepted, token = verify_sampled(tree.subtree(keep)[0], p[None].expand(1 + len(keep), 2), g)
         zeros += (tree.tokens[accepted[0]] if accepted else token) == 0
@@ -301,18 +312,18 @@ def test_slot_keys_do_not_read_the_node_itself():
 def test_estimates_learn_acceptance_per_bin():
     """A node's value is the product over its path of the acceptance rate seen for its bin; before
     any evidence, the draft's own probability."""
-    state = AutoState()
+    acc = Acceptance()
     tree = Tree.root(0, "deterministic")
     a = tree.add(0, 1, 0.95)
     tree.add(a, 2, 0.35)
-    assert estimates(bin_rates(state, sampled=False), tree, node_bins(tree, sampled=False)) == pytest.approx(
+    assert estimates(bin_rates(acc, sampled=False), tree, node_bins(tree, sampled=False)) == pytest.approx(
         [0.95, 0.95 * 0.35]
     )
     for _ in range(40):  # the likely token always accepted, the unlikely one always rejected
-        auto_update(state, tree, node_bins(tree, sampled=False), [a], 100.0)
-    likely, unlikely = estimates(bin_rates(state, sampled=False), tree, node_bins(tree, sampled=False))
+        learn(acc, tree, node_bins(tree, sampled=False), [a], 100.0)
+    likely, unlikely = estimates(bin_rates(acc, sampled=False), tree, node_bins(tree, sampled=False))
     assert likely > 0.98 and unlikely < 0.05
-    assert state.rate == pytest.approx(0.02)  # 2 tokens per 100 ms
+    assert acc.tokens_per_ms == pytest.approx(0.02)  # 2 tokens per 100 ms
 
 
 def test_chosen_later_siblings_do_not_price_the_chain():
@@ -324,25 +335,25 @@ def test_chosen_later_siblings_do_not_price_the_chain():
     for token in (2, 3, 4):
         tree.add(0, token, 0.05)
     assert node_bins(tree, sampled=False) == [9, BINS, BINS, BINS]
-    state = AutoState()
+    acc = Acceptance()
     for _ in range(20):
-        auto_update(state, tree, node_bins(tree, sampled=False), [a], 100.0)
-    assert first_rate_bound(state) > 0.95
+        learn(acc, tree, node_bins(tree, sampled=False), [a], 100.0)
+    assert first_rate_bound(acc) > 0.95
 
 
 def test_copy_steps_and_drafting_steps_fade_only_their_own_evidence():
     """`lookup` copies on ~1 step in 10: its copy rates, faded by every step, stayed at their prior."""
-    state = AutoState()
+    acc = Acceptance()
     tree = Tree.root(0, "deterministic")
     tree.add(0, 1, 0.95)
-    auto_update(state, tree, [copy_bin(3)], [1], 30.0)
-    auto_update(state, tree, node_bins(tree, sampled=False), [1], 30.0)
-    assert state.reached[copy_bin(3)] == 1.0 and state.reached[9] == 1.0 and state.depth_reached[0] == 1.0
-    auto_update(state, tree, [copy_bin(3)], [], 30.0)
-    assert state.reached[copy_bin(3)] == 1.95 and state.accepted[copy_bin(3)] == 0.95
-    assert state.reached[9] == 1.0 and state.depth_reached[0] == 1.0
-    auto_update(state, tree, node_bins(tree, sampled=False), [], 30.0)
-    assert state.reached[9] == 1.95 and state.depth_reached[0] == 1.95 and state.reached[copy_bin(3)] == 1.95
+    learn(acc, tree, [copy_bin(3)], [1], 30.0)
+    learn(acc, tree, node_bins(tree, sampled=False), [1], 30.0)
+    assert acc.reached[copy_bin(3)] == 1.0 and acc.reached[9] == 1.0 and acc.depth_reached[0] == 1.0
+    learn(acc, tree, [copy_bin(3)], [], 30.0)
+    assert acc.reached[copy_bin(3)] == 1.95 and acc.accepted[copy_bin(3)] == 0.95
+    assert acc.reached[9] == 1.0 and acc.depth_reached[0] == 1.0
+    learn(acc, tree, node_bins(tree, sampled=False), [], 30.0)
+    assert acc.reached[9] == 1.95 and acc.depth_reached[0] == 1.95 and acc.reached[copy_bin(3)] == 1.95
 
 
 def test_t_n_behind_a_context_moves_by_what_the_longer_context_measured():
@@ -372,32 +383,32 @@ def test_next_auto_cap_is_a_little_more_than_what_paid():
 
 def test_auto_stops_drafting_where_nothing_pays_and_probes_less_each_time():
     state = AutoState()
-    set_next_cap(state, 0, room=3, stop=True)  # the first tree paid nothing: a short run, so the wait doubles
-    assert (state.cap, state.probe_cap, state.probe_after) == (0, 3, 2 * PROBE_AFTER)
-    assert [step_cap(dataclasses.replace(state, idle=i)) for i in (0, 15, 16)] == [0, 0, 3]
+    set_next_cap(state.growth, 0, room=3, stop=True)  # the first tree paid nothing: a short run, so the wait doubles
+    assert (state.growth.cap, state.growth.probe_cap, state.growth.probe_after) == (0, 3, 2 * PROBE_AFTER)
+    assert [step_cap(dataclasses.replace(state.growth, idle=i)) for i in (0, 15, 16)] == [0, 0, 3]
     for _ in range(5):
-        set_next_cap(state, 0, room=3, stop=True)
-    assert state.probe_after == PROBE_MAX
-    set_next_cap(state, 2, room=3, stop=False)  # a probe that pays: drafting resumes
-    assert state.cap == 5 and step_cap(state) == 5
+        set_next_cap(state.growth, 0, room=3, stop=True)
+    assert state.growth.probe_after == PROBE_MAX
+    set_next_cap(state.growth, 2, room=3, stop=False)  # a probe that pays: drafting resumes
+    assert state.growth.cap == 5 and step_cap(state.growth) == 5
     for _ in range(PROBE_AFTER):
-        set_next_cap(state, 2, room=3, stop=False)
-    set_next_cap(state, 0, room=1, stop=True)  # after a long run that paid, the first probe comes soon
-    assert (state.cap, state.probe_cap, state.probe_after) == (0, 1, PROBE_AFTER)
+        set_next_cap(state.growth, 2, room=3, stop=False)
+    set_next_cap(state.growth, 0, room=1, stop=True)  # after a long run that paid, the first probe comes soon
+    assert (state.growth.cap, state.growth.probe_cap, state.growth.probe_after) == (0, 1, PROBE_AFTER)
 
 
 def test_the_cap_grows_where_everything_paid_and_bets_less_often_where_growing_did_not():
     state = AutoState()
     caps = []
     for worth, paid in [(1, True), (1, False), (1, True), (1, True), (1, False), *[(1, True)] * 4, (2, True)]:
-        set_next_cap(state, worth, room=1, stop=False, paid=paid)
-        caps.append(state.cap)
+        set_next_cap(state.growth, worth, room=1, stop=False, paid=paid)
+        caps.append(state.growth.cap)
     # grow, the grown tree did not pay in full (wait 2), 2 steps paid, grow, no (wait 4), 4 paid,
     # grow, and the grown tree paid: grow again at once
-    assert caps == [2, 1, 1, 2, 1, 1, 1, 1, 2, 3] and state.grow_after == 1
+    assert caps == [2, 1, 1, 2, 1, 1, 1, 1, 2, 3] and state.growth.grow_after == 1
     for _ in range(40):  # every grown tree fails: the wait doubles to at most GROW_MAX
-        set_next_cap(state, 1, room=1, stop=False, paid=not state.grew)
-    assert state.grow_after == GROW_MAX
+        set_next_cap(state.growth, 1, room=1, stop=False, paid=not state.growth.grew)
+    assert state.growth.grow_after == GROW_MAX
 
 
 @pytest.mark.parametrize("accepted,cap", [(60.0, 2), (5.0, 0)])
@@ -410,9 +421,9 @@ def test_one_unsure_node_stops_drafting_only_if_past_nodes_say_so(accepted, cap)
     tree.add(0, 1, 0.15)
     reached, accepted_counts = [0.0] * 2 * BINS, [0.0] * 2 * BINS
     reached[8], accepted_counts[8] = 100.0, accepted
-    state = AutoState(reached=reached, accepted=accepted_counts)
-    auto_tree(state, tree, False, {1: 10.0, 2: 10.5}, lambda n: 4.0, 4.0, per_forward=1)
-    assert state.cap == cap
+    state = AutoState(Acceptance(reached=reached, accepted=accepted_counts))
+    auto_tree(state, tree, Built(False, 4.0, lambda n: 4.0, per_forward=1), {1: 10.0, 2: 10.5})
+    assert state.growth.cap == cap
 
 
 @pytest.mark.parametrize("accepted,reached,cap", [(8.0, 20.0, 1), (5.0, 100.0, 0)])
@@ -427,9 +438,9 @@ def test_an_unsure_sampled_step_stops_drafting_only_if_one_node_might_pay(accept
     tree.end_expansion()
     reached_counts, accepted_counts = [0.0] * 2 * BINS, [0.0] * 2 * BINS
     reached_counts[9], accepted_counts[9] = reached, accepted
-    state = AutoState(reached=reached_counts, accepted=accepted_counts)
-    auto_tree(state, tree, True, {1: 10.0, 2: 10.5}, lambda n: 4.0, 4.0, per_forward=1)
-    assert state.cap == cap
+    state = AutoState(Acceptance(reached=reached_counts, accepted=accepted_counts))
+    auto_tree(state, tree, Built(True, 4.0, lambda n: 4.0, per_forward=1), {1: 10.0, 2: 10.5})
+    assert state.growth.cap == cap
 
 
 # fp32 forwards of the default target on a 2-core AMD EPYC: t(2) far above t(1), t(4) below t(2)
@@ -440,10 +451,10 @@ def test_a_chain_can_pay_where_one_node_cannot():
     """With the profile above and a 23 ms draft forward, one node accepted 85% of the time makes
     1.85 tokens in 137 ms (< 1 / 70 ms) but two make 2.57 in 154.5 ms. Where t(n) is convex, a chain
     pays where one node does, or not at all."""
-    assert least_paying_chain(0.85, NOT_CONVEX, 23.0) == 2
-    assert least_paying_chain(0.3, NOT_CONVEX, 23.0) == 0
+    assert least_paying_chain(0.85, NOT_CONVEX, 23.0, AUTO_CAP) == 2
+    assert least_paying_chain(0.3, NOT_CONVEX, 23.0, AUTO_CAP) == 0
     convex = {1: 10.0, 2: 10.5}
-    assert least_paying_chain(0.5, convex, 4.0) == 1 and least_paying_chain(0.2, convex, 4.0) == 0
+    assert least_paying_chain(0.5, convex, 4.0, AUTO_CAP) == 1 and least_paying_chain(0.2, convex, 4.0, AUTO_CAP) == 0
 
 
 @pytest.mark.parametrize("reached,accepted", [(100.0, 90.0), (1.0, 0.0)])
@@ -457,10 +468,10 @@ def test_auto_keeps_drafting_where_only_a_chain_pays(reached, accepted):
     tree.add(0, 1, 0.95)
     reached_counts, accepted_counts = [0.0] * 2 * BINS, [0.0] * 2 * BINS
     reached_counts[9], accepted_counts[9] = reached, accepted
-    state = AutoState(reached=reached_counts, accepted=accepted_counts)
-    auto_tree(state, tree, False, NOT_CONVEX, lambda n: 23.0 * n, 23.0, per_forward=1)
-    bound = max(first_rate_bound(state), first_rate_bound(AutoState()))
-    assert state.cap == least_paying_chain(bound, NOT_CONVEX, 23.0) > 1
+    state = AutoState(Acceptance(reached=reached_counts, accepted=accepted_counts))
+    auto_tree(state, tree, Built(False, 23.0, lambda n: 23.0 * n, per_forward=1), NOT_CONVEX)
+    bound = max(first_rate_bound(state.acceptance), first_rate_bound(Acceptance()))
+    assert state.growth.cap == least_paying_chain(bound, NOT_CONVEX, 23.0, AUTO_CAP) > 1
 
 
 def test_auto_cut_with_chosen_children_keeps_the_most_valuable_nodes():
@@ -474,15 +485,15 @@ def test_auto_cut_with_chosen_children_keeps_the_most_valuable_nodes():
     tree.extra = {"predicted_acceptance": [0.1, 0.2, 0.3, 0.4], "note": "kept"}  # per node lists follow the cut
     profile = {1: 10.0, 3: 12.0, 5: 30.0}
     state = AutoState()
-    pruned, old_ids, bins = auto_tree(state, tree, False, profile, lambda n: 10.0, 10.0, per_forward=2)
+    pruned, old_ids, bins = auto_tree(state, tree, Built(False, 10.0, lambda n: 10.0, per_forward=2), profile)
     assert old_ids == [0, a, d] and pruned.parents == [-1, 0, 1] and bins == [9, 9]
     assert pruned.extra == {"predicted_acceptance": [0.1, 0.4], "note": "kept"}
     # the next cap reads past steps' rates per position (none yet: 1/2 a node), not this step's
     # draft probabilities: no node pays (1.5 tokens / 21 ms), but a chain at the bound might
-    assert state.cap == 1
+    assert state.growth.cap == 1
     # verification 100x cheaper: next to 10 ms of drafting, every node pays
     cheap = {n: ms / 100 for n, ms in profile.items()}
-    assert auto_tree(state, tree, False, cheap, lambda n: 10.0, 10.0, per_forward=2)[1] == [0, 1, 2, 3, 4]
+    assert auto_tree(state, tree, Built(False, 10.0, lambda n: 10.0, per_forward=2), cheap)[1] == [0, 1, 2, 3, 4]
 
 
 def test_auto_cuts_copies_by_the_rate_learnt_for_their_match_length():
@@ -491,15 +502,14 @@ def test_auto_cuts_copies_by_the_rate_learnt_for_their_match_length():
     tree = Tree.root(0, "deterministic")
     for token in range(1, 9):
         tree.add(tree.size, token, 1.0)
-    state = AutoState(cap=5)
-    state.reached[copy_bin(2)], state.accepted[copy_bin(2)] = 100.0, 30.0
-    state.reached[copy_bin(3)], state.accepted[copy_bin(3)] = 100.0, 90.0
+    state = AutoState(growth=Growth(cap=5))
+    state.acceptance.reached[copy_bin(2)], state.acceptance.accepted[copy_bin(2)] = 100.0, 30.0
+    state.acceptance.reached[copy_bin(3)], state.acceptance.accepted[copy_bin(3)] = 100.0, 90.0
     profile = {1: 10.0, 2: 11.0, 64: 74.0}  # 1 ms a node
     for match, kept in ((2, 1), (3, 8)):
-        pruned, old_ids, bins = auto_tree(
-            state, tree, False, profile, lambda n: 0.0, 0.0, 8, sets_cap=False, copied=match
-        )
-        assert pruned.size == kept and bins == [copy_bin(match)] * kept and state.cap == 5
+        built = Built(False, 0.0, lambda n: 0.0, 8, copied=match)
+        pruned, old_ids, bins = auto_tree(state, tree, built, profile, sets_cap=False)
+        assert pruned.size == kept and bins == [copy_bin(match)] * kept and state.growth.cap == 5
     assert copy_bin(1) < copy_bin(2) < copy_bin(3) == copy_bin(4) - 1 == copy_bin(9) - 1
 
 
@@ -514,10 +524,10 @@ def test_auto_cap_with_sampled_children(grows_by_values, cap):
     for u, token in [(0, 1), *[(0, t) for t in range(2, 7)], (1, 7), (7, 8)]:
         tree.q[u] = torch.full((10,), 0.1)
         tree.add(u, token, 0.1)
-    state = AutoState(reached=[100.0] * 2 * BINS, accepted=[100.0] * BINS + [0.0] * BINS)
+    state = AutoState(Acceptance(reached=[100.0] * 2 * BINS, accepted=[100.0] * BINS + [0.0] * BINS))
     profile = {1: 10.0, 64: 73.0}
-    _, old_ids, _ = auto_tree(state, tree, True, profile, lambda n: 10.0, 10.0, 2, grows_by_values)
-    assert old_ids == [0, 1, 7, 8] and state.cap == cap
+    _, old_ids, _ = auto_tree(state, tree, Built(True, 10.0, lambda n: 10.0, 2, grows_by_values), profile)
+    assert old_ids == [0, 1, 7, 8] and state.growth.cap == cap
 
 
 @pytest.mark.parametrize("grows_by_values,cap", [(True, 2), (False, 9)])
@@ -534,10 +544,10 @@ def test_a_static_shapes_cap_follows_position_not_this_steps_keys(grows_by_value
     assert node_bins(tree, sampled=True) == [9, 9, 0, 9, 9, 9, 9, 9]
     reached, accepted = [0.0] * 2 * BINS, [0.0] * 2 * BINS
     reached[0], reached[9], accepted[9] = 50.0, 1000.0, 1000.0
-    state = AutoState(reached=reached, accepted=accepted)
+    state = AutoState(Acceptance(reached=reached, accepted=accepted))
     profile = {1: 10.0, 64: 73.0}
-    _, old_ids, _ = auto_tree(state, tree, True, profile, lambda n: 1.0 * n, 8.0, 1, grows_by_values)
-    assert old_ids == [0, 1, 2] and state.cap == cap
+    _, old_ids, _ = auto_tree(state, tree, Built(True, 8.0, lambda n: 1.0 * n, 1, grows_by_values), profile)
+    assert old_ids == [0, 1, 2] and state.growth.cap == cap
 
 
 def test_position_values_learn_first_children_per_depth():
@@ -549,12 +559,12 @@ def test_position_values_learn_first_children_per_depth():
         tree.add(node, 0, 0.5)
         tree.end_expansion()
     bins = node_bins(tree, sampled=True)
-    state = AutoState(depth_reached=[100.0, 100.0, 0.0, 0.0], depth_accepted=[90.0, 10.0, 0.0, 0.0])
+    acc = Acceptance(depth_reached=[100.0, 100.0, 0.0, 0.0], depth_accepted=[90.0, 10.0, 0.0, 0.0])
     d1, d2 = 91 / 102, 11 / 102
-    assert position_values(state, tree, bins) == pytest.approx([d1, d1 * d2, d1 * d2 * 0.5])
-    state = AutoState()
-    auto_update(state, tree, bins, [1], 30.0)  # node 1 accepted, 2 not
-    assert state.depth_reached == [1.0, 1.0, 0.0, 0.0] and state.depth_accepted == [1.0, 0.0, 0.0, 0.0]
+    assert position_values(acc, tree, bins) == pytest.approx([d1, d1 * d2, d1 * d2 * 0.5])
+    acc = Acceptance()
+    learn(acc, tree, bins, [1], 30.0)  # node 1 accepted, 2 not
+    assert acc.depth_reached == [1.0, 1.0, 0.0, 0.0] and acc.depth_accepted == [1.0, 0.0, 0.0, 0.0]
 
 
 def test_hull_and_sampled_keep():
@@ -577,14 +587,14 @@ def test_a_node_is_never_worth_more_than_its_parent():
     for _ in range(200):
         reached = (torch.rand(2 * BINS, generator=g, dtype=torch.float64) * 30 + 0.1).tolist()
         share = torch.rand(2 * BINS, generator=g, dtype=torch.float64).clamp(min=0.5).tolist()  # 0.5: rate 1
-        state = AutoState(reached=reached, accepted=[r if f == 0.5 else r * f for r, f in zip(reached, share)])
+        acc = Acceptance(reached=reached, accepted=[r if f == 0.5 else r * f for r, f in zip(reached, share)])
         tree = Tree.root(0, "without_replacement")
         for s in range(1, 40):
             u = int(torch.randint(s, (1,), generator=g))
             tree.q[u] = torch.softmax(torch.randn(50, generator=g), 0)
             tree.add(u, s, float(torch.rand(1, generator=g)))
         for sampled in (False, True):
-            values = [1.0, *estimates(bin_rates(state, sampled), tree, node_bins(tree, sampled))]
+            values = [1.0, *estimates(bin_rates(acc, sampled), tree, node_bins(tree, sampled))]
             assert all(values[s] <= values[tree.parents[s]] for s in range(1, len(tree)))
 
 
@@ -598,16 +608,16 @@ def test_sampled_first_children_and_later_siblings_learn_apart():
     tree.add(0, 2, 0.1)
     bins = node_bins(tree, sampled=True)
     assert bins == [1, BINS]
-    state = AutoState()
-    assert estimates(bin_rates(state, sampled=True), tree, bins) == pytest.approx([0.5, 0.5])
+    acc = Acceptance()
+    assert estimates(bin_rates(acc, sampled=True), tree, bins) == pytest.approx([0.5, 0.5])
     for _ in range(40):
-        auto_update(state, tree, bins, [a], 100.0)
-    first, later = estimates(bin_rates(state, sampled=True), tree, bins)
+        learn(acc, tree, bins, [a], 100.0)
+    first, later = estimates(bin_rates(acc, sampled=True), tree, bins)
     assert first > 0.95 and later < 0.05
     sure = Tree.root(0, "without_replacement")
     sure.q[0] = torch.tensor([0.9, 0.1])
     sure.add(0, 0, 0.9)
-    assert node_bins(sure, sampled=True) == [8] and estimates(bin_rates(state, sampled=True), sure, [8])[0] > 0.9
+    assert node_bins(sure, sampled=True) == [8] and estimates(bin_rates(acc, sampled=True), sure, [8])[0] > 0.9
 
 
 def test_a_padded_batch_under_rowwise_attention_does_not_attend_to_its_padding():

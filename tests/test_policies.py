@@ -6,7 +6,7 @@ from functools import cache
 import pytest
 import torch
 
-from dyspec.core.contract import BINS
+from dyspec.core.contract import BINS, AutoNeeds
 from dyspec.core.tree import Tree
 from dyspec.errors import DyspecError
 from dyspec.policies import dyspec, dyspec_threshold, eagle2, lookup, specinfer, suffix
@@ -275,11 +275,11 @@ def test_the_policy_contract_is_checked_when_a_policy_is_made():
     with pytest.raises(TypeError, match="free_budget"):
         Policy("copies", lookup_build, needs_draft=False)  # its build takes free_budget, undeclared
     with pytest.raises(TypeError, match="auto_rates"):
-        Policy("rates", chain_build, needs_draft=True, auto_rates=True)
+        Policy("rates", chain_build, needs_draft=True, auto=AutoNeeds(rates=True))
     with pytest.raises(TypeError, match="shape options"):
-        Policy("shaped", chain_build, needs_draft=True, shape_options=("expansion",))
-    assert POLICIES["specinfer"].shape_options == ("expansion",) and "expansion" in POLICIES["specinfer"].options
-    assert [n for n, p in POLICIES.items() if p.free_nodes] == ["lookup", "suffix"]
+        Policy("shaped", chain_build, needs_draft=True, auto=AutoNeeds(shape_options=("expansion",)))
+    assert POLICIES["specinfer"].auto.shape_options == ("expansion",) and "expansion" in POLICIES["specinfer"].options
+    assert [n for n, p in POLICIES.items() if p.auto.free_nodes] == ["lookup", "suffix"]
 
 
 def test_suffix_builds_a_tree_of_every_continuation_by_frequency():

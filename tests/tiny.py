@@ -87,3 +87,65 @@ def tiny_feature_pair(seed: int = 3, feature_layers: tuple[int, ...] = (-1,), nu
     return ModelPair(
         target, draft, tiny_tokenizer(), "tiny-target", "tiny-feature-draft", torch.device("cpu"), torch.float32
     )
+
+
+def write_eagle_checkpoint(folder, target, bias: bool = True, weights: str = "pytorch_model.bin", seed: int = 4):
+    """An EAGLE-1/2 draft for `target` in SafeAILab/EAGLE's published layout (its key names and
+    config fields), random weights: what `--draft eagle:PATH` reads after a download."""
+    import json
+
+    from safetensors.torch import save_file
+
+    config = target.config
+    H, inter, d = config.hidden_size, config.intermediate_size, config.hidden_size // config.num_attention_heads
+    q_out, kv_out = config.num_attention_heads * d, config.num_key_value_heads * d
+    g = torch.Generator().manual_seed(seed)
+
+    def rand(*shape, scale=0.3):
+        return torch.randn(*shape, generator=g) * scale
+
+    tensors = {
+        "embed_tokens.weight": target.get_input_embeddings().weight.detach().clone(),
+        "fc.weight": rand(H, 2 * H),
+        "layers.0.self_attn.q_proj.weight": rand(q_out, H),
+        "layers.0.self_attn.k_proj.weight": rand(kv_out, H),
+        "layers.0.self_attn.v_proj.weight": rand(kv_out, H),
+        "layers.0.self_attn.o_proj.weight": rand(H, q_out),
+        "layers.0.mlp.gate_proj.weight": rand(inter, H),
+        "layers.0.mlp.up_proj.weight": rand(inter, H),
+        "layers.0.mlp.down_proj.weight": rand(H, inter),
+        "layers.0.input_layernorm.weight": torch.ones(H),  # stored by EAGLE, never read
+        "layers.0.post_attention_layernorm.weight": 1 + rand(H, scale=0.1),
+    }
+    if bias:
+        tensors["fc.bias"] = rand(H)
+    folder.mkdir(parents=True, exist_ok=True)
+    if weights.endswith(".safetensors"):
+        save_file(tensors, folder / weights)
+    else:
+        torch.save(tensors, folder / weights)
+    fields = ("hidden_size", "intermediate_size", "num_attention_heads", "num_key_value_heads", "vocab_size")
+    (folder / "config.json").write_text(
+        json.dumps(
+            {
+                "architectures": ["LlamaForCausalLM"],
+                "num_hidden_layers": 1,
+                "rms_norm_eps": config.rms_norm_eps,
+                "max_position_embeddings": config.max_position_embeddings,
+                "bias": bias,
+                **{k: getattr(config, k) for k in fields},
+            }
+        )
+    )
+    return tensors
+
+
+def tiny_eagle_pair(folder) -> ModelPair:
+    """The tiny target with an EAGLE-1/2 draft read from a checkpoint in the published layout."""
+    from dyspec.models.draft_spec import load_draft, parse_draft
+
+    target = tiny_model(1, 2)
+    write_eagle_checkpoint(folder, target)
+    spec = parse_draft(f"eagle:{folder}", "tiny-target")
+    draft = load_draft(spec, target, tiny_tokenizer(), allow_download=False)
+    return ModelPair(target, draft, tiny_tokenizer(), "tiny-target", spec.name, torch.device("cpu"), torch.float32)

@@ -1,32 +1,27 @@
 """The budget controller: what the speculative step asks before the policy drafts and tells it
 after verification (dyspec.decode.step). A fixed budget is the trivial controller; `--budget auto`
-(dyspec.auto.budget) learns.
+applies dyspec.auto.budget's rules, with the cost model (dyspec.auto.cost) and the acceptance
+estimator (dyspec.auto.estimate).
 
-    cap(context, left)   the most nodes the next tree may have, or None: draft nothing this step,
-                         and the arguments the policy's build takes from the controller
-    cut(tree, drafts)    the nodes of the built tree worth verifying, and their old ids
-    pad_to(n)            the size the target's forward runs at for n tree tokens
-    learn(tree, accepted)
+    plan(context, left)        the step's Plan: the most nodes the next tree may have (None: draft
+                               nothing this step), the arguments the policy's build takes from it
+    cut(plan, tree, drafts)    the nodes of the built tree worth verifying, their old ids, the plan
+                               with what the tree cost
+    pad_to(plan, n)            the size the target's forward runs at for n tree tokens
+    learn(plan, tree, accepted)
 
-Its state belongs to the caller: a generation starts a fresh one unless given an `AutoState`.
+Its learnt state belongs to the caller: a generation starts a fresh one unless given an `AutoState`.
 """
 
 from __future__ import annotations
 
-from dyspec.auto.budget import (
-    AUTO_CAP,
-    AutoState,
-    auto_tree,
-    auto_update,
-    bin_rates,
-    interpolate_ms,
-    padded_profile,
-    padded_size,
-    profile_at,
-    step_cap,
-)
+from dataclasses import dataclass, replace
+
+from dyspec.auto.budget import AUTO_CAP, AutoState, Built, auto_tree, step_cap
+from dyspec.auto.cost import CostModel, StepCost, interpolate_ms, padded_size
+from dyspec.auto.estimate import bin_rates, learn
 from dyspec.auto.profile import pair_profile, target_profiles
-from dyspec.core.contract import Budget, Policy
+from dyspec.core.contract import Budget, Plan, Policy
 from dyspec.core.draft import DraftSession
 from dyspec.core.tree import Tree
 
@@ -37,17 +32,28 @@ class FixedBudget:
     def __init__(self, budget: int):
         self.budget = budget
 
-    def cap(self, context: int, left: int) -> tuple[int | None, dict]:
-        return self.budget, {}
+    def plan(self, context: int, left: int) -> Plan:
+        return Plan(self.budget)
 
-    def cut(self, tree: Tree, drafts: list[DraftSession]) -> tuple[Tree, list[int] | None]:
-        return tree, None
+    def cut(self, plan: Plan, tree: Tree, drafts: list[DraftSession]) -> tuple[Tree, list[int] | None, Plan]:
+        return tree, None, plan
 
-    def pad_to(self, n: int) -> int:
+    def pad_to(self, plan: Plan, n: int) -> int:
         return 0
 
-    def learn(self, tree: Tree, accepted: list[int]) -> None:
+    def learn(self, plan: Plan, tree: Tree, accepted: list[int]) -> None:
         pass
+
+
+@dataclass(frozen=True)
+class AutoPlan(Plan):
+    """An auto step's plan: t(n) at its context and the cap it asked for; after the cut, the draft
+    ms its tree took and its kept nodes' bins."""
+
+    cost: StepCost | None = None
+    asked: int = 0
+    spent_ms: float = 0.0
+    bins: tuple[int, ...] = ()
 
 
 class AutoBudget:
@@ -57,63 +63,58 @@ class AutoBudget:
 
     def __init__(self, pair, policy: Policy, options: dict, temperature: float, state: AutoState | None):
         profile = pair_profile(pair)
-        self.target_profiles = target_profiles(profile)
-        self.draft_ms = {int(n): ms for n, ms in profile.get("draft", {"1": 0.0}).items()}
+        draft_ms = {int(n): ms for n, ms in profile.get("draft", {"1": 0.0}).items()}
+        self.cost = CostModel(target_profiles(profile), draft_ms)
         self.state = AutoState() if state is None else state
-        self.policy, self.options, self.temperature = policy, options, temperature
+        self.policy, self.needs, self.options, self.temperature = policy, policy.auto, options, temperature
         self.drafts = 1 + (len(pair.extra_drafts) if policy.multi_draft else 0)
 
-    def cap(self, context: int, left: int) -> tuple[int | None, dict]:
-        self.measured_ms = profile_at(self.target_profiles, context)
-        self.target_ms = padded_profile(self.measured_ms)  # t(n) as verification will pay it
-        cap = step_cap(self.state)
+    def plan(self, context: int, left: int) -> AutoPlan:
+        cap = step_cap(self.state.growth)
         if cap:  # no node deeper than the answer's end, but a node per merged draft
             cap = min(cap, max(self.drafts, left))
-        self.asked, args = cap, {}
-        if self.policy.auto_rates:
-            args["auto_rates"] = bin_rates(self.state, sampled=True)
-        if self.policy.free_nodes:  # copies cost no draft time: the cut sizes them, not the cap
+        args = {}
+        if self.needs.rates:
+            args["auto_rates"] = bin_rates(self.state.acceptance, sampled=True)
+        if self.needs.free_nodes:  # copies cost no draft time: the cut sizes them, not the cap
             args["free_budget"] = max(1, min(AUTO_CAP, left))
-        elif not cap:
-            return None, args
-        return cap, args
+        return AutoPlan(cap if cap or self.needs.free_nodes else None, args, self.cost.at(context), asked=cap)
 
-    def cut(self, tree: Tree, drafts: list[DraftSession]) -> tuple[Tree, list[int] | None]:
+    def cut(self, plan: AutoPlan, tree: Tree, drafts: list[DraftSession]) -> tuple[Tree, list[int] | None, AutoPlan]:
         calls = [call for draft in drafts for call in draft.calls]  # (tree size when issued, tokens)
-        self.spent_ms = sum(interpolate_ms(self.draft_ms, tokens) for _, tokens in calls)
-        self.bins = []
-        undrafted = self.policy.free_nodes and not calls  # copies, or nothing
-        if not (self.asked or self.policy.free_nodes) or undrafted:
-            self.state.idle += 1
-        if not (self.asked or self.policy.free_nodes):
-            return tree, None
-        sampled = self.temperature > 0 and tree.sampling != "deterministic"
+        spent_ms = sum(self.cost.draft_forward_ms(tokens) for _, tokens in calls)
+        plan = replace(plan, spent_ms=spent_ms)
+        undrafted = self.needs.free_nodes and not calls  # copies, or nothing
+        if not (plan.asked or self.needs.free_nodes) or undrafted:
+            self.state.growth.idle += 1
+        if not (plan.asked or self.needs.free_nodes):
+            return tree, None, plan
         forwards = max(1, len(calls))
-        if self.policy.forwards_for is not None:  # as the policy prices a tree of n nodes
-            per_forward = self.spent_ms / forwards
-            build_ms = lambda n: per_forward * self.policy.forwards_for(n, self.options)  # noqa: E731
+        if self.needs.forwards_for is not None:  # as the policy prices a tree of n nodes
+            per_forward_ms = spent_ms / forwards
+            build_ms = lambda n: per_forward_ms * self.needs.forwards_for(n, self.options)  # noqa: E731
         else:  # the forwards this tree's first n nodes took
-            build_ms = lambda n: sum(interpolate_ms(self.draft_ms, k) for size, k in calls if size <= n)  # noqa: E731
-        tree, old_ids, self.bins = auto_tree(
-            self.state,
-            tree,
+            build_ms = lambda n: sum(self.cost.draft_forward_ms(k) for size, k in calls if size <= n)  # noqa: E731
+        sampled = self.temperature > 0 and tree.sampling != "deterministic"
+        built = Built(
             sampled,
-            self.target_ms,
+            spent_ms,
             build_ms,
-            self.spent_ms,
             per_forward=-(-tree.size // forwards),
-            grows_by_values=self.policy.grows_by_value and sampled,
-            sets_cap=self.asked >= self.state.cap and not undrafted,  # else sized by the answer's end
+            grows_by_value=self.needs.grows_by_value,
             copied=tree.copied_after if undrafted and tree.size else 0,
         )
-        return tree, old_ids
+        # a tree sized by the answer's end says nothing of the next answer's: it leaves the cap alone
+        sets_cap = plan.asked >= self.state.growth.cap and not undrafted
+        tree, old_ids, bins = auto_tree(self.state, tree, built, plan.cost.target_ms, sets_cap)
+        return tree, old_ids, replace(plan, bins=tuple(bins))
 
-    def pad_to(self, n: int) -> int:
-        return padded_size(self.measured_ms, n)
+    def pad_to(self, plan: AutoPlan, n: int) -> int:
+        return padded_size(plan.cost.measured_ms, n)
 
-    def learn(self, tree: Tree, accepted: list[int]) -> None:
-        step_ms = self.spent_ms + interpolate_ms(self.target_ms, len(tree))
-        auto_update(self.state, tree, self.bins, accepted, step_ms)
+    def learn(self, plan: AutoPlan, tree: Tree, accepted: list[int]) -> None:
+        step_ms = plan.spent_ms + interpolate_ms(plan.cost.target_ms, len(tree))
+        learn(self.state.acceptance, tree, list(plan.bins), accepted, step_ms)
 
 
 def budget_controller(

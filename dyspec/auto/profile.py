@@ -31,7 +31,7 @@ DEFAULT_SIZES = (*range(1, 17), 24, 32, 48, 64, 80)
 CONTEXT = 100  # cached tokens behind the profile's forwards
 # A second context, at fewer sizes: on the int8 path, whose exact attention gathers each row's
 # keys, a tree token costs more behind a longer context (t(8) - t(1) = 6.7 ms at 100 cached
-# tokens, 14.0 at 300), and `--budget auto` reads t(n) at each step's context (`budget.profile_at`)
+# tokens, 14.0 at 300), and `--budget auto` reads t(n) at each step's context (`cost.profile_at`)
 LONG_CONTEXT, LONG_SIZES = 400, (1, 2, 4, 8, 16, 32, 64)
 METHOD = 4  # how `forward_ms` measures: a change makes saved profiles stale (`profile_path`)
 

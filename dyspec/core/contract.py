@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import inspect
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from dyspec.core.draft import DraftSession
@@ -23,6 +23,17 @@ def _always(pair: Any) -> bool:
 
 
 @dataclass(frozen=True)
+class AutoNeeds:
+    """What `--budget auto` needs of a policy, declared in one place with it."""
+
+    rates: bool = False  # build() takes `auto_rates`, the acceptance rates `--budget auto` learnt
+    grows_by_value: bool = False  # a smaller cap builds about the most valuable part of a bigger tree
+    free_nodes: bool = False  # build() takes `free_budget`, nodes it may add that need no draft forward
+    forwards_for: Callable[[int, dict], int] | None = None  # draft forwards a tree of n nodes takes
+    shape_options: tuple[str, ...] = ()  # options that fix the tree's size, which `--budget auto` sets
+
+
+@dataclass(frozen=True)
 class Policy:
     name: str
     build: Callable[..., Tree]  # build(draft, root, budget, temperature, generator, **options) -> Tree
@@ -30,11 +41,7 @@ class Policy:
     multi_draft: bool = False  # build() gets the list of every loaded draft instead of the first
     prepare: Callable[[Any, float, dict], dict] | None = None  # prepare(pair, temperature, options): resolved once
     available: Callable[[Any], bool] = _always  # whether it runs on a pair with its defaults (trained parts)
-    auto_rates: bool = False  # build() takes `auto_rates`, the acceptance rates `--budget auto` learnt
-    grows_by_value: bool = False  # a smaller cap builds about the most valuable part of a bigger tree
-    free_nodes: bool = False  # build() takes `free_budget`, nodes it may add that need no draft forward
-    forwards_for: Callable[[int, dict], int] | None = None  # draft forwards a tree of n nodes takes
-    shape_options: tuple[str, ...] = ()  # options that fix the tree's size, which `--budget auto` sets
+    auto: AutoNeeds = AutoNeeds()  # what `--budget auto` needs of it
 
     def __post_init__(self) -> None:
         params = inspect.signature(self.build).parameters
@@ -42,10 +49,10 @@ class Policy:
         expected = ("drafts" if self.multi_draft else "draft", *BUILD_ARGS[1:])  # a multi-draft policy gets a list
         if tuple(positional) != expected:
             raise TypeError(f"policy {self.name}: build must take ({', '.join(expected)}), not {positional}")
-        for flag, arg in ((self.auto_rates, "auto_rates"), (self.free_nodes, "free_budget")):
+        for flag, arg in ((self.auto.rates, "auto_rates"), (self.auto.free_nodes, "free_budget")):
             if flag != (arg in params):
                 raise TypeError(f"policy {self.name}: build takes `{arg}` exactly when the policy declares it")
-        if unknown := set(self.shape_options) - set(self.options):
+        if unknown := set(self.auto.shape_options) - set(self.options):
             raise TypeError(f"policy {self.name}: shape options {sorted(unknown)} are not options of build")
 
     @property
@@ -55,14 +62,25 @@ class Policy:
         return {k: p.default for k, p in params.items() if p.kind is p.KEYWORD_ONLY and k not in ENGINE_SET}
 
 
+@dataclass(frozen=True)
+class Plan:
+    """What a budget controller decided before the policy builds (`Budget.plan`), handed back to its
+    `cut`, `pad_to` and `learn`: the most nodes the tree may have (None: draft nothing this step)
+    and the `build` arguments the controller sets. A controller may extend it with what it priced."""
+
+    cap: int | None
+    args: dict = field(default_factory=dict)
+
+
 class Budget(Protocol):
     """What the speculative step asks before the policy drafts and tells after verification
-    (dyspec.auto.controller has the fixed budget and `--budget auto`)."""
+    (dyspec.auto.controller has the fixed budget and `--budget auto`). The controller keeps its
+    learnt state; what it decides for one step travels in the step's `Plan`."""
 
-    def cap(self, context: int, left: int) -> tuple[int | None, dict]: ...
-    def cut(self, tree: Tree, drafts: list[DraftSession]) -> tuple[Tree, list[int] | None]: ...
-    def pad_to(self, n: int) -> int: ...
-    def learn(self, tree: Tree, accepted: list[int]) -> None: ...
+    def plan(self, context: int, left: int) -> Plan: ...
+    def cut(self, plan: Plan, tree: Tree, drafts: list[DraftSession]) -> tuple[Tree, list[int] | None, Plan]: ...
+    def pad_to(self, plan: Plan, n: int) -> int: ...
+    def learn(self, plan: Plan, tree: Tree, accepted: list[int]) -> None: ...
 
 
 BINS = 10  # acceptance-rate slots per sibling group (first children, later siblings), by key
@@ -74,7 +92,7 @@ def slot_bin(key: float, later: bool) -> int:
 
 
 def slot_rate(rates: list[float], key: float, later: bool) -> float:
-    """The learnt rate (`dyspec.auto.budget.bin_rates`) of a sampled slot of key `key` (the sum of q^2
+    """The learnt rate (`dyspec.auto.estimate.bin_rates`) of a sampled slot of key `key` (the sum of q^2
     over the tokens its earlier siblings left, which rounding can put a hair below 0), for a policy
     that grows by it under auto (DySpec, its threshold build)."""
     return rates[slot_bin(max(0.0, key), later)]

@@ -61,10 +61,15 @@ class DraftSession:
 
     def set_prompt_features(self, hidden: torch.Tensor | None) -> None:
         """The target's features (`target_features`) at the prompt's tokens but the last (None for a 1-token
-        prompt): the first token reads zeros, every later one its predecessor's feature."""
-        if self.needs_features:
-            zeros = torch.zeros(1, self.kv.model.feature_size, device=self.kv.device)
-            self.pending_features = zeros if hidden is None else torch.cat([zeros, hidden])
+        prompt): the first token reads zeros, every later one its predecessor's feature. A draft
+        that never read a first token (`reads_first_token`: EAGLE's) starts at the second."""
+        if not self.needs_features:
+            return
+        if hidden is not None and not self.kv.model.reads_first_token:
+            self.pending, self.pending_features = self.pending[1:], hidden
+            return
+        zeros = torch.zeros(1, self.kv.model.feature_size, device=self.kv.device)
+        self.pending_features = zeros if hidden is None else torch.cat([zeros, hidden])
 
     @torch.inference_mode()
     def _timed_forward(self, tree: Tree, nodes: list[int], *args, **kwargs) -> torch.Tensor:

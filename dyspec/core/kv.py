@@ -102,7 +102,7 @@ class KVSession:
         causal attention. `positions` default to consecutive positions after the cache. `features`
         [n, H or its feature_size] go to a feature-conditioned draft.
         `pad_to`: run the forward at that many tokens (where the profile says it is cheaper,
-        `budget.padded_size`; the static path pads to its bucket); the padding attends to itself
+        `dyspec.auto.cost.padded_size`; the static path pads to its bucket); the padding attends to itself
         alone, no token attends to it, its logits and hidden states are not returned, and `commit`
         drops its cache slots.
         """

@@ -61,7 +61,7 @@ def check_settings(policy: str, budget: int | str, temperature: float, max_new_t
     """Checks that need no model, so that a CLI can fail before loading anything."""
     check_options(policy, options)
     if budget == "auto":
-        shape = [o for o in get_policy(policy).shape_options if options.get(o) is not None]
+        shape = [o for o in get_policy(policy).auto.shape_options if options.get(o) is not None]
         if shape:
             raise DyspecError(
                 f"budget 'auto' sizes {policy}'s tree each step, but the option {shape[0]} fixes it: give a number"

@@ -117,13 +117,13 @@ def replay_step(run: Decoding, root: int, budget, trace: Trace, committed: int, 
     """One step after `committed` tokens of the trace's answer: the policy's tree, verified against it."""
     t0 = time.perf_counter()
     context = len(trace.prompt_ids) - 1 + committed  # the root's position
-    tree, draft_s, draft_forwards = draft_tree(run, root, budget, context, left)
+    tree, plan, draft_s, draft_forwards = draft_tree(run, root, budget, context, left)
     accepted, next_token = follow(tree, trace.tokens[committed:])
     hidden = None
     if trace.features is not None:  # the target's features at the nodes the drafts keep
         hidden = trace.features.new_zeros(len(tree), trace.features.shape[1])
         hidden[[0, *accepted]] = trace.features[context : context + 1 + len(accepted)]
-    commit_drafts(run, budget, tree, accepted, next_token, hidden)
+    commit_drafts(run, budget, plan, tree, accepted, next_token, hidden)
     return Step(
         tree, accepted, next_token, None, None, draft_s, time.perf_counter() - t0 - draft_s, 0.0, draft_forwards
     )

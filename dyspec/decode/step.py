@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 import torch
 
-from dyspec.core.contract import Budget, Policy
+from dyspec.core.contract import Budget, Plan, Policy
 from dyspec.core.draft import DraftSession
 from dyspec.core.kv import KVSession, sync
 from dyspec.core.sampling import to_probs
@@ -46,42 +46,43 @@ class Step:
     draft_forwards: int
 
 
-def draft_tree(run: Decoding, root: int, budget: Budget, context: int, left: int) -> tuple[Tree, float, int]:
+def draft_tree(run: Decoding, root: int, budget: Budget, context: int, left: int) -> tuple[Tree, Plan, float, int]:
     """The step's tree from the last committed token `root`, after `context` committed tokens, with
-    `left` tokens of the answer to draft; the seconds and forwards its drafts took."""
+    `left` tokens of the answer to draft; the budget's plan for the step, and the seconds and
+    forwards its drafts took."""
     d = run.drafts
     draft_s0, forwards0 = sum(x.seconds for x in d), sum(x.forwards for x in d)
-    cap, args = budget.cap(context, left)
+    plan = budget.plan(context, left)
     source = d if run.policy.multi_draft else d[0]
     tree = (
         Tree.root(root)
-        if cap is None
-        else run.policy.build(source, root, cap, run.temperature, run.generator, **run.options, **args)
+        if plan.cap is None
+        else run.policy.build(source, root, plan.cap, run.temperature, run.generator, **run.options, **plan.args)
     )
-    tree, old_ids = budget.cut(tree, d)
+    tree, old_ids, plan = budget.cut(plan, tree, d)
     for draft in d if old_ids else []:
         draft.relabel(old_ids)
-    return tree, sum(x.seconds for x in d) - draft_s0, sum(x.forwards for x in d) - forwards0
+    return tree, plan, sum(x.seconds for x in d) - draft_s0, sum(x.forwards for x in d) - forwards0
 
 
 def commit_drafts(
-    run: Decoding, budget: Budget, tree: Tree, accepted: list[int], next_token: int, target_hidden
+    run: Decoding, budget: Budget, plan: Plan, tree: Tree, accepted: list[int], next_token: int, target_hidden
 ) -> None:
     """Every draft keeps the accepted path; the budget learns from it."""
     for draft in run.drafts:
         draft.commit(tree, accepted, next_token, target_hidden)
-    budget.learn(tree, accepted)
+    budget.learn(plan, tree, accepted)
 
 
 def speculative_step(run: Decoding, root: int, budget: Budget, left: int) -> Step:
     """One step from the last committed token `root`, with `left` tokens of the answer to draft."""
     t0 = time.perf_counter()
-    tree, draft_s, draft_forwards = draft_tree(run, root, budget, run.target.length, left)
+    tree, plan, draft_s, draft_forwards = draft_tree(run, root, budget, run.target.length, left)
     positions = [run.target.length + depth for depth in tree.depths]
     # even a chain gets a mask: a causal forward of several tokens is read as a prefill
     visible = tree.ancestor_mask() if len(tree) > 1 else None
     t1 = time.perf_counter()
-    logits = run.target.forward(tree.tokens, positions, visible, pad_to=budget.pad_to(len(tree)))
+    logits = run.target.forward(tree.tokens, positions, visible, pad_to=budget.pad_to(plan, len(tree)))
     sync(run.target.device)
     t2 = time.perf_counter()
 
@@ -91,5 +92,5 @@ def speculative_step(run: Decoding, root: int, budget: Budget, left: int) -> Ste
         p = to_probs(logits, run.temperature)
         accepted, next_token = verify_sampled(tree, p, run.generator)
     run.target.commit([run.target.length + i for i in [0, *accepted]])
-    commit_drafts(run, budget, tree, accepted, next_token, run.target.hidden)
+    commit_drafts(run, budget, plan, tree, accepted, next_token, run.target.hidden)
     return Step(tree, accepted, next_token, logits, p, draft_s, t1 - t0 - draft_s, t2 - t1, draft_forwards)

@@ -34,6 +34,8 @@ WEIGHTS_NAME = "feature_draft.safetensors"
 class FeatureDraft(nn.Module):
     needs_features = True
     copy_weights: list[float] | None = None  # per match length (dyspec.core.copying), fitted by `dyspec distill`
+    # the prompt's first token, read with a zero feature; EAGLE's published drafts skip it (dyspec.models.eagle)
+    reads_first_token = True
 
     def __init__(
         self,
@@ -41,7 +43,11 @@ class FeatureDraft(nn.Module):
         vocab: torch.Tensor,
         feature_layers: tuple[int, ...] = FINAL,
         num_layers: int = 1,
+        fc_bias: bool = False,
+        first_norm: bool = True,
     ):
+        """`fc_bias` and `first_norm` (the first layer's input norm) as a checkpoint was trained
+        with: dyspec's own drafts have no bias and the norm; EAGLE's have a bias and no norm."""
         super().__init__()
         if not feature_layers or feature_layers[-1] != -1 or len(set(feature_layers)) < len(feature_layers):
             raise DyspecError(f"a feature draft reads distinct target layers, -1 (final) last; got {feature_layers}")
@@ -58,8 +64,10 @@ class FeatureDraft(nn.Module):
         self.feature_layers = tuple(feature_layers)
         # EAGLE-3's fusion: the target's states at lower layers (`feature_layers`) mixed into its final one
         self.fuse = nn.Linear(len(feature_layers) * H, H, bias=False) if len(feature_layers) > 1 else None
-        self.fc = nn.Linear(2 * H, H, bias=False)
+        self.fc = nn.Linear(2 * H, H, bias=fc_bias)
         self.layers = nn.ModuleList(type(decoder.layers[0])(config, i) for i in range(num_layers))
+        if not first_norm:  # its input x = fc(...) is already at the scale it was trained at
+            self.layers[0].input_layernorm = nn.Identity()
         self.layer_cache_kwarg = cache_kwarg(self.layers[0].forward)  # once: inspecting costs ~20 us a call
         self.rotary = type(decoder.rotary_emb)(config)
         self.register_buffer("vocab", vocab.long(), persistent=False)

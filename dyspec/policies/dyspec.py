@@ -14,7 +14,7 @@ import math
 
 import torch
 
-from dyspec.core.contract import Policy, slot_rate
+from dyspec.core.contract import AutoNeeds, Policy, slot_rate
 from dyspec.core.draft import DraftSession
 from dyspec.core.sampling import ranked_children, to_probs
 from dyspec.core.tree import Tree
@@ -211,5 +211,9 @@ def build(
 
 
 POLICY = Policy(
-    "dyspec", build, needs_draft=True, prepare=prepare, auto_rates=True, grows_by_value=True, forwards_for=forwards_for
+    "dyspec",
+    build,
+    needs_draft=True,
+    prepare=prepare,
+    auto=AutoNeeds(rates=True, grows_by_value=True, forwards_for=forwards_for),
 )

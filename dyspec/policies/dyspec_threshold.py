@@ -9,7 +9,7 @@ its chance, so the tree built more siblings than the cut kept, never paid in ful
 
 import torch
 
-from dyspec.core.contract import Policy, slot_rate
+from dyspec.core.contract import AutoNeeds, Policy, slot_rate
 from dyspec.core.draft import DraftSession
 from dyspec.core.sampling import ranked_children, to_probs
 from dyspec.core.tree import Tree
@@ -31,7 +31,7 @@ def build(
     auto_rates: list[float] | None = None,
 ) -> Tree:
     """`auto_rates` (set by the engine under `--budget auto`): acceptance rates per slot bin
-    (`dyspec.auto.budget.bin_rates`); with sampled children a slot is worth the chance of reaching its
+    (`dyspec.auto.estimate.bin_rates`); with sampled children a slot is worth the chance of reaching its
     parent times its bin's rate, known before the draw (so this stays exact)."""
     t = 1 / max(budget, 2) if threshold is None else threshold
     if not 0 < t < 1:
@@ -70,4 +70,4 @@ def build(
     return tree
 
 
-POLICY = Policy("dyspec-threshold", build, needs_draft=True, auto_rates=True, grows_by_value=True)
+POLICY = Policy("dyspec-threshold", build, needs_draft=True, auto=AutoNeeds(rates=True, grows_by_value=True))

@@ -17,7 +17,7 @@ the first token after a 2-token match, 0.95 after 6 or more).
 
 import torch
 
-from dyspec.core.contract import Policy
+from dyspec.core.contract import AutoNeeds, Policy
 from dyspec.core.copying import copied
 from dyspec.core.draft import DraftSession
 from dyspec.core.tree import Tree
@@ -53,4 +53,4 @@ def build(
     return tree
 
 
-POLICY = Policy("lookup", build, needs_draft=False, free_nodes=True)
+POLICY = Policy("lookup", build, needs_draft=False, auto=AutoNeeds(free_nodes=True))

