@@ -29,7 +29,15 @@ from dyspec.eval.calibrate import calibrate
 from dyspec.policies import POLICIES, available_policies
 from dyspec.views import figures
 
-from .tiny import exact_distribution, tiny_eagle_pair, tiny_feature_pair, tiny_head_file, tiny_model, tiny_pair
+from .tiny import (
+    exact_distribution,
+    tiny_eagle3_pair,
+    tiny_eagle_pair,
+    tiny_feature_pair,
+    tiny_head_file,
+    tiny_model,
+    tiny_pair,
+)
 
 PROMPT = [0, 3, 1]
 TEMPERATURE = 0.8
@@ -100,6 +108,12 @@ def test_an_eagle_draft_samples_target_distribution(exact, tmp_path):
     """A published EAGLE-1/2 draft's layout (dyspec.models.eagle), read as a user's download is,
     under DySpec's tree (children sampled without replacement)."""
     check_distribution(tiny_eagle_pair(tmp_path), exact, "dyspec", {})
+
+
+def test_an_eagle3_draft_samples_target_distribution(tmp_path):
+    """EAGLE-3's own reduced vocabulary (dyspec.models.eagle.Eagle3Draft): q is 0 outside it."""
+    pair = tiny_eagle3_pair(tmp_path)
+    check_distribution(pair, exact_distribution(pair.target, PROMPT, 3, TEMPERATURE), "dyspec", {})
 
 
 def test_merged_drafts_sample_target_distribution(feature_pair, exact):

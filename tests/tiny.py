@@ -89,63 +89,107 @@ def tiny_feature_pair(seed: int = 3, feature_layers: tuple[int, ...] = (-1,), nu
     )
 
 
-def write_eagle_checkpoint(folder, target, bias: bool = True, weights: str = "pytorch_model.bin", seed: int = 4):
-    """An EAGLE-1/2 draft for `target` in SafeAILab/EAGLE's published layout (its key names and
-    config fields), random weights: what `--draft eagle:PATH` reads after a download."""
+def save_eagle(folder, tensors: dict, target, weights: str = "model.safetensors", **config) -> dict:
+    """Save a checkpoint in EAGLE's layout: `tensors` in `weights`, and config.json with the
+    target's shape and `config`."""
     import json
 
     from safetensors.torch import save_file
 
-    config = target.config
-    H, inter, d = config.hidden_size, config.intermediate_size, config.hidden_size // config.num_attention_heads
-    q_out, kv_out = config.num_attention_heads * d, config.num_key_value_heads * d
-    g = torch.Generator().manual_seed(seed)
-
-    def rand(*shape, scale=0.3):
-        return torch.randn(*shape, generator=g) * scale
-
-    tensors = {
-        "embed_tokens.weight": target.get_input_embeddings().weight.detach().clone(),
-        "fc.weight": rand(H, 2 * H),
-        "layers.0.self_attn.q_proj.weight": rand(q_out, H),
-        "layers.0.self_attn.k_proj.weight": rand(kv_out, H),
-        "layers.0.self_attn.v_proj.weight": rand(kv_out, H),
-        "layers.0.self_attn.o_proj.weight": rand(H, q_out),
-        "layers.0.mlp.gate_proj.weight": rand(inter, H),
-        "layers.0.mlp.up_proj.weight": rand(inter, H),
-        "layers.0.mlp.down_proj.weight": rand(H, inter),
-        "layers.0.input_layernorm.weight": torch.ones(H),  # stored by EAGLE, never read
-        "layers.0.post_attention_layernorm.weight": 1 + rand(H, scale=0.1),
-    }
-    if bias:
-        tensors["fc.bias"] = rand(H)
     folder.mkdir(parents=True, exist_ok=True)
     if weights.endswith(".safetensors"):
         save_file(tensors, folder / weights)
     else:
         torch.save(tensors, folder / weights)
     fields = ("hidden_size", "intermediate_size", "num_attention_heads", "num_key_value_heads", "vocab_size")
-    (folder / "config.json").write_text(
-        json.dumps(
-            {
-                "architectures": ["LlamaForCausalLM"],
-                "num_hidden_layers": 1,
-                "rms_norm_eps": config.rms_norm_eps,
-                "max_position_embeddings": config.max_position_embeddings,
-                "bias": bias,
-                **{k: getattr(config, k) for k in fields},
-            }
-        )
-    )
+    shape = {k: getattr(target.config, k) for k in fields}
+    (folder / "config.json").write_text(json.dumps({"rms_norm_eps": target.config.rms_norm_eps, **shape, **config}))
     return tensors
+
+
+def random_layer(target, prefix: str, attention_input: int, seed: int) -> dict:
+    """A Llama decoder layer's weights for `target`'s shape, random, its attention reading
+    `attention_input` features, under `prefix`."""
+    config = target.config
+    H, inter = config.hidden_size, config.intermediate_size
+    d = H // config.num_attention_heads
+    g = torch.Generator().manual_seed(seed)
+
+    def rand(*shape):  # variance-preserving, so that a draft reading its own features stays finite at depth
+        return torch.randn(*shape, generator=g) / shape[-1] ** 0.5
+
+    return {
+        prefix + "self_attn.q_proj.weight": rand(config.num_attention_heads * d, attention_input),
+        prefix + "self_attn.k_proj.weight": rand(config.num_key_value_heads * d, attention_input),
+        prefix + "self_attn.v_proj.weight": rand(config.num_key_value_heads * d, attention_input),
+        prefix + "self_attn.o_proj.weight": rand(H, config.num_attention_heads * d),
+        prefix + "mlp.gate_proj.weight": rand(inter, H),
+        prefix + "mlp.up_proj.weight": rand(inter, H),
+        prefix + "mlp.down_proj.weight": rand(H, inter),
+        prefix + "post_attention_layernorm.weight": 1 + torch.randn(H, generator=g) / 10,
+    }
+
+
+def write_eagle_checkpoint(folder, target, bias: bool = True, weights: str = "pytorch_model.bin", seed: int = 4):
+    """An EAGLE-1/2 draft for `target` in SafeAILab/EAGLE's published layout (its key names and
+    config fields), random weights: what `--draft eagle:PATH` reads after a download."""
+    H = target.config.hidden_size
+    g = torch.Generator().manual_seed(seed)
+    tensors = {
+        "embed_tokens.weight": target.get_input_embeddings().weight.detach().clone(),
+        "fc.weight": torch.randn(H, 2 * H, generator=g) / (2 * H) ** 0.5,
+        "layers.0.input_layernorm.weight": torch.ones(H),  # stored by EAGLE, never read
+        **random_layer(target, "layers.0.", H, seed),
+    }
+    if bias:
+        tensors["fc.bias"] = torch.randn(H, generator=g) / 10
+    return save_eagle(
+        folder, tensors, target, weights, architectures=["LlamaForCausalLM"], num_hidden_layers=1, bias=bias
+    )
+
+
+def write_eagle3_checkpoint(folder, target, draft_vocab: tuple[int, ...] = (0, 1, 2, 4), seed: int = 5):
+    """An EAGLE-3 draft for `target` in SafeAILab/EAGLE's and SpecForge's layout (key names, config
+    fields, a reduced vocabulary `draft_vocab` of target ids as d2t offsets), random weights."""
+    H, dv = target.config.hidden_size, len(draft_vocab)
+    g = torch.Generator().manual_seed(seed)
+    t2d = torch.zeros(target.config.vocab_size, dtype=torch.bool)
+    t2d[list(draft_vocab)] = True
+    tensors = {
+        "embed_tokens.weight": target.get_input_embeddings().weight.detach().clone(),
+        "fc.weight": torch.randn(H, 3 * H, generator=g) / (3 * H) ** 0.5,
+        "midlayer.input_layernorm.weight": 1 + torch.randn(H, generator=g) * 0.1,
+        "midlayer.hidden_norm.weight": 1 + torch.randn(H, generator=g) * 0.1,
+        **random_layer(target, "midlayer.", 2 * H, seed),
+        "norm.weight": 1 + torch.randn(H, generator=g) * 0.1,
+        "lm_head.weight": torch.randn(dv, H, generator=g) * 3,
+        "d2t": torch.tensor(draft_vocab) - torch.arange(dv),  # draft token i is target token i + d2t[i]
+        "t2d": t2d,
+    }
+    return save_eagle(
+        folder, tensors, target, architectures=["LlamaForCausalLMEagle3"], num_hidden_layers=1, draft_vocab_size=dv
+    )
+
+
+def eagle_pair(target, folder) -> ModelPair:
+    """`target` with the EAGLE draft in `folder`, read as `--draft eagle:FOLDER` reads it."""
+    from dyspec.models.draft_spec import load_draft, parse_draft
+
+    spec = parse_draft(f"eagle:{folder}", "tiny-target")
+    draft = load_draft(spec, target, tiny_tokenizer(), allow_download=False)
+    return ModelPair(target, draft, tiny_tokenizer(), "tiny-target", spec.name, torch.device("cpu"), torch.float32)
 
 
 def tiny_eagle_pair(folder) -> ModelPair:
     """The tiny target with an EAGLE-1/2 draft read from a checkpoint in the published layout."""
-    from dyspec.models.draft_spec import load_draft, parse_draft
-
     target = tiny_model(1, 2)
     write_eagle_checkpoint(folder, target)
-    spec = parse_draft(f"eagle:{folder}", "tiny-target")
-    draft = load_draft(spec, target, tiny_tokenizer(), allow_download=False)
-    return ModelPair(target, draft, tiny_tokenizer(), "tiny-target", spec.name, torch.device("cpu"), torch.float32)
+    return eagle_pair(target, folder)
+
+
+def tiny_eagle3_pair(folder) -> ModelPair:
+    """A tiny target of 8 layers (EAGLE-3 reads layers 2, 4 and 5) with an EAGLE-3 draft read from a
+    checkpoint in the published layout."""
+    target = tiny_model(1, 8)
+    write_eagle3_checkpoint(folder, target)
+    return eagle_pair(target, folder)

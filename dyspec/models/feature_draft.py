@@ -154,12 +154,7 @@ class FeatureDraft(nn.Module):
         target or [B, n, H] its own predictions, input_ids [B, n])."""
         embedded = self.borrowed.embed(input_ids).detach()  # the target's, frozen
         x = self.fc(torch.cat([self.fused(features), embedded.to(self.dtype)], dim=-1))
-        n, past = input_ids.shape[1], cache.get_seq_length() if cache is not None else 0
-        if attention_mask is None:  # causal over the cache and the new tokens
-            keep = torch.ones(n, past + n, dtype=torch.bool, device=x.device).tril(past)
-            attention_mask = torch.zeros(keep.shape, dtype=x.dtype, device=x.device)
-            attention_mask.masked_fill_(~keep, torch.finfo(x.dtype).min)
-            attention_mask = attention_mask[None, None]
+        attention_mask = causal_mask(input_ids.shape[1], cache, x) if attention_mask is None else attention_mask
         rotary = self.rotary(x, position_ids)
         for layer in self.layers:
             x = layer(
@@ -196,6 +191,15 @@ class FeatureDraft(nn.Module):
         logits = torch.full((*kept.shape[:2], self.config.vocab_size), float("-inf"), device=kept.device)
         logits[..., self.vocab] = self.subset_logits(kept).float()
         return CausalLMOutputWithPast(logits=logits, hidden_states=(feature,))
+
+
+def causal_mask(n: int, cache, like: torch.Tensor) -> torch.Tensor:
+    """The additive mask [1, 1, n, past + n] of n new tokens over a cache of `past` tokens and
+    themselves, causal, in `like`'s dtype and device."""
+    past = cache.get_seq_length() if cache is not None else 0
+    keep = torch.ones(n, past + n, dtype=torch.bool, device=like.device).tril(past)
+    mask = torch.zeros(keep.shape, dtype=like.dtype, device=like.device)
+    return mask.masked_fill_(~keep, torch.finfo(like.dtype).min)[None, None]
 
 
 def features_before(hidden: torch.Tensor) -> torch.Tensor:
