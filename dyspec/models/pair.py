@@ -77,7 +77,8 @@ def load_pair(
     """Load a target and a draft. `draft` is "auto" (`distilled` where one ships for the target;
     else int8 for an fp32 target on a CPU, else truncated:2), a model name as
     for the target, a folder made by `dyspec distill` (a feature draft), `distilled` (the feature
-    draft shipped for the target), `truncated:N` (the target's first N layers, untrained), `int8`
+    draft shipped for the target), `eagle:PATH` (a published EAGLE-1/2 or EAGLE-3 draft, a folder or
+    hub id: dyspec.models.eagle), `truncated:N` (the target's first N layers, untrained), `int8`
     (the target with int8 Linear layers: a draft that needs no training, for a target that runs at
     native precision), `self` (the target itself, for testing), or None. Several drafts,
     comma-separated ("int8,distilled"), are merged into one tree by `specinfer`; every other policy
