@@ -58,7 +58,6 @@ def build_app(pair: dyspec.ModelPair, concurrency: int = 1, profiles: dict | Non
     ones, this machine's and a parametric accelerator."""
     vm = state.ViewModel(pair, profiles)
     vm.warm_up()
-    tree_policies = [p for p in vm.policies if p != "ar"]
     examples = [[e.prompt, e.expect] for e in EXAMPLES]
     labels = [e.label for e in EXAMPLES]
 
@@ -146,7 +145,7 @@ def build_app(pair: dyspec.ModelPair, concurrency: int = 1, profiles: dict | Non
                         examples, [s_prompt, s_expect], example_labels=labels, label="Examples", elem_id="sbs-examples"
                     )
                     s_policies = gr.CheckboxGroup(
-                        tree_policies,
+                        vm.replay_policies,
                         value=vm.side_by_side,
                         label=f"Policies (up to {state.MAX_SIDE_BY_SIDE})",
                         elem_id="sbs-policies",

@@ -51,6 +51,7 @@ GREEDY_CASES = [
     ("specdecpp", 8, {}),  # the head shipped for the default pair; other options: test_exact_tiny
     ("lookup", 8, {"min_ngram": 1, "fallback": 1}),
     ("suffix", 16, {}),
+    ("recycling", 16, {}),
 ]
 
 

@@ -57,6 +57,7 @@ CASES = [
     ("lookup", {"min_ngram": 1, "fallback": 0}),  # copied tokens only, one-hot proposals
     ("lookup", {"min_ngram": 2, "fallback": 2}),  # a chain from the draft where nothing matches
     ("suffix", {}),  # a tree of copies, one-hot proposals
+    ("recycling", {"width": 2}),  # the target's own earlier top-k, one-hot proposals
 ]
 FEATURE_CASES = [("chain", {}), ("dyspec", {})]  # a feature draft that cannot propose every token
 

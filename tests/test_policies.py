@@ -305,3 +305,34 @@ def test_suffix_builds_a_tree_of_every_continuation_by_frequency():
 def test_suffix_rejects_bad_options(options):
     with pytest.raises(DyspecError):
         suffix.build(Context([1, 2, 1]), 2, 4, 0.0, torch.Generator(), **options)
+
+
+def test_recycling_grows_its_tree_from_the_targets_earlier_top_k():
+    """Token Recycling's table keeps, per token, the target's top-k successors as last verified; the
+    tree grows from the root through it best-first by rank, and is empty until the table knows the
+    root."""
+    from dyspec.core.draft import DraftSession
+    from dyspec.policies import recycling
+
+    draft = DraftSession(None, [0])
+    g = torch.Generator().manual_seed(0)
+    assert recycling.build(draft, 0, 8, 0.0, g).size == 0  # nothing learnt yet: an `ar` step
+    seen = Tree.root(0, "deterministic")
+    seen.add(0, 5, 1.0)
+    logits = torch.zeros(2, 20)
+    logits[0, [5, 6, 7]] = torch.tensor([3.0, 2.0, 1.0])  # after token 0: 5, then 6, then 7
+    logits[1, [0, 9]] = torch.tensor([3.0, 2.0])  # after token 5: 0, then 9
+    recycling.learn(draft, seen, logits)
+    assert draft.memo["recycling"][0][:3] == [5, 6, 7] and draft.memo["recycling"][5][:2] == [0, 9]
+    tree = recycling.build(draft, 0, 4, 0.0, g, width=2)
+    # by value: root's rank 0 (5: 0.6), its rank 0 (0: 0.36), its rank 0 (5: 0.216), root's rank 1 (6: 0.15)
+    assert tree.tokens == [0, 5, 0, 5, 6] and tree.parents == [-1, 0, 1, 2, 0]
+    assert tree.sampling == "deterministic"
+
+
+def test_a_replay_refuses_a_policy_that_learns_from_the_target(default_pair):
+    from dyspec.decode.replay import Trace, replay_run
+
+    trace = Trace(prompt_ids=[1, 2, 3], tokens=[4, 5], max_new_tokens=2, features=None, steps=[])
+    with pytest.raises(DyspecError, match="learns from the target's logits"):
+        replay_run(default_pair, trace, "recycling", 8)

@@ -295,9 +295,8 @@ class SideBySide:
         self.sweep: list[ReplayRun] = []
         self.prompt = W.Textarea(description="Prompt", layout=W.Layout(width="100%", height="90px"))
         self.example, self.expect = _examples(self.prompt, None)
-        tree_policies = [p for p in self.vm.policies if p != "ar"]
         self.policies = W.SelectMultiple(
-            options=tree_policies, value=tuple(policies or self.vm.side_by_side), description="Policies"
+            options=self.vm.replay_policies, value=tuple(policies or self.vm.side_by_side), description="Policies"
         )
         self.budget = W.IntSlider(budget, min=1, max=self.vm.limits.replay_budget, description="Budget")
         self.max_new_tokens = W.IntSlider(64, min=1, max=self.vm.limits.max_new_tokens, description="Max tokens")

@@ -42,6 +42,9 @@ class Policy:
     prepare: Callable[[Any, float, dict], dict] | None = None  # prepare(pair, temperature, options): resolved once
     available: Callable[[Any], bool] = _always  # whether it runs on a pair with its defaults (trained parts)
     auto: AutoNeeds = AutoNeeds()  # what `--budget auto` needs of it
+    # learn(draft, tree, logits): after each verification, what it keeps (in `draft.memo`) of the
+    # target's logits over the tree; a replay, which has no target logits, refuses such a policy
+    learn: Callable[[DraftSession, Tree, Any], None] | None = None
 
     def __post_init__(self) -> None:
         params = inspect.signature(self.build).parameters

@@ -50,6 +50,7 @@ class DraftSession:
         self.pending_features: torch.Tensor | None = None  # [len(pending), H], feature drafts only
         self.node_features: dict[int, torch.Tensor] = {}  # tree node -> the draft's predicted feature
         self.slot_of: dict[int, int] = {}  # tree node -> cache slot, for nodes forwarded this step
+        self.memo: dict = {}  # a policy's own state for this generation (`Policy.learn`)
         self.seconds = 0.0
         # this step's forwards as (tree size when issued, tree nodes forwarded): a forward issued at
         # tree size s adds nodes s and up, so a tree's first n nodes needed those issued at s <= n

@@ -141,6 +141,8 @@ def replay_run(
     """`policy` at `budget` along `trace` (T = 0), its events passed to `hooks` as they come."""
     ids = trace.prompt_ids
     spec, options, controller = plan(pair, ids, policy, budget, 0.0, trace.max_new_tokens, options, None)
+    if spec.learn is not None:
+        raise DyspecError(f"{policy} learns from the target's logits, which a replay does not have: run it live")
     cap = tree_cap(budget)
     drafts = open_drafts(pair, ids, spec, 0.0, bucket(len(ids)) + trace.max_new_tokens + 2 * bucket(cap + 1))
     run = Decoding(spec, options, None, drafts, 0.0, torch.Generator(device=pair.device).manual_seed(seed))

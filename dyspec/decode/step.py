@@ -91,6 +91,8 @@ def speculative_step(run: Decoding, root: int, budget: Budget, left: int) -> Ste
     else:
         p = to_probs(logits, run.temperature)
         accepted, next_token = verify_sampled(tree, p, run.generator)
+    if run.policy.learn is not None:
+        run.policy.learn(run.drafts[0], tree, logits)
     run.target.commit([run.target.length + i for i in [0, *accepted]])
     commit_drafts(run, budget, plan, tree, accepted, next_token, run.target.hidden)
     return Step(tree, accepted, next_token, logits, p, draft_s, t1 - t0 - draft_s, t2 - t1, draft_forwards)

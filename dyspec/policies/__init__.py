@@ -20,6 +20,7 @@ from dyspec.policies import (
     dyspec_threshold,
     eagle2,
     lookup,
+    recycling,
     sequoia,
     sglang,
     specdecpp,
@@ -29,7 +30,20 @@ from dyspec.policies import (
 
 POLICIES: dict[str, Policy] = {
     m.POLICY.name: m.POLICY
-    for m in (ar, chain, specinfer, sequoia, dyspec, dyspec_threshold, eagle2, sglang, specdecpp, lookup, suffix)
+    for m in (
+        ar,
+        chain,
+        specinfer,
+        sequoia,
+        dyspec,
+        dyspec_threshold,
+        eagle2,
+        sglang,
+        specdecpp,
+        lookup,
+        suffix,
+        recycling,
+    )
 }
 
 
@@ -47,6 +61,11 @@ def available_policies(pair) -> list[str]:
         for name, policy in POLICIES.items()
         if (pair.draft is not None or not policy.needs_draft) and policy.available(pair)
     ]
+
+
+def replayable(name: str) -> bool:
+    """Whether a replay can run the policy: not one that learns from the target's logits."""
+    return get_policy(name).learn is None
 
 
 def policy_options(name: str) -> dict:

@@ -18,7 +18,7 @@ from dyspec.errors import DyspecError
 from dyspec.eval import speedup
 from dyspec.eval.sweep import REPLAY_NOTE
 from dyspec.models import ModelPair
-from dyspec.policies import available_policies
+from dyspec.policies import available_policies, replayable
 from dyspec.views import figures
 
 # the side-by-side view opens on trees of one size from a chain, the optimal static tree and the
@@ -79,6 +79,7 @@ class ViewModel:
         defaults = defaults_for(pair.device)
         self.default_policy = defaults.policy if defaults.policy in self.policies else "ar"
         self.default_budget = defaults.budget
+        self.replay_policies = [p for p in self.policies if p != "ar" and replayable(p)]  # side by side
         self.side_by_side = [p for p in SIDE_BY_SIDE if p in self.policies] or self.policies[:1]
         self.hardware = {**whatif.shipped_models(), **(profiles or {})}
         self.hardware_choices = [*self.hardware, whatif.THIS_MACHINE, whatif.PARAMETRIC]
