@@ -30,10 +30,10 @@ class FixedBudget:
     """Every tree is built up to `budget` nodes and verified whole."""
 
     def __init__(self, budget: int):
-        self.budget = budget
+        self.fixed = Plan(budget)  # the same every step: made once, not per step
 
     def plan(self, context: int, left: int) -> Plan:
-        return Plan(self.budget)
+        return self.fixed
 
     def cut(self, plan: Plan, tree: Tree, drafts: list[DraftSession]) -> tuple[Tree, list[int] | None, Plan]:
         return tree, None, plan
@@ -66,7 +66,7 @@ class AutoBudget:
         draft_ms = {int(n): ms for n, ms in profile.get("draft", {"1": 0.0}).items()}
         self.cost = CostModel(target_profiles(profile), draft_ms)
         self.state = AutoState() if state is None else state
-        self.policy, self.needs, self.options, self.temperature = policy, policy.auto, options, temperature
+        self.needs, self.options, self.temperature = policy.auto, options, temperature
         self.drafts = 1 + (len(pair.extra_drafts) if policy.multi_draft else 0)
 
     def plan(self, context: int, left: int) -> AutoPlan:
