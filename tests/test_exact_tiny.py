@@ -35,6 +35,7 @@ from .tiny import (
     tiny_eagle_pair,
     tiny_feature_pair,
     tiny_head_file,
+    tiny_medusa_pair,
     tiny_model,
     tiny_pair,
 )
@@ -115,6 +116,11 @@ def test_an_eagle3_draft_samples_target_distribution(tmp_path):
     """EAGLE-3's own reduced vocabulary (dyspec.models.eagle.Eagle3Draft): q is 0 outside it."""
     pair = tiny_eagle3_pair(tmp_path)
     check_distribution(pair, exact_distribution(pair.target, PROMPT, 3, TEMPERATURE), "dyspec", {})
+
+
+def test_medusa_heads_sample_target_distribution(exact, tmp_path):
+    """Medusa's heads (dyspec.models.medusa): every node at one depth drafts from the same q."""
+    check_distribution(tiny_medusa_pair(tmp_path), exact, "dyspec", {})
 
 
 def test_merged_drafts_sample_target_distribution(feature_pair, exact):

@@ -171,11 +171,11 @@ def write_eagle3_checkpoint(folder, target, draft_vocab: tuple[int, ...] = (0, 1
     )
 
 
-def eagle_pair(target, folder) -> ModelPair:
-    """`target` with the EAGLE draft in `folder`, read as `--draft eagle:FOLDER` reads it."""
+def published_pair(target, draft: str) -> ModelPair:
+    """`target` with the published draft `draft` ("eagle:FOLDER", "medusa:FOLDER"), read as `--draft` reads it."""
     from dyspec.models.draft_spec import load_draft, parse_draft
 
-    spec = parse_draft(f"eagle:{folder}", "tiny-target")
+    spec = parse_draft(draft, "tiny-target")
     draft = load_draft(spec, target, tiny_tokenizer(), allow_download=False)
     return ModelPair(target, draft, tiny_tokenizer(), "tiny-target", spec.name, torch.device("cpu"), torch.float32)
 
@@ -184,7 +184,7 @@ def tiny_eagle_pair(folder) -> ModelPair:
     """The tiny target with an EAGLE-1/2 draft read from a checkpoint in the published layout."""
     target = tiny_model(1, 2)
     write_eagle_checkpoint(folder, target)
-    return eagle_pair(target, folder)
+    return published_pair(target, f"eagle:{folder}")
 
 
 def tiny_eagle3_pair(folder) -> ModelPair:
@@ -192,4 +192,38 @@ def tiny_eagle3_pair(folder) -> ModelPair:
     checkpoint in the published layout."""
     target = tiny_model(1, 8)
     write_eagle3_checkpoint(folder, target)
-    return eagle_pair(target, folder)
+    return published_pair(target, f"eagle:{folder}")
+
+
+def write_medusa_checkpoint(
+    folder, target, heads: int = 3, layers: int = 1, weights: str = "medusa_lm_head.safetensors", seed: int = 6
+) -> dict:
+    """Medusa heads for `target` in FasterDecoding/Medusa's published layout (key names, file names,
+    config fields), random weights: what `--draft medusa:PATH` reads after a download."""
+    import json
+
+    from safetensors.torch import save_file
+
+    H, V = target.config.hidden_size, target.config.vocab_size
+    g = torch.Generator().manual_seed(seed)
+    tensors = {}
+    for k in range(heads):
+        for j in range(layers):
+            tensors[f"{k}.{j}.linear.weight"] = torch.randn(H, H, generator=g) / H**0.5
+            tensors[f"{k}.{j}.linear.bias"] = torch.randn(H, generator=g) / 10
+        tensors[f"{k}.{layers}.weight"] = torch.randn(V, H, generator=g) * 3 / H**0.5
+    folder.mkdir(parents=True, exist_ok=True)
+    if weights.endswith(".safetensors"):
+        save_file(tensors, folder / weights)
+    else:
+        torch.save(tensors, folder / weights)
+    config = {"medusa_num_heads": heads, "medusa_num_layers": layers, "base_model_name_or_path": "tiny-target"}
+    (folder / "config.json").write_text(json.dumps(config))
+    return tensors
+
+
+def tiny_medusa_pair(folder) -> ModelPair:
+    """The tiny target with three Medusa heads read from a checkpoint in the published layout."""
+    target = tiny_model(1, 2)
+    write_medusa_checkpoint(folder, target)
+    return published_pair(target, f"medusa:{folder}")

@@ -71,6 +71,7 @@ def add_model_args(p: argparse.ArgumentParser, with_draft: bool = True) -> None:
         "for an fp32 target on a CPU, else truncated:2. Or: as --target; a folder made by `dyspec distill`; "
         "int8 (the target with int8 layers, drafting for the fp32 target on a CPU); truncated:N (its first N "
         "layers, untrained); eagle:PATH (a published EAGLE-1/2 or EAGLE-3 draft: a folder, or a hub id); "
+        "medusa:PATH (published Medusa heads, likewise); "
         "self. Several, comma-separated (int8,distilled), are merged into one tree by "
         "specinfer; other policies use the first",
     )

@@ -34,6 +34,19 @@ def sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
+class NoCache:
+    """The cache of a model that attends to nothing (`cacheless`: dyspec.models.medusa): KVSession
+    keeps its lengths, and there are no keys to move."""
+
+    layers = ()
+
+    def crop(self, tokens_to_remove: int) -> None:
+        pass
+
+    def reset(self) -> None:
+        pass
+
+
 class KVSession:
     """`length` tokens are committed in the cache; slots past it, up to `cached`, hold this step's
     tree nodes. With `keep_hidden`, `hidden` holds the last forward's hidden states at `hidden_layers`
@@ -56,7 +69,7 @@ class KVSession:
         if static is not None:
             cache = static.cache
         elif cache is None:
-            cache = DynamicCache(config=model.config)
+            cache = NoCache() if getattr(model, "cacheless", False) else DynamicCache(config=model.config)
         self.cache = cache
         self.cache_kwarg = cache_kwarg(model.forward)
         self.length = 0

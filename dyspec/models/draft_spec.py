@@ -4,7 +4,8 @@ auto           distilled where a feature draft ships for the target; else int8 f
                target on a CPU; else truncated:2
 distilled      the feature draft shipped for the target (made by `dyspec distill`)
 FOLDER         a feature draft's folder (made by `dyspec distill`), or a model folder
-eagle:PATH     a published EAGLE-1/2 (or HASS) draft: a folder, or a hub id (dyspec.models.eagle)
+eagle:PATH     a published EAGLE-1/2 (or HASS) or EAGLE-3 draft: a folder, or a hub id (dyspec.models.eagle)
+medusa:PATH    published Medusa heads: a folder, or a hub id (dyspec.models.medusa)
 int8           the target with int8 Linear layers: a draft that needs no training
 truncated:N    the target's first N layers with its final norm and output layer, untrained
 self           the target itself (for testing)
@@ -20,10 +21,13 @@ import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from dyspec.errors import DyspecError
+from dyspec.models.checkpoint import checkpoint_folder
 from dyspec.models.eagle import PREFIX as EAGLE
-from dyspec.models.eagle import eagle_folder, load_eagle
+from dyspec.models.eagle import load_eagle
 from dyspec.models.feature_draft import is_feature_draft, load_feature_draft
 from dyspec.models.loading import load_model, load_tokenizer, truncated_copy
+from dyspec.models.medusa import PREFIX as MEDUSA
+from dyspec.models.medusa import load_medusa
 from dyspec.models.quant import int8_available, quantize_int8
 
 DEFAULT_DRAFT = "auto"
@@ -33,8 +37,8 @@ SHIPPED_DRAFTS = Path(__file__).with_name("drafts")  # feature drafts made by `d
 
 @dataclass(frozen=True)
 class DraftSpec:
-    """One draft, parsed: `kind` "self", "int8", "feature" (from `folder`), "eagle" (from `source`,
-    a folder or hub id), "truncated" (the target's first `layers` layers) or "model" (loaded by
+    """One draft, parsed: `kind` "self", "int8", "feature" (from `folder`), "eagle" or "medusa" (from
+    `source`, a folder or hub id), "truncated" (the target's first `layers` layers) or "model" (loaded by
     `name`, as a target is)."""
 
     name: str  # as given, after "auto" is resolved
@@ -70,8 +74,9 @@ def parse_draft(name: str, target: str) -> DraftSpec:
         return DraftSpec(name, "feature", folder)
     if Path(name).is_dir() and is_feature_draft(Path(name)):
         return DraftSpec(name, "feature", Path(name))
-    if name.startswith(EAGLE):
-        return DraftSpec(name, "eagle", source=name[len(EAGLE) :])
+    for prefix in (EAGLE, MEDUSA):
+        if name.startswith(prefix):
+            return DraftSpec(name, prefix[:-1], source=name[len(prefix) :])
     if name.startswith("truncated:"):
         try:
             return DraftSpec(name, "truncated", layers=int(name.split(":", 1)[1]))
@@ -109,7 +114,9 @@ def load_draft(
     if spec.kind == "feature":
         return load_feature_draft(spec.folder, target)
     if spec.kind == "eagle":
-        return load_eagle(eagle_folder(spec.source, allow_download), target)
+        return load_eagle(checkpoint_folder(spec.source, allow_download, "EAGLE"), target)
+    if spec.kind == "medusa":
+        return load_medusa(checkpoint_folder(spec.source, allow_download, "Medusa"), target)
     if spec.kind == "truncated":
         return truncated_copy(target, spec.layers)
     check_same_vocab(tokenizer, load_tokenizer(spec.name, allow_download), spec.name)

@@ -30,12 +30,12 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import torch
-from safetensors.torch import load_file
 from torch import nn
 from transformers import PreTrainedModel
 
 from dyspec.core.kv import FINAL, cache_kwarg
 from dyspec.errors import DyspecError
+from dyspec.models.checkpoint import read_weights
 from dyspec.models.feature_draft import FeatureDraft, causal_mask
 from dyspec.models.quant import Int8Linear, quantize_int8
 
@@ -43,35 +43,6 @@ PREFIX = "eagle:"
 WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin")
 # what a draft's layers must share with the target to run beside it, as EAGLE's config names it
 MATCHING = ("hidden_size", "vocab_size", "num_attention_heads", "num_key_value_heads", "intermediate_size")
-
-
-def eagle_folder(source: str, allow_download: bool) -> Path:
-    """The local folder of an EAGLE checkpoint: `source` itself, or a hub id's snapshot (from the local
-    Hugging Face cache unless `allow_download`)."""
-    path = Path(source).expanduser()
-    if path.is_dir():
-        return path
-    if source.startswith((".", "/", "~")) or source.count("/") != 1:
-        raise DyspecError(f"EAGLE checkpoint not found: {source} (a folder, or a hub id such as owner/name)")
-    from huggingface_hub import snapshot_download
-    from huggingface_hub.errors import LocalEntryNotFoundError
-
-    try:
-        return Path(snapshot_download(source, local_files_only=not allow_download))
-    except LocalEntryNotFoundError:
-        raise DyspecError(
-            f"EAGLE checkpoint {source} is not in the local Hugging Face cache: download it first "
-            f"(`hf download {source}`) or allow downloads"
-        ) from None
-
-
-def read_weights(folder: Path) -> dict[str, torch.Tensor]:
-    for name in WEIGHT_FILES:
-        if (folder / name).is_file():
-            if name.endswith(".safetensors"):
-                return load_file(folder / name)
-            return torch.load(folder / name, map_location="cpu", weights_only=True)  # tensors only, never code
-    raise DyspecError(f"{folder} holds no EAGLE weights (one of {', '.join(WEIGHT_FILES)})")
 
 
 def load_eagle(folder: Path, target: PreTrainedModel) -> FeatureDraft:
@@ -87,7 +58,7 @@ def load_eagle(folder: Path, target: PreTrainedModel) -> FeatureDraft:
     ]
     if wrong:
         raise DyspecError(f"the EAGLE draft in {folder} was trained for another target: {'; '.join(wrong)}")
-    tensors = read_weights(folder)
+    tensors = read_weights(folder, WEIGHT_FILES, "EAGLE")
     tensors.pop("embed_tokens.weight", None)  # a copy of the target's, which the draft borrows
     if "fc.weight" not in tensors:
         raise DyspecError(f"{folder}: no fc.weight, so not an EAGLE layout (keys: {', '.join(sorted(tensors))})")

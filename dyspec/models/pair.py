@@ -10,7 +10,6 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 from dyspec.core import attention
 from dyspec.errors import DyspecError
 from dyspec.models.draft_spec import DEFAULT_DRAFT, load_draft, parse_drafts
-from dyspec.models.feature_draft import FeatureDraft
 from dyspec.models.loading import (
     DEFAULT_TARGET,
     check_lean,
@@ -78,7 +77,8 @@ def load_pair(
     else int8 for an fp32 target on a CPU, else truncated:2), a model name as
     for the target, a folder made by `dyspec distill` (a feature draft), `distilled` (the feature
     draft shipped for the target), `eagle:PATH` (a published EAGLE-1/2 or EAGLE-3 draft, a folder or
-    hub id: dyspec.models.eagle), `truncated:N` (the target's first N layers, untrained), `int8`
+    hub id: dyspec.models.eagle), `medusa:PATH` (published Medusa heads, likewise:
+    dyspec.models.medusa), `truncated:N` (the target's first N layers, untrained), `int8`
     (the target with int8 Linear layers: a draft that needs no training, for a target that runs at
     native precision), `self` (the target itself, for testing), or None. Several drafts,
     comma-separated ("int8,distilled"), are merged into one tree by `specinfer`; every other policy
@@ -113,7 +113,7 @@ def load_pair(
                 f"draft '{spec.name}' has {model.config.vocab_size} output logits, the target "
                 f"{target_model.config.vocab_size}: they must be equal"
             )
-    if len({d.feature_layers for d in drafts if isinstance(d, FeatureDraft)}) > 1:
+    if len({d.feature_layers for d in drafts if getattr(d, "needs_features", False)}) > 1:
         raise DyspecError(f"the feature drafts in '{draft}' read different target layers: merge ones that agree")
     if precision == "int8":
         models = [m for m in (target_model, *drafts) if isinstance(m, PreTrainedModel)]
@@ -121,7 +121,7 @@ def load_pair(
             quantize_int8(model)
             model.set_attn_implementation(attention.NAME)
         for model in drafts:
-            if isinstance(model, FeatureDraft):
+            if hasattr(model, "quantize_int8"):  # a feature draft's or Medusa's own layers
                 model.quantize_int8()
     return ModelPair(
         target_model,
