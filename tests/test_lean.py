@@ -103,10 +103,10 @@ def test_a_model_the_lean_forward_does_not_cover_runs_the_reference_with_a_note(
     model = GPT2LMHeadModel(GPT2Config(vocab_size=50, n_embd=32, n_layer=1, n_head=2))
     assert "GPT2LMHeadModel is not one of" in lean_unsupported(model)
     with pytest.warns(UserWarning, match="the Hugging Face forward runs"):
-        assert check_lean("lean", "auto", model) == "off"
+        assert check_lean("lean", "auto", model, False) == "off"
     with pytest.raises(DyspecError, match="--fast-path lean: GPT2LMHeadModel"):
-        check_lean("lean", "lean", model)
-    assert check_lean("static", "static", model) == "static"
+        check_lean("lean", "lean", model, False)
+    assert check_lean("static", "static", model, False) == "static"
 
 
 @CPU_DEFAULT

@@ -1,6 +1,7 @@
 """Published Medusa heads (`--draft medusa:PATH`): read from a checkpoint written in FasterDecoding/Medusa's
 layout, checked against Medusa's equations written out here, and exact under every tree policy."""
 
+import dataclasses
 import json
 
 import pytest
@@ -141,3 +142,10 @@ def test_medusa_heads_run_beside_the_default_target(default_pair, tmp_path):
     ar = generate(pair, prompt, policy="ar", max_new_tokens=16).token_ids
     r = generate(pair, prompt, policy="dyspec", budget=8, max_new_tokens=16)
     assert r.token_ids == ar and r.draft_forwards > 0
+
+
+def test_medusa_heads_run_on_the_static_path(tmp_path):
+    """Heads keep no cache: on the static path the target's cache is static and theirs stays none."""
+    pair = dataclasses.replace(tiny_medusa_pair(tmp_path), fast_path="static")
+    ar = generate(pair, PROMPT, policy="ar", max_new_tokens=20).token_ids
+    assert generate(pair, PROMPT, policy="dyspec", budget=8, max_new_tokens=20).token_ids == ar

@@ -188,6 +188,7 @@ def compile_forwards(sessions: list[KVSession], sizes: list[int], last_only: tup
     jobs = [
         (kv, size, last)
         for kv in sessions
+        if kv.static is not None  # an int8 model compiles its own way (dyspec.models.lean_graph)
         for size in sizes
         for last in last_only
         if (size, last) not in kv.static.compiled

@@ -7,16 +7,22 @@ from torch import nn
 from dyspec.core.kv import KVSession
 from dyspec.core.static import static_model
 from dyspec.models.lean import runner
+from dyspec.models.quant import has_int8
 
 
 def open_session(model: nn.Module, fast_path: str, role: str, need: int, **kwargs) -> KVSession:
     """A session for `model` in `role` ("target", "draft0", ...: one model may be target and draft at
     once) on `fast_path`: a static cache holding `need` tokens (`static`, `compiled`), the lean
-    forward's cache (`lean`, dyspec.models.lean), or a growing cache over the Hugging Face forward
-    (`off`). `kwargs` go to KVSession."""
-    if fast_path in ("static", "compiled"):
-        kwargs["static"] = static_model(model, role, need, compiled=fast_path == "compiled")
+    forward's cache (`lean`, and `compiled` for an int8 model: dyspec.models.lean_graph), or a
+    growing cache over the Hugging Face forward (`off`); a model without a cache (`cacheless`)
+    runs as it is. `kwargs` go to KVSession."""
+    if getattr(model, "cacheless", False):
+        return KVSession(model, **kwargs)
     run = runner(model, fast_path)
     if run is not model:
         kwargs["cache"] = run.cache_for(role)
+    # torch.compile cannot trace int8 layers whole: on "compiled" an int8 model the lean forward does
+    # not run (a feature draft) runs eager
+    elif fast_path == "static" or (fast_path == "compiled" and not has_int8(model)):
+        kwargs["static"] = static_model(model, role, need, compiled=fast_path == "compiled")
     return KVSession(run, **kwargs)

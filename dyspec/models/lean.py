@@ -25,6 +25,7 @@ from transformers import PreTrainedModel
 from transformers.modeling_outputs import CausalLMOutputWithPast
 
 from dyspec.core.attention import prefix_attention, prefix_bias, rowwise_attention
+from dyspec.models.lean_graph import MAX_ROWS, CompiledLayers, warm_up
 from dyspec.models.quant import Int8Linear, Int8Part
 
 # Llama's layer with optional q/k/v biases (Qwen2) and per-head q/k norms (Qwen3); full attention only.
@@ -84,9 +85,10 @@ class Layer:
 
 
 class LeanCache:
-    """Keys and values of every layer [layers, Hkv, capacity, d], written in place; `length` slots
-    hold tokens. Quacks like a Hugging Face cache where KVSession needs it: `layers[i].keys` and
-    `.values` [1, Hkv, capacity, d], `crop` and `reset`."""
+    """Keys and values of each layer [Hkv, capacity, d] (a tensor per layer, which a compiled graph
+    can write in place), written in place; `length` slots hold tokens. Quacks like a Hugging Face
+    cache where KVSession needs it: `layers[i].keys` and `.values` [1, Hkv, capacity, d], `crop`
+    and `reset`."""
 
     def __init__(self, n_layers: int, kv_heads: int, head_dim: int, dtype, device, capacity: int = ROUND):
         self.shape, self.dtype, self.device = (n_layers, kv_heads, head_dim), dtype, device
@@ -95,13 +97,15 @@ class LeanCache:
 
     def _allocate(self, capacity: int) -> None:
         n_layers, kv_heads, head_dim = self.shape
-        k = torch.zeros(n_layers, 1, kv_heads, capacity, head_dim, dtype=self.dtype, device=self.device)
-        v = torch.zeros_like(k)
-        if hasattr(self, "k"):  # growing: keep what is held
-            k[..., : self.length, :] = self.k[..., : self.length, :]
-            v[..., : self.length, :] = self.v[..., : self.length, :]
-        self.k, self.v, self.capacity = k, v, capacity
-        self.layers = [SimpleNamespace(keys=k[i], values=v[i]) for i in range(n_layers)]
+        held = getattr(self, "layers", [])  # growing: keep what is held
+        self.layers = []
+        for i in range(n_layers):
+            k, v = (torch.zeros(1, kv_heads, capacity, head_dim, dtype=self.dtype, device=self.device) for _ in "kv")
+            if held:
+                k[:, :, : self.length] = held[i].keys[:, :, : self.length]
+                v[:, :, : self.length] = held[i].values[:, :, : self.length]
+            self.layers.append(SimpleNamespace(keys=k, values=v))
+        self.capacity = capacity
 
     def reserve(self, n: int) -> None:
         if self.length + n > self.capacity:
@@ -153,6 +157,16 @@ class LeanForward(nn.Module):
         self._rotary_table(config.max_position_embeddings)
         self.scale = self.head_dim**-0.5
         self._caches: dict[str, LeanCache] = {}
+        self.graph: CompiledLayers | None = None  # `compile_layers`
+
+    def compile_layers(self) -> None:
+        """Run the layers of a decoding forward as compiled graphs (dyspec.models.lean_graph; int8
+        models), compiled now."""
+        if not self.exact_attention:
+            raise ValueError("the compiled lean forward runs int8 models")
+        if self.graph is None:
+            self.graph = CompiledLayers(self.layers, self.heads, self.kv_heads, self.head_dim, self.eps)
+            warm_up(self, self.config.vocab_size)
 
     @property
     def device(self) -> torch.device:
@@ -223,6 +237,11 @@ class LeanForward(nn.Module):
         cos, sin = self.cos[position_ids[0], None], self.sin[position_ids[0], None]  # [n, 1, d]
         h = self.embed(input_ids[0])
         hidden = [h] if output_hidden_states else None
+        if self.graph is not None and start and n <= MAX_ROWS:
+            h, outputs = self.graph.forward(h, cos, sin, cache, start, mask)
+            if hidden is not None:
+                hidden += outputs
+            return self._output(h, cache, end, hidden, logits_to_keep)
         heads, kv_heads, d = self.heads, self.kv_heads, self.head_dim
         # one row over the whole prefix (a step of `ar`, a chain's root) reads the cache in place
         bias = prefix_bias(end, kv_heads, self.device) if self.exact_attention and n == 1 and mask is None else None
@@ -246,6 +265,10 @@ class LeanForward(nn.Module):
             h = h + layer.down.forward(F.silu(gate) * up)
             if hidden is not None:
                 hidden.append(h)
+        return self._output(h, cache, end, hidden, logits_to_keep)
+
+    def _output(self, h, cache: LeanCache, end: int, hidden: list | None, logits_to_keep) -> CausalLMOutputWithPast:
+        """The forward's result from the last layer's h: the final norm, the kept rows' logits."""
         cache.length = end
         h = F.rms_norm(h, h.shape[-1:], self.norm, self.eps)
         if hidden is not None:
@@ -268,5 +291,14 @@ def lean_forward(model: PreTrainedModel) -> LeanForward:
 
 def runner(model: nn.Module, fast_path: str) -> nn.Module:
     """What runs `model`'s forwards on `fast_path`: its lean forward on "lean" where its
-    architecture has one (a feature draft keeps its own small forward), else the model."""
-    return lean_forward(model) if fast_path == "lean" and lean_unsupported(model) is None else model
+    architecture has one (a feature draft keeps its own small forward), compiled on "compiled" for
+    an int8 model (dyspec.models.lean_graph), else the model."""
+    if fast_path not in ("lean", "compiled") or lean_unsupported(model) is not None:
+        return model
+    if fast_path == "lean":
+        return lean_forward(model)
+    if not isinstance(getattr(model, "lm_head", None), Int8Linear):  # quantize_int8 converts every Linear
+        return model
+    lean = lean_forward(model)
+    lean.compile_layers()
+    return lean

@@ -71,23 +71,22 @@ def pick_precision(precision: str, device: torch.device) -> str:
 
 
 def pick_fast_path(fast_path: str, device: torch.device, precision: str) -> str:
-    """ "auto": the device's default (`dyspec.defaults`). "compiled" traces whole forwards, which the
-    int8 layers' quantized ops and exact attention do not allow."""
+    """ "auto": the device's default (`dyspec.defaults`). "compiled" with int8 layers compiles the
+    lean forward's layers (dyspec.models.lean_graph)."""
     if fast_path not in ("auto", *FAST_PATHS):
         raise DyspecError(f"fast path must be one of auto, {', '.join(FAST_PATHS)}, got '{fast_path}'")
-    if fast_path == "compiled" and precision == "int8":
-        raise DyspecError("--fast-path compiled cannot trace int8 layers: use --precision fp32 or --fast-path static")
     return defaults_for(device).fast_path if fast_path == "auto" else fast_path
 
 
-def check_lean(fast_path: str, asked: str, model: PreTrainedModel) -> str:
-    """The fast path a target runs: "lean" needs an architecture the lean forward covers. Asked for
-    by name, another one is an error; as the default, it runs the Hugging Face forward, with a note."""
-    why = lean_unsupported(model) if fast_path == "lean" else None
+def check_lean(fast_path: str, asked: str, model: PreTrainedModel, int8: bool) -> str:
+    """The fast path a target runs: "lean", and "compiled" with int8 layers, need an architecture
+    the lean forward covers. Asked for by name, another one is an error; as the default, it runs
+    the Hugging Face forward, with a note."""
+    why = lean_unsupported(model) if fast_path == "lean" or (fast_path == "compiled" and int8) else None
     if why is None:
         return fast_path
-    if asked == "lean":
-        raise DyspecError(f"--fast-path lean: {why}")
+    if asked in ("lean", "compiled"):
+        raise DyspecError(f"--fast-path {asked}: {why}")
     warnings.warn(f"{why}: the Hugging Face forward runs (--fast-path off)", stacklevel=3)
     return "off"
 

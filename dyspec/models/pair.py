@@ -105,7 +105,7 @@ def load_pair(
     dtype = torch.float32 if precision == "fp32" else pick_dtype(dev)
     tokenizer = load_tokenizer(target, allow_download)
     target_model = load_model(target, dev, dtype, device_map, allow_download)
-    fast_path = check_lean(chosen, fast_path, target_model)
+    fast_path = check_lean(chosen, fast_path, target_model, precision == "int8")
     drafts = [load_draft(spec, target_model, tokenizer, allow_download) for spec in specs]
     for spec, model in zip(specs, drafts):
         if model.config.vocab_size != target_model.config.vocab_size:

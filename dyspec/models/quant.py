@@ -72,6 +72,10 @@ class Int8Linear(nn.Module):
         return y + self.bias if self.bias is not None else y
 
 
+def has_int8(model: nn.Module) -> bool:
+    return any(isinstance(m, Int8Linear) for m in model.modules())
+
+
 # Linear layers that read the same input in Llama-style blocks (Llama, Mistral, Qwen, SmolLM2, ...).
 SHARED_INPUT = (("q_proj", "k_proj", "v_proj"), ("gate_proj", "up_proj"))
 

@@ -1,0 +1,179 @@
+"""The int8 lean forward compiled (`--fast-path compiled` on a CPU): its layers as a few graphs.
+
+Eager, a one-token forward of the default target spends more time between its int8 products than in
+them: ~600 small ops at microseconds each, and fbgemm's own set-up in each of its 121 calls. Here
+blocks of BLOCK layers run as graphs compiled by inductor, which fuses the norms, rotary, residuals
+and quantization into a few loops, with the products as `torch._int_mm` (int8 x int8 -> int32).
+
+Exactness needs a row's result to be the same whatever rows share the forward (dyspec.models.quant),
+and here it is by construction:
+- activations are quantized per row: q = round(x * 127 / max|x|), each row alone;
+- int32 sums are exact, so the product's kernel, its blocking and its row count do not matter;
+- dequantizing, norms, rotary and the MLP's gate are per row and elementwise;
+- attention is dyspec.core.attention's: each row over its own keys, padded to a multiple of 64.
+tests/test_lean_graph.py checks tree rows against one-token forwards bit for bit. The compiled
+forward runs other arithmetic than the eager int8 forward (its own activation quantization), so
+its logits differ from eager's in the last bits: it is its own int8 model, exact with itself.
+
+A prompt (a causal forward over an empty cache) runs eager: every policy prefills alike. Graphs are
+compiled once per block shape and attention kind (one row over the prefix; a tree whose rows fall
+in one, two or three padded key lengths), with dynamic sizes: `warm_up` compiles them behind a
+progress bar; inductor keeps its code on disk, so a later process mostly traces.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from tqdm.auto import tqdm
+
+from dyspec.core.attention import _attend, _groups, prefix_bias
+from dyspec.models.quant import Int8Linear
+
+BLOCK = 5  # layers per graph: one graph call costs ~80 us, and a longer graph takes longer to trace
+MAX_ROWS = 256  # longer forwards (a prompt) run eager
+
+
+def int8_operands(linear: Int8Linear) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """An Int8Linear's weights as `torch._int_mm` reads them: int8 [in, out] (a transposed view: the
+    fastest layout measured at one row), per-channel scales / 127, and the bias."""
+    weight = torch.ops.quantized.linear_unpack(linear._packed)[0]
+    return weight.int_repr().t(), weight.q_per_channel_scales().float() / 127, linear.bias
+
+
+def int8_linear(x: torch.Tensor, operands: tuple) -> torch.Tensor:
+    """x [n, in] @ weight.T + bias, x quantized per row to int8."""
+    wt, scale, bias = operands
+    amax = x.abs().amax(dim=1, keepdim=True).clamp_min(1e-12)
+    y = torch._int_mm(torch.round(x * (127 / amax)).to(torch.int8), wt).float() * amax * scale
+    return y if bias is None else y + bias
+
+
+def attention(q, keys, values, groups, scale: float) -> torch.Tensor:
+    """q [Hkv, g, n, d] over one layer's cache keys, values [Hkv, capacity, d]: [n, H, d]. `groups`:
+    `(prefix_bias,)` for one row over the cache's first slots, else `_groups`' (rows, idx, bias)."""
+    kv_heads, g, n, d = q.shape
+    if len(groups[0]) == 1:
+        bias = groups[0][0]
+        return _attend(q, keys[:, : bias.shape[-1]], values[:, : bias.shape[-1]], bias, scale)
+    out = None
+    for rows, idx, bias in groups:
+        m, c = (n if rows is None else rows.shape[0]), bias.shape[-1]
+        k = keys.index_select(1, idx).view(kv_heads * m, c, d)
+        v = values.index_select(1, idx).view(kv_heads * m, c, d)
+        o = _attend(q if rows is None else q.index_select(2, rows), k, v, bias, scale)
+        if rows is None:
+            return o
+        out = (q.new_empty(n, kv_heads * g, d) if out is None else out).index_put((rows,), o)
+    return out
+
+
+def layers_block(h, cos, sin, slots, keys, values, groups, layers, shape):
+    """Layers of a Llama-family model over h [n, H]; writes each layer's keys and values [Hkv,
+    capacity, d] at `slots`. `layers`: per layer (attn_norm, q_norm, k_norm, qkv, o, mlp_norm,
+    gate_up, down) with int8_operands for the products. Returns h and each layer's output."""
+    heads, kv_heads, d, eps, scale = shape
+    n, half = h.shape[0], d // 2
+    outputs = []
+    for (attn_norm, q_norm, k_norm, qkv, o, mlp_norm, gate_up, down), k_cache, v_cache in zip(layers, keys, values):
+        x = F.rms_norm(h, h.shape[-1:], attn_norm, eps)
+        y = int8_linear(x, qkv).view(n, heads + 2 * kv_heads, d)
+        q, k, v = y[:, :heads], y[:, heads : heads + kv_heads], y[:, heads + kv_heads :]
+        if q_norm is not None:
+            q, k = F.rms_norm(q, (d,), q_norm, eps), F.rms_norm(k, (d,), k_norm, eps)
+        q = q * cos + torch.cat((-q[..., half:], q[..., :half]), dim=-1) * sin
+        k = k * cos + torch.cat((-k[..., half:], k[..., :half]), dim=-1) * sin
+        k_cache[:, slots] = k.transpose(0, 1)
+        v_cache[:, slots] = v.transpose(0, 1)
+        a = attention(q.transpose(0, 1).reshape(kv_heads, heads // kv_heads, n, d), k_cache, v_cache, groups, scale)
+        h = h + int8_linear(a.reshape(n, heads * d), o)
+        x = F.rms_norm(h, h.shape[-1:], mlp_norm, eps)
+        gate, up = int8_linear(x, gate_up).chunk(2, dim=-1)
+        h = h + int8_linear(F.silu(gate) * up, down)
+        outputs.append(h)
+    return h, outputs
+
+
+class CompiledLayers:
+    """A lean forward's layers (dyspec.models.lean.Layer, int8) as compiled blocks."""
+
+    def __init__(self, layers: list, heads: int, kv_heads: int, head_dim: int, eps: float):
+        torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 64)
+        self.shape = (heads, kv_heads, head_dim, eps, head_dim**-0.5)
+        weights = [
+            (
+                layer.attn_norm,
+                layer.q_norm,
+                layer.k_norm,
+                *(int8_operands(lin) for lin in (layer.qkv, layer.o)),
+                layer.mlp_norm,
+                *(int8_operands(lin) for lin in (layer.gate_up, layer.down)),
+            )
+            for layer in layers
+        ]
+        self.blocks = [weights[i : i + BLOCK] for i in range(0, len(weights), BLOCK)]
+        # weights keep static shapes, shared by every block; `forward` marks the sizes that vary
+        self.run_block = torch.compile(layers_block, fullgraph=True)
+
+    def forward(self, h, cos, sin, cache, start: int, mask: torch.Tensor | None) -> tuple[torch.Tensor, list]:
+        """h [n, H] of tokens at cache slots start..start + n - 1, over the first `start` slots and
+        themselves as `mask` says (None: causal); returns the last layer's h and every layer's."""
+        n, kv_heads = h.shape[0], self.shape[1]
+        end = start + n
+        slots = torch.arange(start, end, device=h.device)
+        if n == 1 and mask is None:
+            groups = ((prefix_bias(end, kv_heads, h.device),),)
+        else:
+            groups = tuple(_groups(mask, n, end, kv_heads, h.device))
+            if n == 1:  # one row in a tree forward: run it twice (see `at_least_two`)
+                h, cos, sin, slots = (torch.cat([x, x]) for x in (h, cos, sin, slots))
+                groups = tuple(at_least_two(None, idx, bias, kv_heads) for _, idx, bias in groups)
+            else:
+                groups = tuple(at_least_two(*g, kv_heads) if g[0] is not None and len(g[0]) == 1 else g for g in groups)
+        # sizes that vary between forwards, dynamic from the first compile (one graph per attention kind)
+        varying = [(g[-1], 2) for g in groups]  # the padded key count of each group
+        if len(groups[0]) > 1:  # a tree: its rows, and each group's rows, keys and biases
+            varying += [(h, 0), (cos, 0), (sin, 0), (slots, 0)]
+            varying += [(x, 0) for g in groups for x in g if x is not None]
+        for tensor, dim in varying:
+            torch._dynamo.mark_dynamic(tensor, dim)
+        outputs, i = [], 0
+        for block in self.blocks:
+            keys = [cache.layers[j].keys[0] for j in range(i, i + len(block))]
+            values = [cache.layers[j].values[0] for j in range(i, i + len(block))]
+            for tensor in keys + values:
+                torch._dynamo.mark_dynamic(tensor, 1)  # the capacity grows
+            h, hs = self.run_block(h, cos, sin, slots, keys, values, groups, block, self.shape)
+            outputs += hs
+            i += len(block)
+        if len(h) > n:
+            h, outputs = h[:n], [x[:n] for x in outputs]
+        return h, outputs
+
+
+def at_least_two(rows, idx, bias, kv_heads: int) -> tuple:
+    """A group of one row as two copies of it: a graph specializes a size of 1 and would compile
+    again for every group of one row. Each row is its own batch entry (dyspec.core.attention), so a
+    copy changes nothing, and both copies write the same keys."""
+    c = bias.shape[-1]
+    rows = None if rows is None else rows.repeat(2)
+    return rows, idx.repeat(2), bias.view(kv_heads, 1, 1, c).expand(kv_heads, 2, 1, c).reshape(2 * kv_heads, 1, c)
+
+
+def warm_up(lean, vocab: int) -> None:
+    """Compile the graphs a generation uses (one row; trees whose rows fall in one and in two key
+    lengths) on a scratch cache, behind a progress bar."""
+    cache = lean.cache_for("warm-up")
+    # (context, rows, tree): one row; rows at 61-62 keys, padded to 64; at 61-68 keys, to 64 and 128
+    shapes = [(60, 1, False), (60, 2, True), (60, 8, True)]
+    for context, n, tree in tqdm(shapes, desc="compiling the int8 forward (once per process)"):
+        with torch.inference_mode():  # as the engine runs it: a graph is compiled per grad mode
+            warm_up_forward(lean, cache, vocab, context, n, tree)
+    del lean._caches["warm-up"]
+
+
+def warm_up_forward(lean, cache, vocab: int, context: int, n: int, tree: bool) -> None:
+    cache.reset()
+    lean(torch.randint(vocab, (1, context)), torch.arange(context)[None], cache=cache)
+    mask = torch.ones(n, context + n, dtype=torch.bool).tril(context)[None, None] if tree else None
+    lean(torch.randint(vocab, (1, n)), torch.arange(context, context + n)[None], mask, cache=cache)
