@@ -112,8 +112,9 @@ class CompiledLayers:
             for layer in layers
         ]
         self.blocks = [weights[i : i + BLOCK] for i in range(0, len(weights), BLOCK)]
-        # weights keep static shapes, shared by every block; `forward` marks the sizes that vary
-        self.run_block = torch.compile(layers_block, fullgraph=True)
+        # only the sizes `forward` marks are dynamic: weights keep static shapes, shared by every block,
+        # and a second model compiled in the process (a draft) gets graphs of its own shapes
+        self.run_block = torch.compile(layers_block, fullgraph=True, dynamic=False)
 
     def forward(self, h, cos, sin, cache, start: int, mask: torch.Tensor | None) -> tuple[torch.Tensor, list]:
         """h [n, H] of tokens at cache slots start..start + n - 1, over the first `start` slots and
