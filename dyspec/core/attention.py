@@ -32,7 +32,7 @@ BLOCK = 64
 _groups_cache: tuple = (None, None, None)
 
 
-def _groups(attention_mask: torch.Tensor | None, q_len: int, kv_len: int, kv_heads: int, device) -> list[tuple]:
+def row_groups(attention_mask: torch.Tensor | None, q_len: int, kv_len: int, kv_heads: int, device) -> list[tuple]:
     """Rows grouped by padded key count C: (rows [m] or None for all rows, key indices [m * C],
     bias [kv_heads * m, 1, C] with -inf on padding), on `device`."""
     global _groups_cache
@@ -81,16 +81,24 @@ def rowwise_attention(module, query, key, value, attention_mask, dropout=0.0, sc
     heads, kv_heads, d = query.shape[1], key.shape[1], query.shape[3]
     q = query[0].view(kv_heads, heads // kv_heads, n, d)
     scale = d**-0.5 if scaling is None else scaling
-    out = query.new_empty(n, heads, d)
-    for rows, idx, bias in _groups(attention_mask, n, kv_len, kv_heads, key.device):
+    groups = row_groups(attention_mask, n, kv_len, kv_heads, key.device)
+    return grouped_attention(q, key[0], value[0], groups, scale)[None], None
+
+
+def grouped_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, groups: list, scale: float):
+    """q [Hkv, g, n, d] over keys, values [Hkv, kv, d], each group of rows (`row_groups`) over its own
+    gathered keys: [n, Hkv * g, d]."""
+    kv_heads, g, n, d = q.shape
+    out = q.new_empty(n, kv_heads * g, d)
+    for rows, idx, bias in groups:
         m, c = (n if rows is None else len(rows)), bias.shape[-1]
-        k = key[0].index_select(1, idx).view(kv_heads * m, c, d)
-        v = value[0].index_select(1, idx).view(kv_heads * m, c, d)
+        k = keys.index_select(1, idx).view(kv_heads * m, c, d)
+        v = values.index_select(1, idx).view(kv_heads * m, c, d)
         o = _attend(q if rows is None else q.index_select(2, rows), k, v, bias, scale)
         if rows is None:
-            return o[None], None
+            return o
         out[rows] = o
-    return out[None], None
+    return out
 
 
 def prefix_bias(length: int, kv_heads: int, device) -> torch.Tensor:

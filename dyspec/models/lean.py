@@ -85,10 +85,10 @@ class Layer:
 
 
 class LeanCache:
-    """Keys and values of each layer [Hkv, capacity, d] (a tensor per layer, which a compiled graph
-    can write in place), written in place; `length` slots hold tokens. Quacks like a Hugging Face
-    cache where KVSession needs it: `layers[i].keys` and `.values` [1, Hkv, capacity, d], `crop`
-    and `reset`."""
+    """Keys and values of each layer, `k[i]` and `v[i]` [Hkv, capacity, d] (a tensor per layer, which a
+    compiled graph writes in place), written in place; `length` slots hold tokens. Quacks like a
+    Hugging Face cache where KVSession needs it: `layers[i].keys` and `.values` [1, Hkv, capacity,
+    d] (views of them), `crop` and `reset`."""
 
     def __init__(self, n_layers: int, kv_heads: int, head_dim: int, dtype, device, capacity: int = ROUND):
         self.shape, self.dtype, self.device = (n_layers, kv_heads, head_dim), dtype, device
@@ -97,14 +97,16 @@ class LeanCache:
 
     def _allocate(self, capacity: int) -> None:
         n_layers, kv_heads, head_dim = self.shape
-        held = getattr(self, "layers", [])  # growing: keep what is held
-        self.layers = []
-        for i in range(n_layers):
-            k, v = (torch.zeros(1, kv_heads, capacity, head_dim, dtype=self.dtype, device=self.device) for _ in "kv")
-            if held:
-                k[:, :, : self.length] = held[i].keys[:, :, : self.length]
-                v[:, :, : self.length] = held[i].values[:, :, : self.length]
-            self.layers.append(SimpleNamespace(keys=k, values=v))
+        held = getattr(self, "k", []), getattr(self, "v", [])  # growing: keep what is held
+        self.k, self.v = [], []
+        for store, old in zip((self.k, self.v), held):
+            for i in range(n_layers):
+                t = torch.zeros(kv_heads, capacity, head_dim, dtype=self.dtype, device=self.device)
+                if old:
+                    t[:, : self.length] = old[i][:, : self.length]
+                torch._dynamo.mark_dynamic(t, 1)  # a compiled forward (lean_graph) serves every capacity
+                store.append(t)
+        self.layers = [SimpleNamespace(keys=k[None], values=v[None]) for k, v in zip(self.k, self.v)]
         self.capacity = capacity
 
     def reserve(self, n: int) -> None:

@@ -27,7 +27,7 @@ import torch
 import torch.nn.functional as F
 from tqdm.auto import tqdm
 
-from dyspec.core.attention import _attend, _groups, prefix_bias
+from dyspec.core.attention import grouped_attention, prefix_attention, prefix_bias, row_groups
 from dyspec.models.quant import Int8Linear
 
 BLOCK = 5  # layers per graph: one graph call costs ~80 us, and a longer graph takes longer to trace
@@ -49,25 +49,6 @@ def int8_linear(x: torch.Tensor, operands: tuple) -> torch.Tensor:
     return y if bias is None else y + bias
 
 
-def attention(q, keys, values, groups, scale: float) -> torch.Tensor:
-    """q [Hkv, g, n, d] over one layer's cache keys, values [Hkv, capacity, d]: [n, H, d]. `groups`:
-    `(prefix_bias,)` for one row over the cache's first slots, else `_groups`' (rows, idx, bias)."""
-    kv_heads, g, n, d = q.shape
-    if len(groups[0]) == 1:
-        bias = groups[0][0]
-        return _attend(q, keys[:, : bias.shape[-1]], values[:, : bias.shape[-1]], bias, scale)
-    out = None
-    for rows, idx, bias in groups:
-        m, c = (n if rows is None else rows.shape[0]), bias.shape[-1]
-        k = keys.index_select(1, idx).view(kv_heads * m, c, d)
-        v = values.index_select(1, idx).view(kv_heads * m, c, d)
-        o = _attend(q if rows is None else q.index_select(2, rows), k, v, bias, scale)
-        if rows is None:
-            return o
-        out = (q.new_empty(n, kv_heads * g, d) if out is None else out).index_put((rows,), o)
-    return out
-
-
 def layers_block(h, cos, sin, slots, keys, values, groups, layers, shape):
     """Layers of a Llama-family model over h [n, H]; writes each layer's keys and values [Hkv,
     capacity, d] at `slots`. `layers`: per layer (attn_norm, q_norm, k_norm, qkv, o, mlp_norm,
@@ -85,7 +66,11 @@ def layers_block(h, cos, sin, slots, keys, values, groups, layers, shape):
         k = k * cos + torch.cat((-k[..., half:], k[..., :half]), dim=-1) * sin
         k_cache[:, slots] = k.transpose(0, 1)
         v_cache[:, slots] = v.transpose(0, 1)
-        a = attention(q.transpose(0, 1).reshape(kv_heads, heads // kv_heads, n, d), k_cache, v_cache, groups, scale)
+        q = q.transpose(0, 1).reshape(kv_heads, heads // kv_heads, n, d)
+        if len(groups[0]) == 1:  # one row over the cache's first slots
+            a = prefix_attention(q.view(1, heads, 1, d), k_cache[None], v_cache[None], groups[0][0], scale)
+        else:
+            a = grouped_attention(q, k_cache, v_cache, groups, scale)
         h = h + int8_linear(a.reshape(n, heads * d), o)
         x = F.rms_norm(h, h.shape[-1:], mlp_norm, eps)
         gate, up = int8_linear(x, gate_up).chunk(2, dim=-1)
@@ -111,7 +96,7 @@ class CompiledLayers:
             )
             for layer in layers
         ]
-        self.blocks = [weights[i : i + BLOCK] for i in range(0, len(weights), BLOCK)]
+        self.layers = weights  # run BLOCK at a time
         # only the sizes `forward` marks are dynamic: weights keep static shapes, shared by every block,
         # and a second model compiled in the process (a draft) gets graphs of its own shapes
         self.run_block = torch.compile(layers_block, fullgraph=True, dynamic=False)
@@ -125,7 +110,7 @@ class CompiledLayers:
         if n == 1 and mask is None:
             groups = ((prefix_bias(end, kv_heads, h.device),),)
         else:
-            groups = tuple(_groups(mask, n, end, kv_heads, h.device))
+            groups = tuple(row_groups(mask, n, end, kv_heads, h.device))
             if n == 1:  # one row in a tree forward: run it twice (see `at_least_two`)
                 h, cos, sin, slots = (torch.cat([x, x]) for x in (h, cos, sin, slots))
                 groups = tuple(at_least_two(None, idx, bias, kv_heads) for _, idx, bias in groups)
@@ -138,15 +123,11 @@ class CompiledLayers:
             varying += [(x, 0) for g in groups for x in g if x is not None]
         for tensor, dim in varying:
             torch._dynamo.mark_dynamic(tensor, dim)
-        outputs, i = [], 0
-        for block in self.blocks:
-            keys = [cache.layers[j].keys[0] for j in range(i, i + len(block))]
-            values = [cache.layers[j].values[0] for j in range(i, i + len(block))]
-            for tensor in keys + values:
-                torch._dynamo.mark_dynamic(tensor, 1)  # the capacity grows
-            h, hs = self.run_block(h, cos, sin, slots, keys, values, groups, block, self.shape)
+        outputs = []
+        for i in range(0, len(self.layers), BLOCK):
+            layers, keys, values = self.layers[i : i + BLOCK], cache.k[i : i + BLOCK], cache.v[i : i + BLOCK]
+            h, hs = self.run_block(h, cos, sin, slots, keys, values, groups, layers, self.shape)
             outputs += hs
-            i += len(block)
         if len(h) > n:
             h, outputs = h[:n], [x[:n] for x in outputs]
         return h, outputs
