@@ -3,7 +3,7 @@
 Eager, a one-token forward of the default target spends more time between its int8 products than in
 them: ~600 small ops at microseconds each, and fbgemm's own set-up in each of its 121 calls. Here
 blocks of BLOCK layers run as graphs compiled by inductor, which fuses the norms, rotary, residuals
-and quantization into a few loops, with the products as `torch._int_mm` (int8 x int8 -> int32).
+and quantization into a few loops, with the products int8 x int8 -> int32 (dyspec.models.int8_mm).
 
 Exactness needs a row's result to be the same whatever rows share the forward (dyspec.models.quant),
 and here it is by construction:
@@ -28,31 +28,32 @@ import torch.nn.functional as F
 from tqdm.auto import tqdm
 
 from dyspec.core.attention import grouped_attention, prefix_attention, prefix_bias, row_groups
+from dyspec.models.int8_mm import int8_mm, int8_operands
 from dyspec.models.quant import Int8Linear
 
 BLOCK = 5  # layers per graph: one graph call costs ~80 us, and a longer graph takes longer to trace
 MAX_ROWS = 256  # longer forwards (a prompt) run eager
 
 
-def int8_operands(linear: Int8Linear) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
-    """An Int8Linear's weights as `torch._int_mm` reads them: int8 [in, out] (a transposed view: the
-    fastest layout measured at one row), per-channel scales / 127, and the bias."""
+def linear_operands(linear: Int8Linear) -> tuple:
+    """An Int8Linear's weights as `int8_linear` reads them: the int8 product's operands
+    (dyspec.models.int8_mm), per-channel scales / 127, and the bias."""
     weight = torch.ops.quantized.linear_unpack(linear._packed)[0]
-    return weight.int_repr().t(), weight.q_per_channel_scales().float() / 127, linear.bias
+    return *int8_operands(weight.int_repr()), weight.q_per_channel_scales().float() / 127, linear.bias
 
 
 def int8_linear(x: torch.Tensor, operands: tuple) -> torch.Tensor:
     """x [n, in] @ weight.T + bias, x quantized per row to int8."""
-    wt, scale, bias = operands
+    weight, comp, scale, bias = operands
     amax = x.abs().amax(dim=1, keepdim=True).clamp_min(1e-12)
-    y = torch._int_mm(torch.round(x * (127 / amax)).to(torch.int8), wt).float() * amax * scale
+    y = int8_mm(torch.round(x * (127 / amax)).to(torch.int8), weight, comp).float() * amax * scale
     return y if bias is None else y + bias
 
 
 def layers_block(h, cos, sin, slots, keys, values, groups, layers, shape):
     """Layers of a Llama-family model over h [n, H]; writes each layer's keys and values [Hkv,
     capacity, d] at `slots`. `layers`: per layer (attn_norm, q_norm, k_norm, qkv, o, mlp_norm,
-    gate_up, down) with int8_operands for the products. Returns h and each layer's output."""
+    gate_up, down) with linear_operands for the products. Returns h and each layer's output."""
     heads, kv_heads, d, eps, scale = shape
     n, half = h.shape[0], d // 2
     outputs = []
@@ -90,9 +91,9 @@ class CompiledLayers:
                 layer.attn_norm,
                 layer.q_norm,
                 layer.k_norm,
-                *(int8_operands(lin) for lin in (layer.qkv, layer.o)),
+                *(linear_operands(lin) for lin in (layer.qkv, layer.o)),
                 layer.mlp_norm,
-                *(int8_operands(lin) for lin in (layer.gate_up, layer.down)),
+                *(linear_operands(lin) for lin in (layer.gate_up, layer.down)),
             )
             for layer in layers
         ]

@@ -1,0 +1,100 @@
+"""An int8 product for decoding forwards: `int8_mm(x, operands)` = x @ W.T in int32, exact.
+
+`torch._int_mm` (oneDNN) reads a one-row product's weights at ~17 GB/s on a 2-core CPU and costs
+2-4x its one-row time at 2-8 rows, which is what makes a token tree cost more than a token. This
+kernel (int8_mm.cpp, AVX-512 VNNI) reads weights packed in the order it uses them once for up to 8
+rows, on every core: ~32 GB/s, and 8 rows cost about what one row costs.
+
+Its sums are int32, exact, so its result equals `torch._int_mm`'s whatever the row count: a CPU
+without AVX-512 VNNI, or a machine where the build fails, runs `torch._int_mm` and gets the same
+numbers. The kernel is compiled on first use with the system's C++ compiler against the installed
+PyTorch (~10 s, once per machine; the library is kept in dyspec's cache folder).
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import os
+import platform
+import subprocess
+import sys
+import warnings
+from pathlib import Path
+
+import torch
+from filelock import FileLock
+
+from dyspec.models.cache import cache_dir
+
+PANEL = 32  # outputs per packed panel, as in int8_mm.cpp
+SOURCE = Path(__file__).with_suffix(".cpp")
+FLAGS = {"avx512f", "avx512bw", "avx512_vnni"}
+
+
+@functools.cache
+def kernel_available() -> bool:
+    """Whether `dyspec::int8_mm` runs here: an x86 CPU with AVX-512 VNNI and a C++ compiler that
+    builds it (built now if not yet)."""
+    cpuinfo = Path("/proc/cpuinfo")
+    if platform.machine() != "x86_64" or not cpuinfo.exists() or not FLAGS <= set(cpuinfo.read_text().split()):
+        return False
+    try:
+        torch.ops.load_library(str(build()))
+    except (OSError, subprocess.CalledProcessError) as e:
+        detail = e.stderr.decode()[-2000:] if isinstance(e, subprocess.CalledProcessError) else str(e)
+        warnings.warn(f"dyspec's int8 kernel did not build; int8 products run torch._int_mm:\n{detail}", stacklevel=2)
+        return False
+    return True
+
+
+def build() -> Path:
+    """The kernel's shared library, compiled once per source, PyTorch and Python version."""
+    from torch.utils.cpp_extension import include_paths, library_paths
+
+    key = hashlib.sha256(SOURCE.read_bytes() + f"{torch.__version__} {sys.version}".encode()).hexdigest()[:16]
+    out = cache_dir() / "kernels" / f"int8_mm-{key}.so"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with FileLock(f"{out}.lock"):  # test workers, an app and a notebook may build at once
+        if not out.exists():
+            tmp = out.with_name(f"{out.name}.tmp{os.getpid()}")
+            abi = int(torch._C._GLIBCXX_USE_CXX11_ABI)
+            cmd = [os.environ.get("CXX", "c++"), "-O3", "-std=c++17", "-shared", "-fPIC", "-fopenmp"]
+            cmd += ["-mavx512f", "-mavx512bw", "-mavx512vnni", f"-D_GLIBCXX_USE_CXX11_ABI={abi}"]
+            cmd += [f"-I{p}" for p in include_paths()] + [str(SOURCE), "-o", str(tmp)]
+            cmd += [f"-L{p}" for p in library_paths()] + ["-lc10", "-ltorch_cpu"]
+            subprocess.run(cmd, check=True, capture_output=True)
+            tmp.replace(out)
+    return out
+
+
+def packable(weight: torch.Tensor) -> bool:
+    out_features, in_features = weight.shape
+    return out_features % PANEL == 0 and in_features % 4 == 0
+
+
+def int8_operands(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """An int8 weight [N, K] as `int8_mm` reads it: packed [N / 32, K / 4, 32, 4] with 128 * its row
+    sums (the kernel's offset, see int8_mm.cpp), where the kernel runs and the shape suits it; else
+    its transpose for `torch._int_mm` (the fastest layout measured at one row) and None."""
+    if not (kernel_available() and packable(weight)):
+        return weight.t(), None
+    n, k = weight.shape
+    packed = weight.view(n // PANEL, PANEL, k // 4, 4).permute(0, 2, 1, 3).contiguous()
+    return packed, 128 * weight.sum(1, dtype=torch.int32)
+
+
+def int8_mm(x: torch.Tensor, weight: torch.Tensor, comp: torch.Tensor | None) -> torch.Tensor:
+    """x [M, K] int8 @ the weight `int8_operands` gave: int32 [M, N], exact."""
+    if comp is None:
+        return torch._int_mm(x, weight)
+    return torch.ops.dyspec.int8_mm(x, weight, comp)
+
+
+_library = torch.library.Library("dyspec", "DEF")
+_library.define("int8_mm(Tensor x, Tensor w, Tensor comp) -> Tensor")
+
+
+@torch.library.register_fake("dyspec::int8_mm")
+def _(x: torch.Tensor, weight: torch.Tensor, comp: torch.Tensor) -> torch.Tensor:
+    return x.new_empty(x.shape[0], comp.shape[0], dtype=torch.int32)

@@ -1,0 +1,60 @@
+"""dyspec's int8 product (dyspec.models.int8_mm): exact int32 sums, the same as torch._int_mm's for
+every row count, and a clear fallback where the kernel does not run."""
+
+import pytest
+import torch
+
+from dyspec.models import int8_mm as kernel
+
+needs_kernel = pytest.mark.skipif(not kernel.kernel_available(), reason="the CPU lacks AVX-512 VNNI")
+
+
+@needs_kernel
+@pytest.mark.parametrize("rows", [1, 2, 7, 8, 9, 17])
+@pytest.mark.parametrize(("n", "k"), [(32, 4), (960, 576), (576, 1536)])
+def test_the_kernel_is_torch_int_mm_bit_for_bit(rows, n, k):
+    """Every row count, one pass of rows or several, full int8 range (-128 included)."""
+    g = torch.Generator().manual_seed(rows * n + k)
+    weight = torch.randint(-128, 128, (n, k), dtype=torch.int8, generator=g)
+    x = torch.randint(-128, 128, (rows, k), dtype=torch.int8, generator=g)
+    packed, comp = kernel.int8_operands(weight)
+    assert comp is not None and packed.shape == (n // kernel.PANEL, k // 4, kernel.PANEL, 4)
+    assert torch.equal(kernel.int8_mm(x, packed, comp), torch._int_mm(x, weight.t()))
+
+
+@needs_kernel
+def test_a_row_does_not_depend_on_its_batch_mates():
+    g = torch.Generator().manual_seed(0)
+    weight = torch.randint(-128, 128, (64, 32), dtype=torch.int8, generator=g)
+    x = torch.randint(-128, 128, (12, 32), dtype=torch.int8, generator=g)
+    ops = kernel.int8_operands(weight)
+    together = kernel.int8_mm(x, *ops)
+    assert all(torch.equal(together[i : i + 1], kernel.int8_mm(x[i : i + 1], *ops)) for i in range(12))
+
+
+def test_shapes_the_kernel_does_not_pack_run_torch_int_mm():
+    weight = torch.randint(-128, 128, (40, 32), dtype=torch.int8)  # 40 outputs: not a whole panel
+    x = torch.randint(-128, 128, (3, 32), dtype=torch.int8)
+    operands = kernel.int8_operands(weight)
+    assert operands[1] is None
+    assert torch.equal(kernel.int8_mm(x, *operands), torch._int_mm(x, weight.t()))
+
+
+@needs_kernel
+def test_the_kernel_names_what_it_was_given():
+    weight = torch.randint(-128, 128, (64, 32), dtype=torch.int8)
+    packed, comp = kernel.int8_operands(weight)
+    with pytest.raises(RuntimeError, match="x: a contiguous int8"):
+        kernel.int8_mm(torch.zeros(2, 32), packed, comp)
+    with pytest.raises(RuntimeError, match="w: packed int8"):
+        kernel.int8_mm(torch.zeros(2, 16, dtype=torch.int8), packed, comp)
+
+
+@needs_kernel
+def test_a_failed_build_warns_and_products_run_torch_int_mm(monkeypatch, tmp_path):
+    """A machine whose compiler fails: a warning, no kernel, nothing half-written in the cache."""
+    monkeypatch.setenv("DYSPEC_CACHE", str(tmp_path))
+    monkeypatch.setenv("CXX", "false")
+    with pytest.warns(UserWarning, match="did not build; int8 products run torch._int_mm"):
+        assert kernel.kernel_available.__wrapped__() is False
+    assert not [p for p in (tmp_path / "kernels").iterdir() if not p.name.endswith(".lock")]
