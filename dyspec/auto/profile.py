@@ -33,15 +33,15 @@ CONTEXT = 100  # cached tokens behind the profile's forwards
 # keys, a tree token costs more behind a longer context (t(8) - t(1) = 6.7 ms at 100 cached
 # tokens, 14.0 at 300), and `--budget auto` reads t(n) at each step's context (`cost.profile_at`)
 LONG_CONTEXT, LONG_SIZES = 400, (1, 2, 4, 8, 16, 32, 64)
-METHOD = 4  # how `forward_ms` measures: a change makes saved profiles stale (`profile_path`)
+METHOD = 5  # how `forward_ms` measures: a change makes saved profiles stale (`profile_path`)
 
 
 def forward_ms(
     model: PreTrainedModel, sizes=DEFAULT_SIZES, context: int = CONTEXT, repeats: int = 9, fast_path: str = "off"
 ) -> dict[int, float]:
     """Median wall milliseconds of a forward of n tokens after `context` cached tokens, with a tree
-    mask for n > 1 as the engine sends it, on the engine's `fast_path` (dyspec.core.static).
-    Sizes take turns within each round, so a slow spell of a shared machine hits all of them alike."""
+    mask for n > 1 as the engine sends it, on the engine's `fast_path` (dyspec.core.static), timed
+    as `median_ms` times it."""
     g = torch.Generator().manual_seed(0)
     vocab = model.config.vocab_size
     kv = open_session(model, fast_path, "profile", context + bucket(max(sizes)))
@@ -70,18 +70,22 @@ def median_ms(
     g: torch.Generator | None = None,
 ) -> dict[int, float]:
     """Median wall milliseconds of `forward(tokens)` for n random tokens per size n, `undo()` (its
-    tokens leave the cache) untimed after each. Sizes take turns within each round, so a slow spell
-    of a shared machine hits all of them alike; two warm-up rounds."""
+    tokens leave the cache) untimed after each; one warm-up round. Sizes take turns within each
+    round, so a slow spell of a shared machine hits all of them alike, and each turn times the
+    second of two forwards of its size, as decoding runs them: on the compiled int8 forward a
+    one-token forward right after one of 80 tokens took 11-12 ms against 9 after another of one,
+    and `--budget auto` took the difference for what a step of `ar` costs."""
     g = g or torch.Generator().manual_seed(0)
     times = {n: [] for n in sizes}
-    for round_ in range(repeats + 2):
+    for round_ in range(repeats + 1):
         for n in sizes:
-            tokens = torch.randint(vocab, (n,), generator=g).tolist()
-            t = time.perf_counter()
-            forward(tokens)
-            if round_ >= 2:
-                times[n].append((time.perf_counter() - t) * 1000)
-            undo()
+            for timed in (False, True):
+                tokens = torch.randint(vocab, (n,), generator=g).tolist()
+                t = time.perf_counter()
+                forward(tokens)
+                if timed and round_ >= 1:
+                    times[n].append((time.perf_counter() - t) * 1000)
+                undo()
     return {n: statistics.median(ms) for n, ms in times.items()}
 
 
