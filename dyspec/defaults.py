@@ -28,7 +28,7 @@ class Defaults:
 BENCH_POLICIES = ("ar", "chain", "dyspec", "lookup")  # what `dyspec bench` compares without --policies
 
 DEFAULTS = {
-    "cpu": Defaults("lookup", 2, (1, 2, 4, "auto"), fast_path="lean"),
+    "cpu": Defaults("lookup", 2, (1, 2, 4, "auto"), fast_path="compiled"),
     "cuda": Defaults("dyspec", 64, (4, 16, 64, "auto")),
 }
 UNMEASURED = Defaults("dyspec", 8, (2, 8, 32, "auto"))  # a device no bench has run on yet (mps)

@@ -227,10 +227,10 @@ def test_an_eagle3_checkpoint_that_does_not_fit_is_a_clear_error(tmp_path, renam
 @pytest.mark.parametrize("write", [write_eagle_checkpoint, write_eagle3_checkpoint], ids=["eagle", "eagle3"])
 def test_an_eagle_draft_runs_beside_the_default_target(default_pair, tmp_path, write):
     """`--draft eagle:PATH` through `load_pair`, as a user runs it on a CPU: the int8 target on the
-    lean forward, the draft in int8 too; greedy output identical to `ar`."""
+    compiled forward, the draft in int8 too; greedy output identical to `ar`."""
     write(tmp_path, default_pair.target)
     pair = load_pair(draft=f"eagle:{tmp_path}")
-    assert pair.precision == "int8" and pair.fast_path == "lean" and pair.draft_name == f"eagle:{tmp_path}"
+    assert pair.precision == "int8" and pair.fast_path == "compiled" and pair.draft_name == f"eagle:{tmp_path}"
     prompt = "List three tips for staying focused while studying."
     ar = generate(pair, prompt, policy="ar", max_new_tokens=16).token_ids
     r = generate(pair, prompt, policy="dyspec", budget=8, max_new_tokens=16)

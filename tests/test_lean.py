@@ -24,6 +24,7 @@ from dyspec.errors import DyspecError
 from dyspec.models import check_lean, load_pair
 from dyspec.models import lean as lean_module
 from dyspec.models.lean import LeanForward, lean_forward, lean_unsupported
+from dyspec.models.loading import pick_fast_path
 
 from .conftest import PROMPTS
 from .tiny import tiny_model, tiny_pair
@@ -110,8 +111,15 @@ def test_a_model_the_lean_forward_does_not_cover_runs_the_reference_with_a_note(
 
 
 @CPU_DEFAULT
-def test_the_cpu_default_runs_the_lean_forward(default_pair):
-    assert default_pair.fast_path == "lean"
+def test_the_cpu_default_runs_the_compiled_int8_forward_where_it_can(default_pair, monkeypatch):
+    """Compiled measured fastest with int8 layers; fp32, or a machine with no C++ compiler for
+    torch.compile, gets the lean forward."""
+    assert default_pair.fast_path == "compiled" and default_pair.precision == "int8"
+    cpu = torch.device("cpu")
+    assert pick_fast_path("auto", cpu, "fp32") == "lean"
+    monkeypatch.setenv("CXX", "no-such-compiler")
+    assert pick_fast_path("auto", cpu, "int8") == "lean"
+    assert pick_fast_path("compiled", cpu, "int8") == "compiled"  # asked for by name: as asked
     assert load_pair(precision="fp32", fast_path="off").fast_path == "off"
 
 

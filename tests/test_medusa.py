@@ -134,10 +134,10 @@ def test_medusa_heads_are_greedy_exact(tmp_path, policy, budget, options):
 
 def test_medusa_heads_run_beside_the_default_target(default_pair, tmp_path):
     """`--draft medusa:PATH` through `load_pair`, as a user runs it on a CPU: the int8 target on the
-    lean forward, the heads in int8 too; greedy output identical to `ar`."""
+    compiled forward, the heads in int8 too; greedy output identical to `ar`."""
     write_medusa_checkpoint(tmp_path, default_pair.target, heads=2)
     pair = load_pair(draft=f"medusa:{tmp_path}")
-    assert pair.precision == "int8" and pair.fast_path == "lean" and pair.draft_name == f"medusa:{tmp_path}"
+    assert pair.precision == "int8" and pair.fast_path == "compiled" and pair.draft_name == f"medusa:{tmp_path}"
     prompt = "List three tips for staying focused while studying."
     ar = generate(pair, prompt, policy="ar", max_new_tokens=16).token_ids
     r = generate(pair, prompt, policy="dyspec", budget=8, max_new_tokens=16)

@@ -283,11 +283,16 @@ class LeanForward(nn.Module):
         return CausalLMOutputWithPast(logits=self.lm_head.forward(h)[None], hidden_states=hidden_states)
 
 
-def lean_forward(model: PreTrainedModel) -> LeanForward:
-    """The model's lean forward, made once and kept on the model."""
-    lean = model.__dict__.get("_dyspec_lean")
+def lean_forward(model: PreTrainedModel, compiled: bool = False) -> LeanForward:
+    """The model's lean forward, eager or with its layers compiled (`compile_layers`), each made
+    once and kept on the model: one model may run both in a process (a test, a comparison)."""
+    key = "_dyspec_compiled" if compiled else "_dyspec_lean"
+    lean = model.__dict__.get(key)
     if lean is None:
-        lean = model.__dict__["_dyspec_lean"] = LeanForward(model)
+        lean = LeanForward(model)
+        if compiled:
+            lean.compile_layers()
+        model.__dict__[key] = lean
     return lean
 
 
@@ -301,6 +306,4 @@ def runner(model: nn.Module, fast_path: str) -> nn.Module:
         return lean_forward(model)
     if not isinstance(getattr(model, "lm_head", None), Int8Linear):  # quantize_int8 converts every Linear
         return model
-    lean = lean_forward(model)
-    lean.compile_layers()
-    return lean
+    return lean_forward(model, compiled=True)

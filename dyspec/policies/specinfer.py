@@ -12,17 +12,30 @@ from dyspec.core.tree import Tree
 from dyspec.errors import DyspecError
 
 
-def parse_expansion(expansion: str | list[int] | None, budget: int) -> list[int]:
-    """Children per node at each depth, e.g. "2,2,1". The default is 2 at the root, then chains,
-    as many levels as the budget allows."""
-    if expansion is None:
-        return [min(2, budget)] + [1] * (budget // 2 - 1)
+def expansion_widths(expansion: str | list[int]) -> list[int]:
+    """Children per node at each depth, from "2,2,1" or [2, 2, 1]."""
     try:
         widths = [int(w) for w in (expansion.split(",") if isinstance(expansion, str) else expansion)]
     except ValueError:
         raise DyspecError(f"expansion must be children per depth like 2,2,1; got '{expansion}'") from None
     if not widths or min(widths) < 1:
         raise DyspecError(f"expansion must be positive children counts like 2,2,1; got '{expansion}'")
+    return widths
+
+
+def prepare(pair, temperature: float, options: dict) -> dict:
+    """The expansion checked before any model runs (a first generation may compile for a minute)."""
+    if options.get("expansion") is not None:
+        expansion_widths(options["expansion"])
+    return options
+
+
+def parse_expansion(expansion: str | list[int] | None, budget: int) -> list[int]:
+    """Children per node at each depth, e.g. "2,2,1". The default is 2 at the root, then chains,
+    as many levels as the budget allows."""
+    if expansion is None:
+        return [min(2, budget)] + [1] * (budget // 2 - 1)
+    widths = expansion_widths(expansion)
     size, level = 0, 1
     for w in widths:
         level *= w
@@ -86,4 +99,11 @@ def _expand(
     return children
 
 
-POLICY = Policy("specinfer", build, needs_draft=True, multi_draft=True, auto=AutoNeeds(shape_options=("expansion",)))
+POLICY = Policy(
+    "specinfer",
+    build,
+    needs_draft=True,
+    multi_draft=True,
+    prepare=prepare,
+    auto=AutoNeeds(shape_options=("expansion",)),
+)

@@ -17,7 +17,7 @@ EXAMPLES = [
     Example(
         "A list",
         "List the twelve months of the year, one per line.",
-        "Trees pay most: a familiar, repetitive sequence (this small target dates each month) that the draft "
+        "Trees pay well: a familiar, repetitive sequence (this small target dates each month) that the draft "
         "predicts almost as well as the target, so deep paths are accepted.",
     ),
     Example(
@@ -26,15 +26,15 @@ EXAMPLES = [
         "Teh library opens at nine in the morning and closes at six in the evening. Visitors can borow "
         "up to five books at a time, and each book can be kept for two weeks. Late returns cost ten "
         "cents a day.",
-        "Trees pay well while the answer copies the passage; this small target then shortens the last "
-        "sentences and changes their facts, and the copying stops there.",
+        "Trees pay most: this small target copies the passage back whole, typos included, and text already "
+        "in the prompt is what drafts predict best, so the longest paths are accepted.",
     ),
     Example(
         "Edit code",
         "Rename the variable x to total in this Python function and return the whole function:\n\n"
         "def add_all(items):\n    x = 0\n    for item in items:\n        x = x + item\n    return x",
-        "Trees pay well on the copied code; this small target rewrites the function instead of renaming the "
-        "variable, then explains itself in predictable sentences.",
+        "Trees pay well on predictable sentences: this small target says it renamed the variable instead of "
+        "returning the function, then explains itself.",
     ),
     Example(
         "Arithmetic",
