@@ -87,12 +87,13 @@ def add_model_args(p: argparse.ArgumentParser, with_draft: bool = True) -> None:
         "--fast-path",
         default="auto",
         choices=("auto", *FAST_PATHS),
-        help="auto (default): lean on a CPU, off elsewhere. lean: dyspec's own forward for the Llama family "
-        "(fused products, a preallocated cache; other models run off). off: "
-        "the Hugging Face forward over a growing cache, the reference. static: a preallocated cache written "
-        "in place and forwards at bucketed sizes; compiled: static, each bucket's forward compiled once (CUDA "
-        "graphs on a GPU; cached across runs); with int8 on a CPU, the lean forward's layers compiled: "
-        "~1.27x faster per token once compiled, 7-45 s of compiling at a process's first generation",
+        help="auto (default): compiled on a CPU with int8 layers (lean at fp32 or without a C++ compiler), off "
+        "elsewhere. lean: dyspec's own forward for the Llama family (fused products, a preallocated cache; "
+        "other models run off). off: the Hugging Face forward over a growing cache, the reference. static: a "
+        "preallocated cache written in place and forwards at bucketed sizes; compiled: static, each bucket's "
+        "forward compiled once (CUDA graphs on a GPU; cached across runs); with int8 on a CPU, the lean "
+        "forward's layers compiled with dyspec's int8 kernel: ~1.75x lean's speed, 7-45 s of compiling at a "
+        "process's first generation",
     )
 
 
