@@ -69,21 +69,21 @@ def median_ms(
     repeats: int = 9,
     g: torch.Generator | None = None,
 ) -> dict[int, float]:
-    """Median wall milliseconds of `forward(tokens)` for n random tokens per size n, `undo()` (its
-    tokens leave the cache) untimed after each; one warm-up round. Sizes take turns within each
-    round, so a slow spell of a shared machine hits all of them alike, and each turn times the
-    second of two forwards of its size, as decoding runs them: on the compiled int8 forward a
-    one-token forward right after one of 80 tokens took 11-12 ms against 9 after another of one,
-    and `--budget auto` took the difference for what a step of `ar` costs."""
+    """Median wall milliseconds of `forward(tokens)` for n random tokens per size n (at least
+    `repeats` of them), `undo()` (its tokens leave the cache) untimed after each. Sizes take turns
+    within each round, so a slow spell of a shared machine hits all of them alike, and a turn is an
+    untimed forward of its size, then two timed ones, as decoding runs them: on the compiled int8
+    forward a one-token forward right after one of 80 tokens took 11-12 ms against 9 after another
+    of one, and `--budget auto` took the difference for what a step of `ar` costs."""
     g = g or torch.Generator().manual_seed(0)
     times = {n: [] for n in sizes}
-    for round_ in range(repeats + 1):
+    for _ in range(-(-repeats // 2)):
         for n in sizes:
-            for timed in (False, True):
+            for timed in (False, True, True):
                 tokens = torch.randint(vocab, (n,), generator=g).tolist()
                 t = time.perf_counter()
                 forward(tokens)
-                if timed and round_ >= 1:
+                if timed:
                     times[n].append((time.perf_counter() - t) * 1000)
                 undo()
     return {n: statistics.median(ms) for n, ms in times.items()}
