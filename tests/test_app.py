@@ -41,7 +41,9 @@ def server(tmp_path_factory):
         )
     proc.log = log
     url = f"http://127.0.0.1:{port}/"
-    deadline = time.time() + 240
+    # a fresh machine compiles the int8 forward before the app's warm-up generations: about 45 s
+    # alone, longer beside another test worker
+    deadline = time.time() + 420
     while time.time() < deadline:
         if proc.poll() is not None:
             pytest.fail(f"app exited: {log.read_text()}")
