@@ -24,6 +24,7 @@ from pathlib import Path
 
 import torch
 from filelock import FileLock
+from tqdm.auto import tqdm
 
 from dyspec.models.cache import cache_dir
 
@@ -63,7 +64,9 @@ def build() -> Path:
             cmd += ["-mavx512f", "-mavx512bw", "-mavx512vnni", f"-D_GLIBCXX_USE_CXX11_ABI={abi}"]
             cmd += [f"-I{p}" for p in include_paths()] + [str(SOURCE), "-o", str(tmp)]
             cmd += [f"-L{p}" for p in library_paths()] + ["-lc10", "-ltorch_cpu"]
-            subprocess.run(cmd, check=True, capture_output=True)
+            with tqdm(total=1, desc="building dyspec's int8 kernel (once per machine)") as bar:
+                subprocess.run(cmd, check=True, capture_output=True)
+                bar.update()
             tmp.replace(out)
     return out
 
