@@ -23,7 +23,7 @@ from dyspec.decode.engine import encode_prompt
 from dyspec.errors import DyspecError
 from dyspec.models import check_lean, load_pair
 from dyspec.models import lean as lean_module
-from dyspec.models.lean import LeanForward, lean_forward, lean_unsupported
+from dyspec.models.lean import lean_forward, lean_unsupported
 from dyspec.models.loading import pick_fast_path
 
 from .conftest import PROMPTS
@@ -75,7 +75,7 @@ def test_lean_logits_are_the_hugging_face_forwards(precision, pair, default_pair
 
 def test_a_wrong_rotary_fails_the_reference_comparison(pair, monkeypatch):
     """The comparison can fail: a rotary that drops its sine half is caught."""
-    monkeypatch.setattr(LeanForward, "_rotate", lambda self, x, cos, sin: x * cos)
+    monkeypatch.setattr(lean_module.lean_graph, "rotate", lambda x, cos, sin: x * cos)
     with pytest.raises(AssertionError):
         check_against_reference(pair.target, encode_prompt(pair, PROMPTS[3])[:-1], atol=1e-4)
 

@@ -17,6 +17,7 @@ import functools
 import hashlib
 import os
 import platform
+import shutil
 import subprocess
 import sys
 import warnings
@@ -27,6 +28,7 @@ from filelock import FileLock
 from tqdm.auto import tqdm
 
 from dyspec.models.cache import cache_dir
+from dyspec.models.quant import cpu_flags
 
 PANEL = 32  # outputs per packed panel, as in int8_mm.cpp
 SOURCE = Path(__file__).with_suffix(".cpp")
@@ -37,8 +39,7 @@ FLAGS = {"avx512f", "avx512bw", "avx512_vnni"}
 def kernel_available() -> bool:
     """Whether `dyspec::int8_mm` runs here: an x86 CPU with AVX-512 VNNI and a C++ compiler that
     builds it (built now if not yet)."""
-    cpuinfo = Path("/proc/cpuinfo")
-    if platform.machine() != "x86_64" or not cpuinfo.exists() or not FLAGS <= set(cpuinfo.read_text().split()):
+    if platform.machine() != "x86_64" or not FLAGS <= cpu_flags():
         return False
     try:
         torch.ops.load_library(str(build()))
@@ -60,7 +61,10 @@ def build() -> Path:
         if not out.exists():
             tmp = out.with_name(f"{out.name}.tmp{os.getpid()}")
             abi = int(torch._C._GLIBCXX_USE_CXX11_ABI)
-            cmd = [os.environ.get("CXX", "c++"), "-O3", "-std=c++17", "-shared", "-fPIC", "-fopenmp"]
+            cxx = cpp_compiler()
+            if cxx is None:
+                raise OSError("no C++ compiler found (c++, g++, clang++ or $CXX)")
+            cmd = [cxx, "-O3", "-std=c++17", "-shared", "-fPIC", "-fopenmp"]
             cmd += ["-mavx512f", "-mavx512bw", "-mavx512vnni", f"-D_GLIBCXX_USE_CXX11_ABI={abi}"]
             cmd += [f"-I{p}" for p in include_paths()] + [str(SOURCE), "-o", str(tmp)]
             cmd += [f"-L{p}" for p in library_paths()] + ["-lc10", "-ltorch_cpu"]
@@ -69,6 +73,13 @@ def build() -> Path:
                 bar.update()
             tmp.replace(out)
     return out
+
+
+def cpp_compiler() -> str | None:
+    """The C++ compiler of this machine, which torch.compile and this kernel build with: $CXX, or
+    the first of c++, g++ and clang++ found."""
+    names = [os.environ["CXX"]] if os.environ.get("CXX") else ["c++", "g++", "clang++"]
+    return next(filter(None, map(shutil.which, names)), None)
 
 
 def packable(weight: torch.Tensor) -> bool:

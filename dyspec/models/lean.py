@@ -25,6 +25,7 @@ from transformers import PreTrainedModel
 from transformers.modeling_outputs import CausalLMOutputWithPast
 
 from dyspec.core.attention import prefix_attention, prefix_bias, rowwise_attention
+from dyspec.models import lean_graph
 from dyspec.models.lean_graph import MAX_ROWS, CompiledLayers, warm_up
 from dyspec.models.quant import Int8Linear, Int8Part
 
@@ -197,11 +198,6 @@ class LeanForward(nn.Module):
         self.cos = (emb.cos() * self.rotary.attention_scaling).to(self.dtype)
         self.sin = (emb.sin() * self.rotary.attention_scaling).to(self.dtype)
 
-    def _rotate(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-        """x [n, heads, d] at the rows' positions: x cos + rotate_half(x) sin, as Hugging Face does."""
-        half = self.head_dim // 2
-        return x * cos + torch.cat((-x[..., half:], x[..., :half]), dim=-1) * sin
-
     def _attend(self, q, keys, values, mask: torch.Tensor | None, start: int, end: int, bias) -> torch.Tensor:
         """q [1, H, n, d] over the first `end` slots of the cache's keys, values [1, Hkv, capacity, d];
         returns [n, H, d]. `bias`: `prefix_bias` for a one-token forward on the exact path."""
@@ -255,7 +251,7 @@ class LeanForward(nn.Module):
             if layer.q_norm is not None:
                 q, k = F.rms_norm(qk[:, :heads], (d,), layer.q_norm, self.eps), qk[:, heads:]
                 qk = torch.cat([q, F.rms_norm(k, (d,), layer.k_norm, self.eps)], dim=1)
-            qk = self._rotate(qk, cos, sin)  # queries and keys in one go: the ops are elementwise
+            qk = lean_graph.rotate(qk, cos, sin)  # queries and keys in one go: the ops are elementwise
             q, k = qk[:, :heads], qk[:, heads:]
             keys, values = cache.layers[i].keys, cache.layers[i].values
             keys[0, :, start:end] = k.transpose(0, 1)

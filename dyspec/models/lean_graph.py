@@ -50,12 +50,18 @@ def int8_linear(x: torch.Tensor, operands: tuple) -> torch.Tensor:
     return y if bias is None else y + bias
 
 
+def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """x [n, heads, d] at the rows' positions: x cos + rotate_half(x) sin, as Hugging Face does."""
+    half = x.shape[-1] // 2
+    return x * cos + torch.cat((-x[..., half:], x[..., :half]), dim=-1) * sin
+
+
 def layers_block(h, cos, sin, slots, keys, values, groups, layers, shape):
     """Layers of a Llama-family model over h [n, H]; writes each layer's keys and values [Hkv,
     capacity, d] at `slots`. `layers`: per layer (attn_norm, q_norm, k_norm, qkv, o, mlp_norm,
     gate_up, down) with linear_operands for the products. Returns h and each layer's output."""
     heads, kv_heads, d, eps, scale = shape
-    n, half = h.shape[0], d // 2
+    n = h.shape[0]
     outputs = []
     for (attn_norm, q_norm, k_norm, qkv, o, mlp_norm, gate_up, down), k_cache, v_cache in zip(layers, keys, values):
         x = F.rms_norm(h, h.shape[-1:], attn_norm, eps)
@@ -63,8 +69,7 @@ def layers_block(h, cos, sin, slots, keys, values, groups, layers, shape):
         q, k, v = y[:, :heads], y[:, heads : heads + kv_heads], y[:, heads + kv_heads :]
         if q_norm is not None:
             q, k = F.rms_norm(q, (d,), q_norm, eps), F.rms_norm(k, (d,), k_norm, eps)
-        q = q * cos + torch.cat((-q[..., half:], q[..., :half]), dim=-1) * sin
-        k = k * cos + torch.cat((-k[..., half:], k[..., :half]), dim=-1) * sin
+        q, k = rotate(q, cos, sin), rotate(k, cos, sin)
         k_cache[:, slots] = k.transpose(0, 1)
         v_cache[:, slots] = v.transpose(0, 1)
         q = q.transpose(0, 1).reshape(kv_heads, heads // kv_heads, n, d)

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import copy
 import importlib.util
-import os
 import shutil
 import warnings
 from pathlib import Path
@@ -24,6 +23,7 @@ from dyspec.core.static import FAST_PATHS
 from dyspec.defaults import defaults_for
 from dyspec.errors import DyspecError
 from dyspec.models.cache import cache_dir
+from dyspec.models.int8_mm import cpp_compiler
 from dyspec.models.lean import lean_unsupported
 from dyspec.models.quant import int8_available
 
@@ -83,12 +83,6 @@ def pick_fast_path(fast_path: str, device: torch.device, precision: str) -> str:
     if device.type == "cpu" and chosen == "compiled" and (precision != "int8" or not cpp_compiler()):
         return "lean"
     return chosen
-
-
-def cpp_compiler() -> str | None:
-    """The C++ compiler torch.compile builds CPU code with, if this machine has one."""
-    names = [os.environ["CXX"]] if os.environ.get("CXX") else ["c++", "g++", "clang++"]
-    return next(filter(None, map(shutil.which, names)), None)
 
 
 def check_lean(fast_path: str, asked: str, model: PreTrainedModel, int8: bool) -> str:

@@ -33,11 +33,16 @@ def int8_available() -> bool:
 
 
 @functools.cache
+def cpu_flags() -> frozenset[str]:
+    """The CPU's feature flags as Linux lists them (empty elsewhere)."""
+    cpuinfo = Path("/proc/cpuinfo")
+    return frozenset(cpuinfo.read_text().split()) if cpuinfo.exists() else frozenset()
+
+
 def _has_vnni() -> bool:
     """Without VNNI, fbgemm's u8 x s8 products go through int16 sums that can saturate, so
     activations must use 7 bits (reduce_range); with VNNI the full 8 bits are safe."""
-    cpuinfo = Path("/proc/cpuinfo")
-    return cpuinfo.exists() and "vnni" in cpuinfo.read_text()
+    return any("vnni" in flag for flag in cpu_flags())
 
 
 class Int8Linear(nn.Module):
