@@ -5,7 +5,7 @@ bf16 on a GPU; draft "auto": the feature draft shipped for the target). The poli
 here, one row per device type, each the fastest in a bench on that device (docs/results/cpu-default.md
 says which runs): on a CPU a forward of n tokens costs more with every n, so small trees win, and
 `lookup` (copies where the context repeats, else one drafted token) at budget 2 edged out `dyspec`
-(1.04x against 0.90x of `ar` on the compiled int8 forward, 1.02x against 1.00x on the lean forward);
+(1.10x against 1.01x of `ar` on the compiled int8 forward, with budget 4 level at 1.11x);
 the compiled int8 forward (dyspec.models.lean_graph) made `ar` 1.75x faster than the eager lean
 forward, which is the fallback (`dyspec.models.loading.pick_fast_path`). On a GPU t(n) is flat up
 to ~64 tokens and the largest tree measured won.
