@@ -302,6 +302,19 @@ def test_every_batch_takes_an_equal_share_of_each_corpus():
     assert batch_windows(corpora[:1], orders[:1], 1, 4) == ["b", "a", "f", "e"]
 
 
+def test_teacher_forcing_in_padded_batches_gives_each_sequences_features(feature_pair, tmp_path):
+    """A GPU teacher-forces several sequences of different lengths as one right-padded forward:
+    each sequence's features are its one-at-a-time ones (to fp32 rounding), padding cut off."""
+    g = torch.Generator().manual_seed(1)
+    seqs = [torch.randint(0, 5, (n,), generator=g).tolist() for n in (9, 4, 12, 7, 1)]
+    alone = load_sequences(collect_features(feature_pair, seqs, tmp_path / "alone"))
+    batched = load_sequences(collect_features(feature_pair, seqs, tmp_path / "batched", batch=3))
+    assert [len(t) for t, _ in batched] == [9, 4, 12, 7, 1]
+    for (tokens, f), (tokens_b, f_b) in zip(alone, batched):
+        assert tokens.tolist() == tokens_b.tolist()
+        torch.testing.assert_close(f_b.float(), f.float(), rtol=2e-3, atol=2e-3)  # stored in fp16
+
+
 def test_collect_features_in_bfloat16_stay_close_to_fp32(feature_pair, tmp_path):
     seqs = torch.randint(0, 5, (3, 9), generator=torch.Generator().manual_seed(0)).tolist()
     exact = load_sequences(collect_features(feature_pair, seqs, tmp_path / "fp32"))
