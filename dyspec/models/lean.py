@@ -235,7 +235,7 @@ class LeanForward(nn.Module):
         cos, sin = self.cos[position_ids[0], None], self.sin[position_ids[0], None]  # [n, 1, d]
         h = self.embed(input_ids[0])
         hidden = [h] if output_hidden_states else None
-        if self.graph is not None and start and n <= MAX_ROWS:
+        if self.graph is not None and (n <= MAX_ROWS if start else mask is None):
             h, outputs = self.graph.forward(h, cos, sin, cache, start, mask)
             if hidden is not None:
                 hidden += outputs
