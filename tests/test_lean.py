@@ -23,11 +23,11 @@ from dyspec.decode.engine import encode_prompt
 from dyspec.errors import DyspecError
 from dyspec.models import check_lean, load_pair
 from dyspec.models import lean as lean_module
-from dyspec.models.lean import lean_forward, lean_unsupported
+from dyspec.models.lean import is_lean, lean_forward, lean_unsupported, runner
 from dyspec.models.loading import pick_fast_path
 
 from .conftest import PROMPTS
-from .tiny import tiny_model, tiny_pair
+from .tiny import tiny_feature_pair, tiny_model, tiny_pair
 
 SMALL = dict(vocab_size=50, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4)
 
@@ -80,6 +80,46 @@ def test_a_wrong_rotary_fails_the_reference_comparison(pair, monkeypatch):
         check_against_reference(pair.target, encode_prompt(pair, PROMPTS[3])[:-1], atol=1e-4)
 
 
+def draft_forwards(draft, lean: bool, prompt: list[int], tree: Tree) -> list[torch.Tensor]:
+    """A feature draft's logits and predicted features for a prompt, a tree after it and a step
+    after committing a path, on random target features: its lean layers or its Hugging Face ones."""
+    g = torch.Generator().manual_seed(0)
+    features = torch.randn(len(prompt) + len(tree), draft.feature_size, generator=g)
+    if lean:
+        draft.use_lean()
+    kv = KVSession(draft, keep_hidden=True, cache=draft.cache_for("reference") if lean else None)
+    out = [kv.append(prompt, features=features[: len(prompt)]), kv.hidden]
+    tree_features = features[len(prompt) :, : draft.config.hidden_size]  # its own predictions, in a tree
+    out.append(
+        kv.forward(tree.tokens, [kv.length + d for d in tree.depths], tree.ancestor_mask(), features=tree_features)
+    )
+    out.append(kv.hidden)
+    kv.commit([kv.length + i for i in tree.path(len(tree) - 1)])
+    out.append(kv.forward([tree.tokens[1]], features=features[:1]))
+    return out
+
+
+def check_draft_against_reference(draft, atol: float) -> None:
+    prompt = [1, 4, 2, 3, 0, 4, 4, 1, 2]
+    tree = random_tree(prompt[-1], draft.config.vocab_size)
+    for lean, reference in zip(draft_forwards(draft, True, prompt, tree), draft_forwards(draft, False, prompt, tree)):
+        torch.testing.assert_close(lean, reference, atol=atol, rtol=0)
+
+
+@pytest.mark.parametrize("precision", ["fp32", pytest.param("int8", marks=CPU_DEFAULT)])
+def test_a_feature_drafts_lean_layers_are_its_hugging_face_layers(precision, monkeypatch):
+    """On the lean and compiled paths a feature draft decodes with its layers run lean: the same
+    logits and predicted features as its Hugging Face layers (int8: bit for bit; fp32: fused q/k/v
+    and gate/up round differently, 1e-4 as for targets). A rotary that drops its sine half is caught."""
+    draft = tiny_feature_pair().draft
+    if precision == "int8":
+        draft.quantize_int8()
+    check_draft_against_reference(draft, atol=1e-4 if precision == "fp32" else 0)
+    monkeypatch.setattr(lean_module.lean_graph, "rotate", lambda x, cos, sin: x * cos)
+    with pytest.raises(AssertionError):
+        check_draft_against_reference(draft, atol=1e-4)
+
+
 @pytest.mark.parametrize(
     "model",
     [
@@ -115,6 +155,7 @@ def test_the_cpu_default_runs_the_compiled_int8_forward_where_it_can(default_pai
     """Compiled measured fastest with int8 layers; fp32, or a machine with no C++ compiler for
     torch.compile, gets the lean forward."""
     assert default_pair.fast_path == "compiled" and default_pair.precision == "int8"
+    assert is_lean(runner(default_pair.draft, "compiled"))  # its draft's layers lean, eager
     cpu = torch.device("cpu")
     assert pick_fast_path("auto", cpu, "fp32") == "lean"
     monkeypatch.setenv("CXX", "no-such-compiler")

@@ -103,6 +103,8 @@ class Eagle3Draft(FeatureDraft):
     midlayer.mlp.{gate,up,down}_proj.weight; norm.weight; lm_head.weight [draft vocabulary, H];
     d2t [draft vocabulary] (t2d and embed_tokens.weight are not needed)."""
 
+    runs_lean = False  # its layer reads 2H: the Hugging Face layer's own forward
+
     def __init__(self, target: PreTrainedModel, config: dict, d2t: torch.Tensor):
         nn.Module.__init__(self)
         decoder, L = target.get_decoder(), target.config.num_hidden_layers

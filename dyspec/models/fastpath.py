@@ -6,7 +6,7 @@ from torch import nn
 
 from dyspec.core.kv import KVSession
 from dyspec.core.static import static_model
-from dyspec.models.lean import runner
+from dyspec.models.lean import is_lean, runner
 from dyspec.models.quant import has_int8
 
 
@@ -19,10 +19,10 @@ def open_session(model: nn.Module, fast_path: str, role: str, need: int, **kwarg
     if getattr(model, "cacheless", False):
         return KVSession(model, **kwargs)
     run = runner(model, fast_path)
-    if run is not model:
+    if is_lean(run):
         kwargs["cache"] = run.cache_for(role)
     # torch.compile cannot trace int8 layers whole: on "compiled" an int8 model the lean forward does
-    # not run (a feature draft) runs eager
+    # not run runs eager
     elif fast_path == "static" or (fast_path == "compiled" and not has_int8(model)):
         kwargs["static"] = static_model(model, role, need, compiled=fast_path == "compiled")
     return KVSession(run, **kwargs)

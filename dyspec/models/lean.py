@@ -27,7 +27,7 @@ from transformers.modeling_outputs import CausalLMOutputWithPast
 from dyspec.core.attention import prefix_attention, prefix_bias, rowwise_attention
 from dyspec.models import lean_graph
 from dyspec.models.lean_graph import MAX_ROWS, CompiledLayers, warm_up
-from dyspec.models.quant import Int8Linear, Int8Part
+from dyspec.models.quant import Int8Linear, Int8Part, has_int8
 
 # Llama's layer with optional q/k/v biases (Qwen2) and per-head q/k norms (Qwen3); full attention only.
 ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM")
@@ -75,7 +75,7 @@ def fused_linear(linears: list[nn.Module]) -> nn.Module:
 
 @dataclass
 class Layer:
-    attn_norm: torch.Tensor
+    attn_norm: torch.Tensor | None  # None: no input norm (an EAGLE draft's first layer)
     qkv: nn.Module
     q_norm: torch.Tensor | None
     k_norm: torch.Tensor | None
@@ -83,6 +83,84 @@ class Layer:
     mlp_norm: torch.Tensor
     gate_up: nn.Module
     down: nn.Module
+
+
+def lean_layers(decoder_layers) -> list[Layer]:
+    """Hugging Face Llama-family decoder layers as the lean forward runs them."""
+    return [
+        Layer(
+            getattr(layer.input_layernorm, "weight", None),
+            fused_linear([layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj]),
+            getattr(getattr(layer.self_attn, "q_norm", None), "weight", None),
+            getattr(getattr(layer.self_attn, "k_norm", None), "weight", None),
+            layer.self_attn.o_proj,
+            layer.post_attention_layernorm.weight,
+            fused_linear([layer.mlp.gate_proj, layer.mlp.up_proj]),
+            layer.mlp.down_proj,
+        )
+        for layer in decoder_layers
+    ]
+
+
+def rotary_table(rotary: nn.Module, size: int, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos and sin [size, d] of positions 0 to size - 1, computed as Hugging Face's rotary module
+    computes them."""
+    positions = torch.arange(size, dtype=torch.float32, device=rotary.inv_freq.device)
+    freqs = positions[:, None] * rotary.inv_freq.float()
+    emb = torch.cat((freqs, freqs), dim=-1)
+    return (emb.cos() * rotary.attention_scaling).to(dtype), (emb.sin() * rotary.attention_scaling).to(dtype)
+
+
+def attend(q, keys, values, mask: torch.Tensor | None, start: int, end: int, dims: tuple, exact: bool, bias):
+    """q [1, H, n, d] over the first `end` slots of the cache's keys, values [1, Hkv, capacity, d];
+    returns [n, H, d]. `exact`: the batch-invariant attention (int8 models); `bias`: `prefix_bias` for
+    a one-token forward on it."""
+    n, scale = q.shape[2], dims[-1]
+    if bias is not None:
+        return prefix_attention(q, keys, values, bias, scale)
+    k, v = keys[:, :, :end], values[:, :, :end]
+    if exact and mask is not None:
+        return rowwise_attention(None, q, k, v, mask, scaling=scale)[0][0]
+    if mask is None and n > 1 and start:  # causal over a cache that holds tokens already
+        mask = torch.ones(n, end, dtype=torch.bool, device=q.device).tril(start)
+    elif mask is not None and mask.dtype != torch.bool:
+        mask = mask[0, 0] == 0
+    o = F.scaled_dot_product_attention(
+        q, k, v, attn_mask=mask, is_causal=mask is None and n > 1, scale=scale, enable_gqa=True
+    )
+    return o[0].transpose(0, 1)
+
+
+def run_layers(layers: list[Layer], h, cos, sin, cache, start: int, mask, dims: tuple, exact: bool, hidden=None):
+    """The layers over h [n, H] of tokens at cache slots start..start + n - 1 (rotary `cos`, `sin`
+    [n, 1, d] at their positions), eager: writes their keys and values, returns the last layer's h
+    and appends each layer's to `hidden` (a list) if given. `dims`: (heads, kv heads, head dim,
+    norm eps, attention scale)."""
+    heads, kv_heads, d, eps, _ = dims
+    n, end = h.shape[0], start + h.shape[0]
+    # one row over the whole prefix (a step of `ar`, a chain's root) reads the cache in place
+    bias = prefix_bias(end, kv_heads, h.device) if exact and n == 1 and mask is None else None
+    # `.forward`, not the module's call: a call's hook checks cost microseconds, 150 times a forward
+    for i, layer in enumerate(layers):
+        x = h if layer.attn_norm is None else F.rms_norm(h, h.shape[-1:], layer.attn_norm, eps)
+        qkv = layer.qkv.forward(x).view(n, heads + 2 * kv_heads, d)
+        qk, v = qkv[:, : heads + kv_heads], qkv[:, heads + kv_heads :]
+        if layer.q_norm is not None:
+            q, k = F.rms_norm(qk[:, :heads], (d,), layer.q_norm, eps), qk[:, heads:]
+            qk = torch.cat([q, F.rms_norm(k, (d,), layer.k_norm, eps)], dim=1)
+        qk = lean_graph.rotate(qk, cos, sin)  # queries and keys in one go: the ops are elementwise
+        q, k = qk[:, :heads], qk[:, heads:]
+        keys, values = cache.layers[i].keys, cache.layers[i].values
+        keys[0, :, start:end] = k.transpose(0, 1)
+        values[0, :, start:end] = v.transpose(0, 1)
+        o = attend(q.transpose(0, 1)[None], keys, values, mask, start, end, dims, exact, bias)
+        h = h + layer.o.forward(o.reshape(n, heads * d))
+        x = F.rms_norm(h, h.shape[-1:], layer.mlp_norm, eps)
+        gate, up = layer.gate_up.forward(x).chunk(2, dim=-1)
+        h = h + layer.down.forward(F.silu(gate) * up)
+        if hidden is not None:
+            hidden.append(h)
+    return h
 
 
 class LeanCache:
@@ -142,23 +220,11 @@ class LeanForward(nn.Module):
         self.embed = base.embed_tokens
         self.norm = base.norm.weight
         self.lm_head = model.lm_head
-        self.layers = [
-            Layer(
-                layer.input_layernorm.weight,
-                fused_linear([layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj]),
-                getattr(getattr(layer.self_attn, "q_norm", None), "weight", None),
-                getattr(getattr(layer.self_attn, "k_norm", None), "weight", None),
-                layer.self_attn.o_proj,
-                layer.post_attention_layernorm.weight,
-                fused_linear([layer.mlp.gate_proj, layer.mlp.up_proj]),
-                layer.mlp.down_proj,
-            )
-            for layer in base.layers
-        ]
+        self.layers = lean_layers(base.layers)
         self.exact_attention = isinstance(self.lm_head, Int8Linear)  # quantize_int8 converts every Linear
         self.rotary = base.rotary_emb
-        self._rotary_table(config.max_position_embeddings)
-        self.scale = self.head_dim**-0.5
+        self.cos, self.sin = rotary_table(self.rotary, config.max_position_embeddings, self.dtype)
+        self.dims = (self.heads, self.kv_heads, self.head_dim, self.eps, self.head_dim**-0.5)
         self._caches: dict[str, LeanCache] = {}
         self.graph: CompiledLayers | None = None  # `compile_layers`
 
@@ -180,41 +246,7 @@ class LeanForward(nn.Module):
         return self.model.dtype
 
     def cache_for(self, role: str) -> LeanCache:
-        """The cache of `role` ("target", "draft0", ...: one model may be target and draft at once),
-        emptied: kept between generations, so that a generation does not allocate its cache anew."""
-        cache = self._caches.get(role)
-        if cache is None:
-            cache = self._caches[role] = LeanCache(
-                len(self.layers), self.kv_heads, self.head_dim, self.dtype, self.device
-            )
-        cache.reset()
-        return cache
-
-    def _rotary_table(self, size: int) -> None:
-        """cos and sin of positions 0 to size - 1, computed as Hugging Face's rotary module computes them."""
-        positions = torch.arange(size, dtype=torch.float32, device=self.device)
-        freqs = positions[:, None] * self.rotary.inv_freq.to(self.device, torch.float32)
-        emb = torch.cat((freqs, freqs), dim=-1)
-        self.cos = (emb.cos() * self.rotary.attention_scaling).to(self.dtype)
-        self.sin = (emb.sin() * self.rotary.attention_scaling).to(self.dtype)
-
-    def _attend(self, q, keys, values, mask: torch.Tensor | None, start: int, end: int, bias) -> torch.Tensor:
-        """q [1, H, n, d] over the first `end` slots of the cache's keys, values [1, Hkv, capacity, d];
-        returns [n, H, d]. `bias`: `prefix_bias` for a one-token forward on the exact path."""
-        n = q.shape[2]
-        if bias is not None:
-            return prefix_attention(q, keys, values, bias, self.scale)
-        k, v = keys[:, :, :end], values[:, :, :end]
-        if self.exact_attention and mask is not None:
-            return rowwise_attention(None, q, k, v, mask, scaling=self.scale)[0][0]
-        if mask is None and n > 1 and start:  # causal over a cache that holds tokens already
-            mask = torch.ones(n, end, dtype=torch.bool, device=q.device).tril(start)
-        elif mask is not None and mask.dtype != torch.bool:
-            mask = mask[0, 0] == 0
-        o = F.scaled_dot_product_attention(
-            q, k, v, attn_mask=mask, is_causal=mask is None and n > 1, scale=self.scale, enable_gqa=True
-        )
-        return o[0].transpose(0, 1)
+        return role_cache(self, role)
 
     def forward(
         self,
@@ -230,39 +262,15 @@ class LeanForward(nn.Module):
         start = cache.length
         cache.reserve(n)
         end = start + n
-        if end > len(self.cos):  # a position is never past its slot
-            self._rotary_table(2 * end)
-        cos, sin = self.cos[position_ids[0], None], self.sin[position_ids[0], None]  # [n, 1, d]
+        cos, sin = rotary_rows(self, position_ids, end)
         h = self.embed(input_ids[0])
         hidden = [h] if output_hidden_states else None
         if self.graph is not None and (n <= MAX_ROWS if start else mask is None):
             h, outputs = self.graph.forward(h, cos, sin, cache, start, mask)
             if hidden is not None:
                 hidden += outputs
-            return self._output(h, cache, end, hidden, logits_to_keep)
-        heads, kv_heads, d = self.heads, self.kv_heads, self.head_dim
-        # one row over the whole prefix (a step of `ar`, a chain's root) reads the cache in place
-        bias = prefix_bias(end, kv_heads, self.device) if self.exact_attention and n == 1 and mask is None else None
-        # `.forward`, not the module's call: a call's hook checks cost microseconds, 150 times a forward
-        for i, layer in enumerate(self.layers):
-            x = F.rms_norm(h, h.shape[-1:], layer.attn_norm, self.eps)
-            qkv = layer.qkv.forward(x).view(n, heads + 2 * kv_heads, d)
-            qk, v = qkv[:, : heads + kv_heads], qkv[:, heads + kv_heads :]
-            if layer.q_norm is not None:
-                q, k = F.rms_norm(qk[:, :heads], (d,), layer.q_norm, self.eps), qk[:, heads:]
-                qk = torch.cat([q, F.rms_norm(k, (d,), layer.k_norm, self.eps)], dim=1)
-            qk = lean_graph.rotate(qk, cos, sin)  # queries and keys in one go: the ops are elementwise
-            q, k = qk[:, :heads], qk[:, heads:]
-            keys, values = cache.layers[i].keys, cache.layers[i].values
-            keys[0, :, start:end] = k.transpose(0, 1)
-            values[0, :, start:end] = v.transpose(0, 1)
-            o = self._attend(q.transpose(0, 1)[None], keys, values, mask, start, end, bias)
-            h = h + layer.o.forward(o.reshape(n, heads * d))
-            x = F.rms_norm(h, h.shape[-1:], layer.mlp_norm, self.eps)
-            gate, up = layer.gate_up.forward(x).chunk(2, dim=-1)
-            h = h + layer.down.forward(F.silu(gate) * up)
-            if hidden is not None:
-                hidden.append(h)
+        else:
+            h = run_layers(self.layers, h, cos, sin, cache, start, mask, self.dims, self.exact_attention, hidden)
         return self._output(h, cache, end, hidden, logits_to_keep)
 
     def _output(self, h, cache: LeanCache, end: int, hidden: list | None, logits_to_keep) -> CausalLMOutputWithPast:
@@ -279,6 +287,26 @@ class LeanForward(nn.Module):
         return CausalLMOutputWithPast(logits=self.lm_head.forward(h)[None], hidden_states=hidden_states)
 
 
+def role_cache(model: nn.Module, role: str) -> LeanCache:
+    """`model.cache_for(role)`: the cache of `role` ("target", "draft0", ...: one model may be target
+    and draft at once) in `model._caches`, emptied: kept between generations, so that a generation
+    does not allocate its cache anew."""
+    cache = model._caches.get(role)
+    if cache is None:
+        _, kv_heads, head_dim, *_ = model.dims
+        cache = model._caches[role] = LeanCache(len(model.layers), kv_heads, head_dim, model.dtype, model.device)
+    cache.reset()
+    return cache
+
+
+def rotary_rows(model: nn.Module, position_ids: torch.Tensor, end: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos and sin [n, 1, d] at `position_ids` [1, n] from `model.cos` and `.sin`, grown to cover
+    `end` slots first (a position is never past its slot)."""
+    if end > len(model.cos):
+        model.cos, model.sin = rotary_table(model.rotary, 2 * end, model.cos.dtype)
+    return model.cos[position_ids[0], None], model.sin[position_ids[0], None]
+
+
 def lean_forward(model: PreTrainedModel, compiled: bool = False) -> LeanForward:
     """The model's lean forward, eager or with its layers compiled (`compile_layers`), each made
     once and kept on the model: one model may run both in a process (a test, a comparison)."""
@@ -293,13 +321,25 @@ def lean_forward(model: PreTrainedModel, compiled: bool = False) -> LeanForward:
 
 
 def runner(model: nn.Module, fast_path: str) -> nn.Module:
-    """What runs `model`'s forwards on `fast_path`: its lean forward on "lean" where its
-    architecture has one (a feature draft keeps its own small forward), compiled on "compiled" for
-    an int8 model (dyspec.models.lean_graph), else the model."""
-    if fast_path not in ("lean", "compiled") or lean_unsupported(model) is not None:
+    """What runs `model`'s forwards on `fast_path`: on "lean", its lean forward where its
+    architecture has one, compiled on "compiled" for an int8 model (dyspec.models.lean_graph); a
+    feature draft runs its own small forward with its layers lean (`lean_layers` set) on "lean", and
+    on "compiled" in int8 (torch.compile cannot trace its int8 layers); else the model."""
+    if fast_path not in ("lean", "compiled"):
+        return model
+    if getattr(model, "runs_lean", False):
+        if fast_path == "lean" or has_int8(model):
+            model.use_lean()
+        return model
+    if lean_unsupported(model) is not None:
         return model
     if fast_path == "lean":
         return lean_forward(model)
     if not isinstance(getattr(model, "lm_head", None), Int8Linear):  # quantize_int8 converts every Linear
         return model
     return lean_forward(model, compiled=True)
+
+
+def is_lean(run: nn.Module) -> bool:
+    """Whether `run` (a `runner`) runs over a LeanCache (its `cache_for`)."""
+    return isinstance(run, LeanForward) or getattr(run, "lean_layers", None) is not None
