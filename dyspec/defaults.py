@@ -5,7 +5,8 @@ bf16 on a GPU; draft "auto": the feature draft shipped for the target). The poli
 here, one row per device type, each the fastest in a bench on that device (docs/results/cpu-default.md
 says which runs): on a CPU a forward of n tokens costs more with every n, so small trees win, and
 `lookup` (copies where the context repeats, else one drafted token) at budget 2 edged out `dyspec`
-(1.10x against 1.01x of `ar` on the compiled int8 forward, with budget 4 level at 1.11x);
+(1.09x against 1.05x of `ar` at budget 1 on all 80 MT-Bench questions on the compiled int8
+forward, with budget 4 level at 1.10x; level with `ar` on the ten spread ones);
 the compiled int8 forward (dyspec.models.lean_graph) made `ar` 1.75x faster than the eager lean
 forward, which is the fallback (`dyspec.models.loading.pick_fast_path`). On a GPU t(n) is flat up
 to ~64 tokens and the largest tree measured won.
