@@ -15,7 +15,7 @@ from .conftest import PROMPTS
 
 # a short answer ending on its stop token, one that copies the prompt, one that runs to max_new_tokens
 REPLAY_PROMPTS = [
-    "Answer yes or no: is water wet?",
+    "Is the sky blue? Answer yes or no.",
     "Repeat this sentence exactly, twice: the quick brown fox jumps over the lazy dog near the river bank.",
     PROMPTS[4],
 ]

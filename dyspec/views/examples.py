@@ -17,8 +17,8 @@ EXAMPLES = [
     Example(
         "A list",
         "List the twelve months of the year, one per line.",
-        "Trees pay well: a familiar, repetitive sequence (this small target dates each month) that the draft "
-        "predicts almost as well as the target, so deep paths are accepted.",
+        "Trees pay well: a familiar sequence (this small target writes the months in one sentence) that the "
+        "draft predicts almost as well as the target, so deep paths are accepted.",
     ),
     Example(
         "Fix a passage",
@@ -33,14 +33,14 @@ EXAMPLES = [
         "Edit code",
         "Rename the variable x to total in this Python function and return the whole function:\n\n"
         "def add_all(items):\n    x = 0\n    for item in items:\n        x = x + item\n    return x",
-        "Trees pay well on predictable sentences: this small target says it renamed the variable instead of "
-        "returning the function, then explains itself.",
+        "Trees pay well on predictable sentences: this small target rewrites the function its own way "
+        "(`return sum(items)`) instead of renaming the variable, then explains itself.",
     ),
     Example(
         "Arithmetic",
         "A shop sells pens at 3 dollars each. How much do 4 pens cost? Explain step by step.",
-        "Trees pay: numbered steps repeat their own phrases. This small target's arithmetic is wrong, but it is "
-        "exactly what the target writes without speculation.",
+        'Trees pay: step-by-step answers repeat their own phrases ("the cost of 4 pens"). Whatever this small '
+        "target writes, right or wrong, is exactly what it writes without speculation.",
     ),
     Example(
         "A story",
