@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from types import SimpleNamespace
+from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -102,6 +103,24 @@ def lean_layers(decoder_layers) -> list[Layer]:
     ]
 
 
+class LeanDims(NamedTuple):
+    """What the lean layers (`run_layers`, dyspec.models.lean_graph) read besides their weights."""
+
+    heads: int
+    kv_heads: int
+    head_dim: int
+    eps: float  # the norms'
+    scale: float  # attention's
+
+
+def lean_dims(config) -> LeanDims:
+    """A Llama-family config's LeanDims."""
+    heads = config.num_attention_heads
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
+    kv_heads = getattr(config, "num_key_value_heads", None) or heads
+    return LeanDims(heads, kv_heads, head_dim, config.rms_norm_eps, head_dim**-0.5)
+
+
 def rotary_table(rotary: nn.Module, size: int, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
     """cos and sin [size, d] of positions 0 to size - 1, computed as Hugging Face's rotary module
     computes them."""
@@ -111,11 +130,11 @@ def rotary_table(rotary: nn.Module, size: int, dtype: torch.dtype) -> tuple[torc
     return (emb.cos() * rotary.attention_scaling).to(dtype), (emb.sin() * rotary.attention_scaling).to(dtype)
 
 
-def attend(q, keys, values, mask: torch.Tensor | None, start: int, end: int, dims: tuple, exact: bool, bias):
+def attend(q, keys, values, mask: torch.Tensor | None, start: int, end: int, dims: LeanDims, exact: bool, bias):
     """q [1, H, n, d] over the first `end` slots of the cache's keys, values [1, Hkv, capacity, d];
     returns [n, H, d]. `exact`: the batch-invariant attention (int8 models); `bias`: `prefix_bias` for
     a one-token forward on it."""
-    n, scale = q.shape[2], dims[-1]
+    n, scale = q.shape[2], dims.scale
     if bias is not None:
         return prefix_attention(q, keys, values, bias, scale)
     k, v = keys[:, :, :end], values[:, :, :end]
@@ -131,11 +150,10 @@ def attend(q, keys, values, mask: torch.Tensor | None, start: int, end: int, dim
     return o[0].transpose(0, 1)
 
 
-def run_layers(layers: list[Layer], h, cos, sin, cache, start: int, mask, dims: tuple, exact: bool, hidden=None):
+def run_layers(layers: list[Layer], h, cos, sin, cache, start: int, mask, dims: LeanDims, exact: bool, hidden=None):
     """The layers over h [n, H] of tokens at cache slots start..start + n - 1 (rotary `cos`, `sin`
     [n, 1, d] at their positions), eager: writes their keys and values, returns the last layer's h
-    and appends each layer's to `hidden` (a list) if given. `dims`: (heads, kv heads, head dim,
-    norm eps, attention scale)."""
+    and appends each layer's to `hidden` (a list) if given."""
     heads, kv_heads, d, eps, _ = dims
     n, end = h.shape[0], start + h.shape[0]
     # one row over the whole prefix (a step of `ar`, a chain's root) reads the cache in place
@@ -212,10 +230,7 @@ class LeanForward(nn.Module):
             raise ValueError(why)
         self.model, config = model, model.config
         self.config, self.generation_config = config, model.generation_config
-        self.heads = config.num_attention_heads
-        self.kv_heads = getattr(config, "num_key_value_heads", None) or self.heads
-        self.head_dim = getattr(config, "head_dim", None) or config.hidden_size // self.heads
-        self.eps = config.rms_norm_eps
+        self.dims = lean_dims(config)
         base = model.model
         self.embed = base.embed_tokens
         self.norm = base.norm.weight
@@ -224,7 +239,6 @@ class LeanForward(nn.Module):
         self.exact_attention = isinstance(self.lm_head, Int8Linear)  # quantize_int8 converts every Linear
         self.rotary = base.rotary_emb
         self.cos, self.sin = rotary_table(self.rotary, config.max_position_embeddings, self.dtype)
-        self.dims = (self.heads, self.kv_heads, self.head_dim, self.eps, self.head_dim**-0.5)
         self._caches: dict[str, LeanCache] = {}
         self.graph: CompiledLayers | None = None  # `compile_layers`
 
@@ -234,7 +248,7 @@ class LeanForward(nn.Module):
         if not self.exact_attention:
             raise ValueError("the compiled lean forward runs int8 models")
         if self.graph is None:
-            self.graph = CompiledLayers(self.layers, self.heads, self.kv_heads, self.head_dim, self.eps)
+            self.graph = CompiledLayers(self.layers, self.dims)
             warm_up(self, self.config.vocab_size)
 
     @property
@@ -276,7 +290,7 @@ class LeanForward(nn.Module):
     def _output(self, h, cache: LeanCache, end: int, hidden: list | None, logits_to_keep) -> CausalLMOutputWithPast:
         """The forward's result from the last layer's h: the final norm, the kept rows' logits."""
         cache.length = end
-        h = F.rms_norm(h, h.shape[-1:], self.norm, self.eps)
+        h = F.rms_norm(h, h.shape[-1:], self.norm, self.dims.eps)
         if hidden is not None:
             hidden[-1] = h  # the last hidden state is the normed one, as Hugging Face returns it
         if isinstance(logits_to_keep, torch.Tensor):
@@ -293,7 +307,7 @@ def role_cache(model: nn.Module, role: str) -> LeanCache:
     does not allocate its cache anew."""
     cache = model._caches.get(role)
     if cache is None:
-        _, kv_heads, head_dim, *_ = model.dims
+        kv_heads, head_dim = model.dims.kv_heads, model.dims.head_dim
         cache = model._caches[role] = LeanCache(len(model.layers), kv_heads, head_dim, model.dtype, model.device)
     cache.reset()
     return cache

@@ -105,9 +105,10 @@ def layers_block(h, cos, sin, slots, keys, values, groups, layers, shape):
 class CompiledLayers:
     """A lean forward's layers (dyspec.models.lean.Layer, int8) as compiled blocks."""
 
-    def __init__(self, layers: list, heads: int, kv_heads: int, head_dim: int, eps: float):
+    def __init__(self, layers: list, dims: tuple):
+        """`dims`: dyspec.models.lean.LeanDims."""
         torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 64)
-        self.shape = (heads, kv_heads, head_dim, eps, head_dim**-0.5)
+        self.shape = dims
         weights = [
             (
                 layer.attn_norm,
