@@ -12,6 +12,11 @@ THREADS = max(1, min(2, os.cpu_count() or 1) // int(os.environ.get("PYTEST_XDIST
 os.environ["OMP_NUM_THREADS"] = str(THREADS)
 torch.set_num_threads(THREADS)
 
+from dyspec.models import lean_graph  # noqa: E402 (after the environment: it imports transformers)
+
+# the compiled forward calls its graphs without dynamo's guards; the suite checks they hold
+lean_graph.CHECK_GUARDS = True
+
 PROMPTS = [
     "Write a short poem about the sea.",
     "Explain what a hash table is in two sentences.",

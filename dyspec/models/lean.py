@@ -196,20 +196,21 @@ class LeanCache:
         n_layers, kv_heads, head_dim = self.shape
         held = getattr(self, "k", []), getattr(self, "v", [])  # growing: keep what is held
         self.k, self.v = [], []
-        for store, old in zip((self.k, self.v), held):
-            for i in range(n_layers):
-                t = torch.zeros(kv_heads, capacity, head_dim, dtype=self.dtype, device=self.device)
-                if old:
-                    t[:, : self.length] = old[i][:, : self.length]
-                torch._dynamo.mark_dynamic(t, 1)  # a compiled forward (lean_graph) serves every capacity
-                store.append(t)
+        # never inference tensors, whatever mode allocates them: a compiled graph is made for one kind
+        with torch.inference_mode(False), torch.no_grad():
+            for store, old in zip((self.k, self.v), held):
+                for i in range(n_layers):
+                    t = torch.zeros(kv_heads, capacity, head_dim, dtype=self.dtype, device=self.device)
+                    if old:
+                        t[:, : self.length] = old[i][:, : self.length]
+                    torch._dynamo.mark_dynamic(t, 1)  # a compiled forward (lean_graph) serves every capacity
+                    store.append(t)
         self.layers = [SimpleNamespace(keys=k[None], values=v[None]) for k, v in zip(self.k, self.v)]
         self.capacity = capacity
 
     def reserve(self, n: int) -> None:
         if self.length + n > self.capacity:
-            with torch.inference_mode():
-                self._allocate(-(-(self.length + n) // ROUND) * ROUND)
+            self._allocate(-(-(self.length + n) // ROUND) * ROUND)
 
     def crop(self, tokens_to_remove: int) -> None:
         self.length -= abs(tokens_to_remove)
