@@ -39,8 +39,7 @@ def session(run) -> KVSession:
 
 @torch.inference_mode()
 def test_a_tree_row_is_the_one_token_forward_of_its_path(compiled):
-    """Bit for bit, in a tree whose rows see 61 to 66 keys (padded to 64 and to 128: two groups, one
-    of them a single row) and in a tree forward of one row."""
+    """Bit for bit, in a tree whose rows see 61 to 66 keys, and in a tree forward of one row."""
     _, run = compiled
     assert run.graph is not None
     tree = random_tree(PROMPT[-1], 5, size=12, seed=3)

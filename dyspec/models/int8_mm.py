@@ -42,7 +42,7 @@ def kernel_available() -> bool:
     if platform.machine() != "x86_64" or not FLAGS <= cpu_flags():
         return False
     try:
-        torch.ops.load_library(str(build()))
+        torch.ops.load_library(str(build(SOURCE, ["-mavx512f", "-mavx512bw", "-mavx512vnni"])))
     except (OSError, subprocess.CalledProcessError) as e:
         detail = e.stderr.decode()[-2000:] if isinstance(e, subprocess.CalledProcessError) else str(e)
         warnings.warn(f"dyspec's int8 kernel did not build; int8 products run torch._int_mm:\n{detail}", stacklevel=2)
@@ -50,12 +50,13 @@ def kernel_available() -> bool:
     return True
 
 
-def build() -> Path:
-    """The kernel's shared library, compiled once per source, PyTorch and Python version."""
+def build(source: Path, flags: list[str]) -> Path:
+    """A kernel's shared library (int8_mm.cpp, row_attention.cpp), compiled once per source, flags,
+    PyTorch and Python version."""
     from torch.utils.cpp_extension import include_paths, library_paths
 
-    key = hashlib.sha256(SOURCE.read_bytes() + f"{torch.__version__} {sys.version}".encode()).hexdigest()[:16]
-    out = cache_dir() / "kernels" / f"int8_mm-{key}.so"
+    what = source.read_bytes() + f"{flags} {torch.__version__} {sys.version}".encode()
+    out = cache_dir() / "kernels" / f"{source.stem}-{hashlib.sha256(what).hexdigest()[:16]}.so"
     out.parent.mkdir(parents=True, exist_ok=True)
     with FileLock(f"{out}.lock"):  # test workers, an app and a notebook may build at once
         if not out.exists():
@@ -64,11 +65,10 @@ def build() -> Path:
             cxx = cpp_compiler()
             if cxx is None:
                 raise OSError("no C++ compiler found (c++, g++, clang++ or $CXX)")
-            cmd = [cxx, "-O3", "-std=c++17", "-shared", "-fPIC", "-fopenmp"]
-            cmd += ["-mavx512f", "-mavx512bw", "-mavx512vnni", f"-D_GLIBCXX_USE_CXX11_ABI={abi}"]
-            cmd += [f"-I{p}" for p in include_paths()] + [str(SOURCE), "-o", str(tmp)]
+            cmd = [cxx, "-O3", "-std=c++17", "-shared", "-fPIC", "-fopenmp", *flags, f"-D_GLIBCXX_USE_CXX11_ABI={abi}"]
+            cmd += [f"-I{p}" for p in include_paths()] + [str(source), "-o", str(tmp)]
             cmd += [f"-L{p}" for p in library_paths()] + ["-lc10", "-ltorch_cpu"]
-            with tqdm(total=1, desc="building dyspec's int8 kernel (once per machine)") as bar:
+            with tqdm(total=1, desc=f"building dyspec's {source.stem} kernel (once per machine)") as bar:
                 subprocess.run(cmd, check=True, capture_output=True)
                 bar.update()
             tmp.replace(out)

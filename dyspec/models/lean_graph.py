@@ -10,7 +10,7 @@ and here it is by construction:
 - activations are quantized per row: q = round(x * 127 / max|x|), each row alone;
 - int32 sums are exact, so the product's kernel, its blocking and its row count do not matter;
 - dequantizing, norms, rotary and the MLP's gate are per row and elementwise;
-- attention is dyspec.core.attention's: each row over its own keys, padded to a multiple of 64.
+- attention is dyspec.models.row_attention's kernel: each row over its own keys, read in place.
 tests/test_lean_graph.py checks tree rows against one-token forwards bit for bit. The compiled
 forward runs other arithmetic than the eager int8 forward (its own activation quantization), so
 its logits differ from eager's in the last bits: it is its own int8 model, exact with itself.
@@ -19,14 +19,13 @@ A prompt (a causal forward over an empty cache) runs compiled too, as its own at
 rows attend through SDPA (every policy prefills alike, so its loop order is free) and its products
 run oneDNN's `torch._int_mm`, the fastest measured at many rows (a 243-token prompt of the default
 target: 224 ms eager, 128 ms compiled). Only a forward of over MAX_ROWS tokens on a cache that
-holds tokens runs eager. Graphs are compiled once per block shape and attention kind (a prompt; one
-row over the prefix; a tree whose rows fall in one, two or three padded key lengths), with dynamic
-sizes: `warm_up` compiles them behind a progress bar; inductor keeps its code on disk, so a later
-process mostly traces.
+holds tokens runs eager. Graphs are compiled once per block shape and kind of forward (a prompt;
+one row; a tree), with dynamic sizes: `warm_up` compiles them behind a progress bar; inductor keeps
+its code on disk, so a later process mostly traces.
 
 A block's graph is called without dynamo's guards (`torch.compile(...).aot_compile`): the forward
-knows which graph a call needs (`attention_kind`), and checking ~100 inputs' guards, reading their
-sizes and inductor's size asserts cost ~0.15 ms a call, 6 calls a forward (t(1) 9.4 -> 8.5 ms).
+knows which graph a call needs (its kind and grad mode), and checking ~100 inputs' guards, reading
+their sizes and inductor's size asserts cost ~0.15 ms a call, 6 calls a forward (t(1) 9.1 -> 8.1 ms).
 Tests run with CHECK_GUARDS, so every compiled forward of the suite checks that its graph's guards
 hold.
 """
@@ -37,7 +36,7 @@ import torch
 import torch.nn.functional as F
 from tqdm.auto import tqdm
 
-from dyspec.core.attention import grouped_attention, prefix_attention, prefix_bias, row_groups
+from dyspec.models import row_attention
 from dyspec.models.int8_mm import int8_mm, int8_operands
 from dyspec.models.quant import Int8Linear
 
@@ -74,15 +73,15 @@ def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tenso
     return x * cos + torch.cat((-x[..., half:], x[..., :half]), dim=-1) * sin
 
 
-def layers_block(h, cos, sin, slots, keys, values, groups, layers, shape):
+def layers_block(h, cos, sin, slots, keys, values, seen, layers, shape):
     """Layers of a Llama-family model over h [n, H]; writes each layer's keys and values [Hkv,
     capacity, d] at `slots`. `layers`: per layer (attn_norm, q_norm, k_norm, qkv, o, mlp_norm,
-    gate_up, down) with linear_operands for the products; `groups` (dyspec.core.attention.row_groups)
-    say which cached keys each row sees, None for a prompt over an empty cache (causal over its own
-    rows). Returns h and each layer's output."""
+    gate_up, down) with linear_operands for the products; `seen` (row_attention.visible_slots): the
+    cache slots each row sees and their counts, None for a prompt over an empty cache (causal over
+    its own rows). Returns h and each layer's output."""
     heads, kv_heads, d, eps, scale = shape
     n = h.shape[0]
-    prompt = groups is None  # a prompt over an empty cache: causal over its own rows
+    prompt = seen is None  # a prompt over an empty cache: causal over its own rows
     outputs = []
     for (attn_norm, q_norm, k_norm, qkv, o, mlp_norm, gate_up, down), k_cache, v_cache in zip(layers, keys, values):
         x = F.rms_norm(h, h.shape[-1:], attn_norm, eps)
@@ -96,11 +95,8 @@ def layers_block(h, cos, sin, slots, keys, values, groups, layers, shape):
         if prompt:  # every policy prefills alike: SDPA's kernel, whatever its loop order, is free to run
             q, k, v = (x.transpose(0, 1)[None] for x in (q, k, v))
             a = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale, enable_gqa=True)[0].transpose(0, 1)
-        elif len(groups[0]) == 1:  # one row over the cache's first slots
-            a = prefix_attention(q.reshape(1, heads, 1, d), k_cache[None], v_cache[None], groups[0][0], scale)
         else:
-            q = q.transpose(0, 1).reshape(kv_heads, heads // kv_heads, n, d)
-            a = grouped_attention(q, k_cache, v_cache, groups, scale)
+            a = row_attention.row_attention(q, k_cache, v_cache, *seen, scale)
         h = h + int8_linear(a.reshape(n, heads * d), o, prompt)
         x = F.rms_norm(h, h.shape[-1:], mlp_norm, eps)
         gate, up = int8_linear(x, gate_up, prompt).chunk(2, dim=-1)
@@ -115,6 +111,7 @@ class CompiledLayers:
     def __init__(self, layers: list, dims: tuple):
         """`dims`: dyspec.models.lean.LeanDims."""
         self.shape = dims
+        row_attention.load()
         weights = [
             (
                 layer.attn_norm,
@@ -127,87 +124,56 @@ class CompiledLayers:
             for layer in layers
         ]
         self.layers = weights  # run BLOCK at a time
-        self.graphs: dict = {}  # attention_kind -> the block's compiled graph
+        self.graphs: dict = {}  # (kind, inference mode, grad mode) -> the block's compiled graph
 
     def forward(self, h, cos, sin, cache, start: int, mask: torch.Tensor | None) -> tuple[torch.Tensor, list]:
         """h [n, H] of tokens at cache slots start..start + n - 1, over the first `start` slots and
         themselves as `mask` says (None: causal); returns the last layer's h and every layer's."""
-        n, kv_heads = h.shape[0], self.shape[1]
+        n = h.shape[0]
         end = start + n
         slots = torch.arange(start, end, device=h.device)
-        if start == 0 and n > 1:
-            groups = None
-        elif n == 1 and mask is None:
-            groups = ((prefix_bias(end, kv_heads, h.device),),)
-        else:
-            groups = tuple(row_groups(mask, n, end, kv_heads, h.device))
-            if n == 1:  # one row in a tree forward: run it twice (see `at_least_two`)
-                h, cos, sin, slots = (torch.cat([x, x]) for x in (h, cos, sin, slots))
-                groups = tuple(at_least_two(None, idx, bias, kv_heads) for _, idx, bias in groups)
-            else:
-                groups = tuple(at_least_two(*g, kv_heads) if g[0] is not None and len(g[0]) == 1 else g for g in groups)
+        seen = None if start == 0 and n > 1 else row_attention.visible_slots(mask, n, end)
         blocks = [
             (cache.k[i : i + BLOCK], cache.v[i : i + BLOCK], self.layers[i : i + BLOCK])
             for i in range(0, len(self.layers), BLOCK)
         ]
         # a graph per grad mode too, as torch.compile makes them: the engine runs in inference mode
-        kind = attention_kind(groups), torch.is_inference_mode_enabled(), torch.is_grad_enabled()
-        graph = self.graphs.get(kind)
+        kind = "prompt" if seen is None else "row" if n == 1 else "tree"
+        key = kind, torch.is_inference_mode_enabled(), torch.is_grad_enabled()
+        graph = self.graphs.get(key)
         if graph is None:
-            graph = self.graphs[kind] = compile_block(h, cos, sin, slots, groups, blocks[0], self.shape)
+            graph = self.graphs[key] = compile_block(kind, h, cos, sin, slots, seen, blocks[0], self.shape)
         outputs = []
         for keys, values, layers in blocks:
-            h, hs = graph(h, cos, sin, slots, keys, values, groups, layers, self.shape)
+            h, hs = graph(h, cos, sin, slots, keys, values, seen, layers, self.shape)
             outputs += hs
-        if len(h) > n:
-            h, outputs = h[:n], [x[:n] for x in outputs]
         return h, outputs
 
 
-def attention_kind(groups: tuple | None) -> tuple | str:
-    """What a forward's graph depends on besides the sizes it takes as dynamic: a prompt, one row
-    over the prefix, or a tree's groups, each of all rows (None) or some."""
-    if groups is None:
-        return "prompt"
-    if len(groups[0]) == 1:
-        return "row"
-    return tuple(rows is None for rows, _, _ in groups)
-
-
-def compile_block(h, cos, sin, slots, groups, block: tuple, shape: tuple):
-    """`layers_block` compiled for the attention kind of `groups`, over the first of a forward's blocks
-    (keys, values, layers). Only the sizes marked here are dynamic: weights keep static shapes,
-    shared by every block, and a second model compiled in the process (a draft) gets graphs of its
-    own shapes. Guards are checked only under CHECK_GUARDS."""
-    varying = [(g[-1], 2) for g in groups or ()]  # the padded key count of each group
-    if groups is None or len(groups[0]) > 1:  # a tree: its rows, and each group's rows, keys and biases
-        varying += [(h, 0), (cos, 0), (sin, 0), (slots, 0)]
-        varying += [(x, 0) for g in groups or () for x in g if x is not None]
+def compile_block(kind: str, h, cos, sin, slots, seen, block: tuple, shape: tuple):
+    """`layers_block` compiled for a kind of forward ("prompt", "row", "tree"), over the first of its
+    blocks (keys, values, layers). Only the sizes marked here are dynamic (rows, and the slots a row
+    sees), each at least 2: weights keep static shapes, shared by every block, and a second model
+    compiled in the process (a draft) gets graphs of its own shapes. Guards are checked only under
+    CHECK_GUARDS."""
+    varying = [(x, 0) for x in (h, cos, sin, slots)] if kind != "row" else []
+    if kind != "prompt":
+        varying += [(seen[0], 1)] + ([(seen[0], 0), (seen[1], 0)] if kind == "tree" else [])
     for tensor, dim in varying:
         torch._dynamo.mark_dynamic(tensor, dim)
     keys, values, layers = block
     compiled = torch.compile(layers_block, fullgraph=True, dynamic=False, options={"size_asserts": CHECK_GUARDS})
-    graph = compiled.aot_compile(((h, cos, sin, slots, keys, values, groups, layers, shape), {}))
+    graph = compiled.aot_compile(((h, cos, sin, slots, keys, values, seen, layers, shape), {}))
     if not CHECK_GUARDS:
         graph.disable_guard_check()
     return graph
 
 
-def at_least_two(rows, idx, bias, kv_heads: int) -> tuple:
-    """A group of one row as two copies of it: a graph specializes a size of 1 and would compile
-    again for every group of one row. Each row is its own batch entry (dyspec.core.attention), so a
-    copy changes nothing, and both copies write the same keys."""
-    c = bias.shape[-1]
-    rows = None if rows is None else rows.repeat(2)
-    return rows, idx.repeat(2), bias.view(kv_heads, 1, 1, c).expand(kv_heads, 2, 1, c).reshape(2 * kv_heads, 1, c)
-
-
 def warm_up(lean, vocab: int) -> None:
-    """Compile the graphs a generation uses (a prompt; one row; trees whose rows fall in one and in
-    two key lengths) on a scratch cache, behind a progress bar."""
+    """Compile the graphs a generation uses (a prompt, one row, a tree) on a scratch cache, behind a
+    progress bar."""
     cache = lean.cache_for("warm-up")
-    # (context, rows, tree): one row; rows at 61-62 keys, padded to 64; at 61-68 keys, to 64 and 128
-    shapes = [(60, 1, False), (60, 2, True), (60, 8, True)]
+    shapes = [(60, 1, False), (60, 2, True)]  # (context, rows, tree)
     for context, n, tree in tqdm(shapes, desc="compiling the int8 forward (once per process)"):
         with torch.inference_mode():  # as the engine runs it: a graph is compiled per grad mode
             warm_up_forward(lean, cache, vocab, context, n, tree)

@@ -1,0 +1,68 @@
+"""The attention of the compiled forward's decoding rows: `row_attention(q, keys, values, slots,
+counts, scale)`, each row over the cache slots it sees, read in place (row_attention.cpp).
+
+Greedy exactness needs a tree row to compute bit for bit what the one-token forward of its path
+computes (dyspec.core.attention). Batched matrix products do not promise it: the CPU's GEMM changes
+a row's last bits with the rows and key counts that share its call, so the eager forwards gather
+each row's keys, pad them to a multiple of 64 and give each row its own batch entry. At decoding
+sizes those are small products whose calls cost more than their arithmetic (two batched products a
+layer took ~30 us at one row), and the gather copies every key a tree row sees, which grows with
+the context. This kernel runs the same loops for every row (dot products, softmax, the weighted sum
+of values, in position order) over its own keys only, so a row's result cannot depend on what
+shares the call; it reads keys where the cache holds them. Plain C++ that the compiler vectorizes
+(`omp simd`, one summation order per binary): it builds wherever torch.compile does, which the
+compiled forward needs anyway.
+"""
+
+from __future__ import annotations
+
+import functools
+from pathlib import Path
+
+import torch
+
+from dyspec.models.int8_mm import build
+
+SOURCE = Path(__file__).with_suffix(".cpp")
+
+
+@functools.cache
+def load() -> None:
+    """Build the kernel (once per machine) and load it."""
+    torch.ops.load_library(str(build(SOURCE, ["-march=native"])))
+
+
+def row_attention(
+    q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, slots: torch.Tensor, counts: torch.Tensor, scale: float
+) -> torch.Tensor:
+    """q [n, H, d] over keys, values [Hkv, capacity, d]: row r attends to the cache slots
+    slots[r, : counts[r]] (int64, in position order); query head h reads key head h // (H // Hkv).
+    Returns [n, H, d]."""
+    return torch.ops.dyspec.row_attention(q, keys, values, slots, counts, scale)
+
+
+def visible_slots(mask: torch.Tensor | None, n: int, end: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The slots each of the last n of `end` tokens sees, in position order, [n, C] (C at least 2:
+    a graph would specialize a size of 1), and their counts [n]: from a boolean mask [1, 1, n, end]
+    (True where visible) or an additive one (0 where visible), or causally (None)."""
+    if mask is None:
+        visible = torch.ones(n, end, dtype=torch.bool).tril(end - n)
+    else:
+        mask = mask[0, 0].cpu()
+        visible = mask if mask.dtype == torch.bool else mask == 0
+    counts = visible.sum(1)
+    # visible slots first, in position order (a stable sort on "hidden"), then the rest
+    order = torch.sort((~visible).to(torch.uint8), dim=1, stable=True).indices
+    c = max(2, int(counts.max()))
+    slots = order.new_zeros(n, c)  # strides (c, 1) even for one row: a graph's guards check them
+    slots[:, : min(c, end)] = order[:, :c]
+    return slots, counts
+
+
+SCHEMA = "(Tensor q, Tensor keys, Tensor values, Tensor slots, Tensor counts, float scale) -> Tensor"
+torch.library.define("dyspec::row_attention", SCHEMA)
+
+
+@torch.library.register_fake("dyspec::row_attention")
+def _(q, keys, values, slots, counts, scale):
+    return q.new_empty(q.shape)

@@ -1,0 +1,69 @@
+"""The compiled forward's attention kernel (dyspec.models.row_attention): softmax attention over the
+cache slots each row sees, and a row's bits independent of everything but its own keys."""
+
+import pytest
+import torch
+
+from dyspec.models.row_attention import load, row_attention, visible_slots
+
+load()
+HKV, G, D, CAPACITY = 3, 3, 64, 256
+
+
+def cache(seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    return torch.randn(HKV, CAPACITY, D, generator=g), torch.randn(HKV, CAPACITY, D, generator=g)
+
+
+def reference(q, keys, values, slots, counts, scale):
+    """Each row in float64: gather its keys, softmax, weigh the values."""
+    rows = []
+    for r in range(len(q)):
+        seen = slots[r, : counts[r]]
+        k = keys[:, seen].double().repeat_interleave(G, 0)  # [H, m, d]
+        v = values[:, seen].double().repeat_interleave(G, 0)
+        w = torch.softmax(torch.einsum("hd,hmd->hm", q[r].double(), k) * scale, -1)
+        rows.append(torch.einsum("hm,hmd->hd", w, v))
+    return torch.stack(rows).float()
+
+
+@pytest.mark.parametrize(("end", "n"), [(1, 1), (2, 1), (100, 1), (130, 2), (200, 7)])
+def test_it_is_attention_over_the_slots_each_row_sees(end, n):
+    keys, values = cache(end)
+    q = torch.randn(n, HKV * G, D, generator=torch.Generator().manual_seed(n))
+    tree = torch.ones(n, n, dtype=torch.bool).tril()
+    tree[n // 2 :, : n // 2] = False  # rows in two branches
+    mask = torch.cat([torch.ones(n, end - n, dtype=torch.bool), tree], 1)[None, None]
+    slots, counts = visible_slots(mask, n, end)
+    assert slots.shape[1] >= 2 and counts.tolist() == mask[0, 0].sum(1).tolist()
+    got = row_attention(q, keys, values, slots, counts, D**-0.5)
+    assert (got - reference(q, keys, values, slots, counts, D**-0.5)).abs().max() < 1e-5
+
+
+def test_a_row_depends_on_its_own_keys_only():
+    """Bit for bit: alone, beside other rows, with more slot columns than it reads, and with its keys
+    copied to other slots of the cache (gathered, as an eager forward gathers them)."""
+    keys, values = cache(0)
+    q = torch.randn(5, HKV * G, D, generator=torch.Generator().manual_seed(1))
+    mask = torch.ones(5, 150, dtype=torch.bool).tril(145)[None, None]
+    slots, counts = visible_slots(mask, 5, 150)
+    together = row_attention(q, keys, values, slots, counts, 0.125)
+    for r in range(5):
+        m = int(counts[r])
+        alone = row_attention(q[r : r + 1], keys, values, slots[r : r + 1, :m], counts[r : r + 1], 0.125)
+        assert torch.equal(alone, together[r : r + 1])
+        moved_k, moved_v = torch.zeros_like(keys), torch.zeros_like(values)
+        moved_k[:, 100 : 100 + m], moved_v[:, 100 : 100 + m] = keys[:, slots[r, :m]], values[:, slots[r, :m]]
+        moved = torch.arange(100, 100 + m)[None]
+        assert torch.equal(row_attention(q[r : r + 1], moved_k, moved_v, moved, counts[r : r + 1], 0.125), alone)
+
+
+def test_it_names_what_is_wrong():
+    keys, values = cache(0)
+    q = torch.randn(1, HKV * G, D)
+    with pytest.raises(RuntimeError, match="a slot past the cache"):
+        row_attention(q, keys, values, torch.tensor([[0, CAPACITY]]), torch.tensor([2]), 0.125)
+    with pytest.raises(RuntimeError, match="each row sees 1 to C slots"):
+        row_attention(q, keys, values, torch.tensor([[0, 1]]), torch.tensor([3]), 0.125)
+    with pytest.raises(RuntimeError, match="float32"):
+        row_attention(q.double(), keys, values, torch.tensor([[0, 1]]), torch.tensor([2]), 0.125)
