@@ -4,9 +4,10 @@ The models are chosen by `dyspec.models.load_pair` (precision "auto": int8 Linea
 bf16 on a GPU; draft "auto": the feature draft shipped for the target). The policy and budget are
 here, one row per device type, each the fastest in a bench on that device (docs/results/cpu-default.md
 says which runs): on a CPU a forward of n tokens costs more with every n, so small trees win, and
-`lookup` (copies where the context repeats, else one drafted token) at budget 2 edged out `dyspec`
-(1.09x against 1.05x of `ar` at budget 1 on all 80 MT-Bench questions on the compiled int8
-forward, with budget 4 level at 1.10x; level with `ar` on the ten spread ones);
+`lookup` (copies where the context repeats, else one drafted token) at budget 4 (up to 4 copies)
+made 1.16x `ar` on all 80 MT-Bench questions on the compiled int8 forward, 1.14x at budget 2
+(1.018x of it, 95% bootstrap interval over the questions 1.002-1.036) and `dyspec` 1.06x at
+budget 1; on the ten spread questions all three are within 2% of each other and of `ar`;
 the compiled int8 forward (dyspec.models.lean_graph) made `ar` 1.75x faster than the eager lean
 forward, which is the fallback (`dyspec.models.loading.pick_fast_path`). On a GPU t(n) is flat up
 to ~64 tokens and the largest tree measured won.
@@ -30,7 +31,7 @@ class Defaults:
 BENCH_POLICIES = ("ar", "chain", "dyspec", "lookup")  # what `dyspec bench` compares without --policies
 
 DEFAULTS = {
-    "cpu": Defaults("lookup", 2, (1, 2, 4, "auto"), fast_path="compiled"),
+    "cpu": Defaults("lookup", 4, (1, 2, 4, "auto"), fast_path="compiled"),
     "cuda": Defaults("dyspec", 64, (4, 16, 64, "auto")),
 }
 UNMEASURED = Defaults("dyspec", 8, (2, 8, 32, "auto"))  # a device no bench has run on yet (mps)

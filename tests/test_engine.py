@@ -27,7 +27,7 @@ def test_default_pair_on_cpu(default_pair):
     device's default policy and budget when none is given (dyspec.defaults)."""
     assert default_pair.precision == "int8" and default_pair.draft_name == "distilled"
     r = generate(default_pair, PROMPTS[0], max_new_tokens=4)
-    assert (r.policy, r.budget) == ("lookup", 2)
+    assert (r.policy, r.budget) == ("lookup", 4)
 
 
 def test_ar_matches_hf_generate(pair, ar_outputs):

@@ -8,6 +8,7 @@ import torch
 from dyspec import generate
 from dyspec.core import attention
 from dyspec.core.kv import KVSession
+from dyspec.models import lean_graph
 from dyspec.models.lean import lean_forward, runner
 from dyspec.models.pair import ModelPair
 from dyspec.models.quant import quantize_int8
@@ -56,6 +57,29 @@ def test_a_tree_row_is_the_one_token_forward_of_its_path(compiled):
     lone = session(run)
     lone.append(PROMPT[:-1])
     assert torch.equal(lone.forward([PROMPT[-1]], visible=torch.ones(1, 1, dtype=torch.bool))[0], logits[0])
+
+
+def test_a_saved_graph_loads_as_the_graph_it_was(monkeypatch, tmp_path):
+    """Outside tests (no CHECK_GUARDS) a block's graphs are saved in the cache folder and a later
+    model of the same shapes loads them instead of compiling: the same logits bit for bit, at other
+    sizes than they were compiled at. 7 layers: a block of 5 and a last block of 2, a graph each."""
+    monkeypatch.setattr(lean_graph, "CHECK_GUARDS", False)
+    monkeypatch.setenv("DYSPEC_CACHE", str(tmp_path))
+    loaded = []
+    load = lean_graph.load_graph
+    monkeypatch.setattr(lean_graph, "load_graph", lambda path: loaded.append(load(path)) or loaded[-1])
+    logits = []
+    for _ in range(2):
+        run = lean_forward(tiny_int8(layers=7), compiled=True)
+        kv = session(run)
+        kv.append(PROMPT[:45])
+        tree = random_tree(PROMPT[45], 5, size=9, seed=4)
+        rows = kv.forward(tree.tokens, [kv.length + d for d in tree.depths], tree.ancestor_mask())
+        kv.commit([kv.length])
+        logits.append(torch.cat([rows, kv.forward([PROMPT[46]])]))
+    assert [x is None for x in loaded] == [True] * 6 + [False] * 6  # (prompt, row, tree) x 2 block lengths
+    assert len(list((tmp_path / "graphs").iterdir())) == 6
+    assert torch.equal(logits[0], logits[1])
 
 
 def error_from_fp32(model, fp32, prompt: list[int]) -> float:

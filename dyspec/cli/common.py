@@ -92,8 +92,8 @@ def add_model_args(p: argparse.ArgumentParser, with_draft: bool = True) -> None:
         "other models run off). off: the Hugging Face forward over a growing cache, the reference. static: a "
         "preallocated cache written in place and forwards at bucketed sizes; compiled: static, each bucket's "
         "forward compiled once (CUDA graphs on a GPU; cached across runs); with int8 on a CPU, the lean "
-        "forward's layers compiled with dyspec's int8 kernel: ~1.75x lean's speed, 7-45 s of compiling at a "
-        "process's first generation",
+        "forward's layers compiled with dyspec's kernels: ~1.75x lean's speed or more, 40 s of compiling at "
+        "the first generation on a machine, ~3 s of loading in later processes",
     )
 
 

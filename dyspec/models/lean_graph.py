@@ -27,16 +27,24 @@ A block's graph is called without dynamo's guards (`torch.compile(...).aot_compi
 knows which graph a call needs (its kind and grad mode), and checking ~100 inputs' guards, reading
 their sizes and inductor's size asserts cost ~0.15 ms a call, 6 calls a forward (t(1) 9.1 -> 8.1 ms).
 Tests run with CHECK_GUARDS, so every compiled forward of the suite checks that its graph's guards
-hold.
+hold. `aot_compile` bypasses torch.compile's disk caches, so each graph is saved whole in dyspec's
+cache folder and a later process loads it: ~3 s to ready the default target's graphs, against ~9 s
+when torch.compile retraced them from its caches.
 """
 
 from __future__ import annotations
+
+import hashlib
+import sys
+import warnings
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 from tqdm.auto import tqdm
 
 from dyspec.models import row_attention
+from dyspec.models.cache import cache_dir
 from dyspec.models.int8_mm import int8_mm, int8_operands
 from dyspec.models.quant import Int8Linear
 
@@ -133,19 +141,23 @@ class CompiledLayers:
         end = start + n
         slots = torch.arange(start, end, device=h.device)
         seen = None if start == 0 and n > 1 else row_attention.visible_slots(mask, n, end)
-        blocks = [
-            (cache.k[i : i + BLOCK], cache.v[i : i + BLOCK], self.layers[i : i + BLOCK])
-            for i in range(0, len(self.layers), BLOCK)
-        ]
-        # a graph per grad mode too, as torch.compile makes them: the engine runs in inference mode
         kind = "prompt" if seen is None else "row" if n == 1 else "tree"
-        key = kind, torch.is_inference_mode_enabled(), torch.is_grad_enabled()
-        graph = self.graphs.get(key)
-        if graph is None:
-            graph = self.graphs[key] = compile_block(kind, h, cos, sin, slots, seen, blocks[0], self.shape)
         outputs = []
-        for keys, values, layers in blocks:
-            h, hs = graph(h, cos, sin, slots, keys, values, seen, layers, self.shape)
+        for i in range(0, len(self.layers), BLOCK):
+            block = cache.k[i : i + BLOCK], cache.v[i : i + BLOCK], self.layers[i : i + BLOCK]
+            # a graph per block length (a last, shorter block), grad mode and thread count (inductor
+            # parallelizes its loops for it), as torch.compile makes them
+            key = (
+                kind,
+                len(block[2]),
+                torch.is_inference_mode_enabled(),
+                torch.is_grad_enabled(),
+                torch.get_num_threads(),
+            )
+            graph = self.graphs.get(key)
+            if graph is None:
+                graph = self.graphs[key] = compile_block(kind, h, cos, sin, slots, seen, block, self.shape)
+            h, hs = graph(h, cos, sin, slots, *block[:2], seen, block[2], self.shape)
             outputs += hs
         return h, outputs
 
@@ -161,12 +173,49 @@ def compile_block(kind: str, h, cos, sin, slots, seen, block: tuple, shape: tupl
         varying += [(seen[0], 1)] + ([(seen[0], 0), (seen[1], 0)] if kind == "tree" else [])
     for tensor, dim in varying:
         torch._dynamo.mark_dynamic(tensor, dim)
-    keys, values, layers = block
-    compiled = torch.compile(layers_block, fullgraph=True, dynamic=False, options={"size_asserts": CHECK_GUARDS})
-    graph = compiled.aot_compile(((h, cos, sin, slots, keys, values, seen, layers, shape), {}))
-    if not CHECK_GUARDS:
-        graph.disable_guard_check()
+    args = (h, cos, sin, slots, *block[:2], seen, block[2], shape)
+    if CHECK_GUARDS:  # compiled afresh: a loaded graph's guards misread the dynamic-size marks
+        compiled = torch.compile(layers_block, fullgraph=True, dynamic=False)
+        return compiled.aot_compile((args, {}))
+    path = saved_graph(kind, args)
+    graph = load_graph(path)
+    if graph is None:
+        compiled = torch.compile(layers_block, fullgraph=True, dynamic=False, options={"size_asserts": False})
+        graph = compiled.aot_compile((args, {}))
+        tmp = path.with_name(f"{path.name}.tmp{id(graph)}")
+        graph.save_compiled_function(str(tmp))
+        tmp.replace(path)  # whole or not at all: processes share the folder
+    graph.disable_guard_check()
     return graph
+
+
+def load_graph(path: Path):
+    """A block's graph an earlier process compiled (`aot_compile` bypasses torch.compile's disk
+    caches, so a process would compile for ~25 s where loading takes ~1), or None."""
+    try:
+        with path.open("rb") as f:
+            return torch.compiler.load_compiled_function(f)
+    except FileNotFoundError:
+        return None
+    except Exception as e:  # noqa: BLE001 (a file this PyTorch cannot read: compiled anew)
+        warnings.warn(f"a saved compiled graph did not load, compiling it again: {e}", stacklevel=2)
+        return None
+
+
+def saved_graph(kind: str, args: tuple) -> Path:
+    """Where a block's compiled graph is kept: named by everything it was compiled from (this
+    module and the kernels' sources, PyTorch and Python, the kind, grad mode, thread count, and
+    every input's type, shape and dtype; dynamic sizes as the warm-up's)."""
+    here = Path(__file__).parent
+    what = [p.read_bytes() for p in (here / "lean_graph.py", here / "row_attention.cpp", here / "int8_mm.cpp")]
+    leaves = torch.utils._pytree.tree_leaves(args)
+    inputs = [(type(x).__name__, tuple(x.shape), str(x.dtype)) if torch.is_tensor(x) else repr(x) for x in leaves]
+    modes = kind, torch.is_inference_mode_enabled(), torch.is_grad_enabled(), torch.get_num_threads()
+    what.append(repr((torch.__version__, sys.version, modes, inputs)).encode())
+    digest = hashlib.sha256(b"\0".join(what)).hexdigest()[:24]
+    path = cache_dir() / "graphs" / f"{kind}-{digest}.bin"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    return path
 
 
 def warm_up(lean, vocab: int) -> None:
