@@ -39,14 +39,7 @@ def row_groups(attention_mask: torch.Tensor | None, q_len: int, kv_len: int, kv_
     mask, shape, groups = _groups_cache
     if mask is attention_mask and shape == (q_len, kv_len, kv_heads, device):
         return groups
-    if attention_mask is None:
-        visible = torch.ones(q_len, kv_len, dtype=torch.bool).tril(kv_len - q_len)
-    else:
-        mask = attention_mask[0, 0].cpu()
-        visible = mask if mask.dtype == torch.bool else mask == 0
-    counts = visible.sum(1)
-    # visible keys first, in position order (a stable sort on "hidden"), then the rest
-    order = torch.sort((~visible).to(torch.uint8), dim=1, stable=True).indices
+    order, counts = visible_order(attention_mask, q_len, kv_len)
     padded = (counts + BLOCK - 1) // BLOCK * BLOCK
     groups = []
     for c in padded.unique().tolist():
@@ -59,6 +52,19 @@ def row_groups(attention_mask: torch.Tensor | None, q_len: int, kv_len: int, kv_
         groups.append((rows, idx.flatten().to(device), bias.to(device)))
     _groups_cache = (attention_mask, (q_len, kv_len, kv_heads, device), groups)
     return groups
+
+
+def visible_order(attention_mask: torch.Tensor | None, q_len: int, kv_len: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """For each of the last q_len of kv_len tokens, the key positions it sees first, in position
+    order, then the rest [q_len, kv_len], and how many it sees [q_len]: from a boolean mask [1, 1,
+    q_len, kv_len] (True where visible) or an additive one (0 where visible), or causally (None)."""
+    if attention_mask is None:
+        visible = torch.ones(q_len, kv_len, dtype=torch.bool).tril(kv_len - q_len)
+    else:
+        mask = attention_mask[0, 0].cpu()
+        visible = mask if mask.dtype == torch.bool else mask == 0
+    # visible keys first, in position order (a stable sort on "hidden"), then the rest
+    return torch.sort((~visible).to(torch.uint8), dim=1, stable=True).indices, visible.sum(1)
 
 
 def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Tensor, scale: float) -> torch.Tensor:

@@ -21,6 +21,7 @@ from pathlib import Path
 
 import torch
 
+from dyspec.core.attention import visible_order
 from dyspec.models.int8_mm import build
 
 SOURCE = Path(__file__).with_suffix(".cpp")
@@ -43,16 +44,9 @@ def row_attention(
 
 def visible_slots(mask: torch.Tensor | None, n: int, end: int) -> tuple[torch.Tensor, torch.Tensor]:
     """The slots each of the last n of `end` tokens sees, in position order, [n, C] (C at least 2:
-    a graph would specialize a size of 1), and their counts [n]: from a boolean mask [1, 1, n, end]
-    (True where visible) or an additive one (0 where visible), or causally (None)."""
-    if mask is None:
-        visible = torch.ones(n, end, dtype=torch.bool).tril(end - n)
-    else:
-        mask = mask[0, 0].cpu()
-        visible = mask if mask.dtype == torch.bool else mask == 0
-    counts = visible.sum(1)
-    # visible slots first, in position order (a stable sort on "hidden"), then the rest
-    order = torch.sort((~visible).to(torch.uint8), dim=1, stable=True).indices
+    a graph would specialize a size of 1), and their counts [n]: from a mask as
+    `dyspec.core.attention.visible_order` reads it."""
+    order, counts = visible_order(mask, n, end)
     c = max(2, int(counts.max()))
     slots = order.new_zeros(n, c)  # strides (c, 1) even for one row: a graph's guards check them
     slots[:, : min(c, end)] = order[:, :c]
