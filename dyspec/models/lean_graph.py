@@ -35,6 +35,7 @@ when torch.compile retraced them from its caches.
 from __future__ import annotations
 
 import hashlib
+import os
 import sys
 import warnings
 from pathlib import Path
@@ -182,7 +183,7 @@ def compile_block(kind: str, h, cos, sin, slots, seen, block: tuple, shape: tupl
     if graph is None:
         compiled = torch.compile(layers_block, fullgraph=True, dynamic=False, options={"size_asserts": False})
         graph = compiled.aot_compile((args, {}))
-        tmp = path.with_name(f"{path.name}.tmp{id(graph)}")
+        tmp = path.with_name(f"{path.name}.tmp{os.getpid()}")
         graph.save_compiled_function(str(tmp))
         tmp.replace(path)  # whole or not at all: processes share the folder
     graph.disable_guard_check()
@@ -204,14 +205,18 @@ def load_graph(path: Path):
 
 def saved_graph(kind: str, args: tuple) -> Path:
     """Where a block's compiled graph is kept: named by everything it was compiled from (this
-    module and the kernels' sources, PyTorch and Python, the kind, grad mode, thread count, and
-    every input's type, shape and dtype; dynamic sizes as the warm-up's)."""
+    module and the kernels' sources, PyTorch and Python, the CPU's features (a cache folder may be
+    shared by machines), the kind, grad mode, thread count, and every input's type, shape and
+    dtype; dynamic sizes as the warm-up's)."""
     here = Path(__file__).parent
     what = [p.read_bytes() for p in (here / "lean_graph.py", here / "row_attention.cpp", here / "int8_mm.cpp")]
     leaves = torch.utils._pytree.tree_leaves(args)
     inputs = [(type(x).__name__, tuple(x.shape), str(x.dtype)) if torch.is_tensor(x) else repr(x) for x in leaves]
     modes = kind, torch.is_inference_mode_enabled(), torch.is_grad_enabled(), torch.get_num_threads()
-    what.append(repr((torch.__version__, sys.version, modes, inputs)).encode())
+    cpuinfo = Path("/proc/cpuinfo")
+    lines = cpuinfo.read_text().splitlines() if cpuinfo.exists() else []
+    flags = next((line for line in lines if line.startswith("flags")), "")
+    what.append(repr((torch.__version__, sys.version, flags, modes, inputs)).encode())
     digest = hashlib.sha256(b"\0".join(what)).hexdigest()[:24]
     path = cache_dir() / "graphs" / f"{kind}-{digest}.bin"
     path.parent.mkdir(parents=True, exist_ok=True)
