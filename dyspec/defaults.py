@@ -7,7 +7,7 @@ says which runs): on a CPU a forward of n tokens costs more with every n, so sma
 `lookup` (copies where the context repeats, else one drafted token) at budget 4 (up to 4 copies)
 made 1.16x `ar` on all 80 MT-Bench questions on the compiled int8 forward, 1.14x at budget 2
 (1.018x of it, 95% bootstrap interval over the questions 1.002-1.036) and `dyspec` 1.06x at
-budget 1; on the ten spread questions all three are within 2% of each other and of `ar`;
+budget 1; on the ten spread questions all three are within 3% of each other and of `ar`;
 the compiled int8 forward (dyspec.models.lean_graph) made `ar` 1.75x faster than the eager lean
 forward, which is the fallback (`dyspec.models.loading.pick_fast_path`). On a GPU t(n) is flat up
 to ~64 tokens and the largest tree measured won.
