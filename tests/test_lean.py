@@ -23,7 +23,7 @@ from dyspec.decode.engine import encode_prompt
 from dyspec.errors import DyspecError
 from dyspec.models import check_lean, load_pair
 from dyspec.models import lean as lean_module
-from dyspec.models.lean import is_lean, lean_forward, lean_unsupported, runner
+from dyspec.models.lean import LeanForward, is_lean, lean_forward, lean_unsupported, runner
 from dyspec.models.loading import pick_fast_path
 
 from .conftest import PROMPTS
@@ -161,6 +161,11 @@ def test_the_cpu_default_runs_the_compiled_int8_forward_where_it_can(default_pai
     monkeypatch.setenv("CXX", "no-such-compiler")
     assert pick_fast_path("auto", cpu, "int8") == "lean"
     assert pick_fast_path("compiled", cpu, "int8") == "compiled"  # asked for by name: as asked
+    monkeypatch.delenv("CXX")
+    monkeypatch.delattr(torch.compiler, "load_compiled_function")  # a PyTorch too old to keep graphs
+    assert pick_fast_path("auto", cpu, "int8") == "lean"
+    with pytest.raises(DyspecError, match="needs a newer PyTorch"):
+        LeanForward(default_pair.target).compile_layers()
     assert load_pair(precision="fp32", fast_path="off").fast_path == "off"
 
 

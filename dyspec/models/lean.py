@@ -26,6 +26,7 @@ from transformers import PreTrainedModel
 from transformers.modeling_outputs import CausalLMOutputWithPast
 
 from dyspec.core.attention import prefix_attention, prefix_bias, rowwise_attention
+from dyspec.errors import DyspecError
 from dyspec.models import lean_graph
 from dyspec.models.lean_graph import MAX_ROWS, CompiledLayers, warm_up
 from dyspec.models.quant import Int8Linear, Int8Part, has_int8
@@ -248,6 +249,9 @@ class LeanForward(nn.Module):
         models), compiled now."""
         if not self.exact_attention:
             raise ValueError("the compiled lean forward runs int8 models")
+        if not lean_graph.supported():
+            why = f"the compiled int8 forward needs a newer PyTorch than {torch.__version__}"
+            raise DyspecError(f"{why}: use --fast-path lean")
         if self.graph is None:
             self.graph = CompiledLayers(self.layers, self.dims)
             warm_up(self, self.config.vocab_size)

@@ -163,6 +163,12 @@ class CompiledLayers:
         return h, outputs
 
 
+def supported() -> bool:
+    """Whether this PyTorch compiles and keeps graphs as `compile_block` does (`aot_compile`,
+    `torch.compiler.load_compiled_function`: 2.13 is the version tested)."""
+    return hasattr(torch.compiler, "load_compiled_function")
+
+
 def compile_block(kind: str, h, cos, sin, slots, seen, block: tuple, shape: tuple):
     """`layers_block` compiled for a kind of forward ("prompt", "row", "tree"), over the first of its
     blocks (keys, values, layers). Only the sizes marked here are dynamic (rows, and the slots a row

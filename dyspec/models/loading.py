@@ -25,6 +25,7 @@ from dyspec.errors import DyspecError
 from dyspec.models.cache import cache_dir
 from dyspec.models.int8_mm import cpp_compiler
 from dyspec.models.lean import lean_unsupported
+from dyspec.models.lean_graph import supported
 from dyspec.models.quant import int8_available
 
 transformers.utils.logging.disable_progress_bar()  # per-tensor load bars are noise for models this size
@@ -74,13 +75,14 @@ def pick_precision(precision: str, device: torch.device) -> str:
 def pick_fast_path(fast_path: str, device: torch.device, precision: str) -> str:
     """ "auto": the device's default (`dyspec.defaults`). "compiled" with int8 layers compiles the
     lean forward's layers (dyspec.models.lean_graph). The CPU default, compiled, measured faster
-    with int8 layers only, and compiling needs a C++ compiler: else "auto" runs the lean forward."""
+    with int8 layers only, and compiling needs a C++ compiler and a PyTorch that keeps compiled
+    graphs (`lean_graph.supported`): else "auto" runs the lean forward."""
     if fast_path not in ("auto", *FAST_PATHS):
         raise DyspecError(f"fast path must be one of auto, {', '.join(FAST_PATHS)}, got '{fast_path}'")
     if fast_path != "auto":
         return fast_path
     chosen = defaults_for(device).fast_path
-    if device.type == "cpu" and chosen == "compiled" and (precision != "int8" or not cpp_compiler()):
+    if device.type == "cpu" and chosen == "compiled" and (precision != "int8" or not cpp_compiler() or not supported()):
         return "lean"
     return chosen
 
