@@ -143,18 +143,13 @@ class CompiledLayers:
         slots = torch.arange(start, end, device=h.device)
         seen = None if start == 0 and n > 1 else row_attention.visible_slots(mask, n, end)
         kind = "prompt" if seen is None else "row" if n == 1 else "tree"
+        # a graph per block length (a last, shorter block), grad mode and thread count (inductor
+        # parallelizes its loops for it), as torch.compile makes them
+        modes = torch.is_inference_mode_enabled(), torch.is_grad_enabled(), torch.get_num_threads()
         outputs = []
         for i in range(0, len(self.layers), BLOCK):
             block = cache.k[i : i + BLOCK], cache.v[i : i + BLOCK], self.layers[i : i + BLOCK]
-            # a graph per block length (a last, shorter block), grad mode and thread count (inductor
-            # parallelizes its loops for it), as torch.compile makes them
-            key = (
-                kind,
-                len(block[2]),
-                torch.is_inference_mode_enabled(),
-                torch.is_grad_enabled(),
-                torch.get_num_threads(),
-            )
+            key = kind, len(block[2]), *modes
             graph = self.graphs.get(key)
             if graph is None:
                 graph = self.graphs[key] = compile_block(kind, h, cos, sin, slots, seen, block, self.shape)
