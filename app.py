@@ -18,12 +18,12 @@ import inspect
 import gradio as gr
 
 import dyspec
+from dyspec import figures
 from dyspec.auto import whatif
 from dyspec.errors import DyspecError
-from dyspec.eval import speedup
-from dyspec.export import VIEW_FORMATS, run_snippet
-from dyspec.models import DEFAULT_DRAFT, DEFAULT_TARGET, PRECISIONS
-from dyspec.views import figures, state
+from dyspec.export import VIEW_FORMATS
+from dyspec.load import DEFAULT_DRAFT, DEFAULT_TARGET, PRECISIONS
+from dyspec.views import state
 from dyspec.views.examples import EXAMPLES
 
 LOOK_FOR = (
@@ -53,28 +53,145 @@ def errors_as_toasts(fn):
     return wrapped
 
 
-def build_app(pair: dyspec.ModelPair, concurrency: int = 1, profiles: dict | None = None) -> gr.Blocks:
-    """`profiles`: latency models the operator loaded for the what-if menu, besides the shipped
-    ones, this machine's and a parametric accelerator."""
-    vm = state.ViewModel(pair, profiles)
-    vm.warm_up()
-    examples = [[e.prompt, e.expect] for e in EXAMPLES]
-    labels = [e.label for e in EXAMPLES]
+def pricing_controls(vm: state.ViewModel, label: str, value: str | None, elem_id: str):
+    """The hardware menu, and the parametric accelerator's two sliders, shown only when it is chosen."""
+    choice = gr.Dropdown(vm.hardware_choices, value=value or vm.hardware_choices[0], label=label, elem_id=elem_id)
+    width = gr.Slider(1, 256, value=state.WIDTH, step=1, label="Parametric: t(n) flat up to width", visible=False)
+    fraction = gr.Slider(0, 1, value=state.DRAFT_FRACTION, step=0.01, label="Parametric: draft / t(1)", visible=False)
+    choice.change(lambda c: [gr.update(visible=c == whatif.PARAMETRIC)] * 2, choice, [width, fraction], api_name=False)
+    return choice, width, fraction
+
+
+def examples_menu(prompt: gr.Textbox, expect: gr.Textbox, label: str, elem_id: str) -> None:
+    gr.Examples(
+        [[e.prompt, e.expect] for e in EXAMPLES],
+        [prompt, expect],
+        example_labels=[e.label for e in EXAMPLES],
+        label=label,
+        elem_id=elem_id,
+    )
+
+
+def side_by_side_tab(vm: state.ViewModel, concurrency: int) -> None:
+    """Several policies' trees replayed on one answer, a table of what each bought, and the sweep."""
 
     @errors_as_toasts
-    def check_generate(prompt, policy, budget, auto, temperature, seed, max_new_tokens, *_):
-        vm.check(prompt, "auto" if auto else int(budget), temperature, int(max_new_tokens))
+    def check(prompt, policies, budget, max_new_tokens, *_):
+        vm.check_policies(policies, state.MAX_SIDE_BY_SIDE)
+        vm.check(prompt, int(budget), 0.0, int(max_new_tokens), replay=True)
+
+    def trees(runs, position):
+        shown = vm.position_trees(runs, int(position))
+        hidden = [gr.update(visible=False)] * (state.MAX_SIDE_BY_SIDE - len(shown))
+        return [gr.update(value=f, visible=True) for f in shown] + hidden
+
+    @errors_as_toasts
+    def replay(prompt, policies, budget, max_new_tokens, choice, width, fraction):
+        runs = vm.replay(prompt, policies, [int(budget)], int(max_new_tokens))
+        table = vm.replay_table(runs, vm.replay_models(choice, width, fraction))
+        yield table, runs, slider_update(runs[0].tokens - 1, 0, 0), *trees(runs, 0), gr.skip()
+        _, sweep = vm.sweep(prompt, policies, int(max_new_tokens))
+        yield gr.skip(), gr.skip(), gr.skip(), *[gr.skip()] * state.MAX_SIDE_BY_SIDE, sweep
+
+    gr.Markdown(LOOK_FOR)
+    with gr.Row():
+        with gr.Column(scale=1):
+            prompt = gr.Textbox(label="Prompt", value=EXAMPLES[0].prompt, lines=4, elem_id="sbs-prompt")
+            expect = gr.Textbox(label="What to expect", value=EXAMPLES[0].expect, lines=2, interactive=False)
+            examples_menu(prompt, expect, "Examples", "sbs-examples")
+            policies = gr.CheckboxGroup(
+                vm.replay_policies,
+                value=vm.side_by_side,
+                label=f"Policies (up to {state.MAX_SIDE_BY_SIDE})",
+                elem_id="sbs-policies",
+            )
+            budget = gr.Slider(
+                1,
+                vm.limits.replay_budget,
+                value=state.SIDE_BY_SIDE_BUDGET,
+                step=1,
+                label="Budget (drafted tokens per step)",
+                info="replayed: even 256-node trees take seconds here",
+            )
+            max_new = gr.Slider(1, vm.limits.max_new_tokens, value=64, step=1, label="Max new tokens")
+            pricing = pricing_controls(vm, "Price the trees on", vm.side_by_side_hardware, "sbs-hardware")
+            button = gr.Button("Replay side by side", variant="primary", elem_id="sbs-run")
+        with gr.Column(scale=3):
+            table = gr.Markdown("Replay to see each policy's tree on the same answer.", elem_id="sbs-table")
+            position = gr.Slider(
+                0,
+                1,
+                value=0,
+                step=1,
+                label="Answer token (each tree shown is the one that drafted it)",
+                elem_id="sbs-position",
+            )
+            with gr.Column():
+                tree_plots = [
+                    gr.Plot(label=f"Tree {i + 1}", elem_id=f"sbs-tree-{i}", visible=False)
+                    for i in range(state.MAX_SIDE_BY_SIDE)
+                ]
+            sweep = gr.Plot(label="Tokens per forward against budget", elem_id="sbs-sweep")
+    runs = gr.State(None)
+    inputs = [prompt, policies, budget, max_new, *pricing]
+    button.click(check, inputs, None, api_name=False).success(
+        replay,
+        inputs,
+        [table, runs, position, *tree_plots, sweep],
+        api_name="side_by_side",
+        concurrency_limit=concurrency,
+    )
+    position.release(
+        lambda r, pos: trees(r, pos) if r else [gr.skip()] * state.MAX_SIDE_BY_SIDE,
+        [runs, position],
+        tree_plots,
+        api_name=False,
+    )
+
+
+def generate_controls(vm: state.ViewModel) -> list:
+    """The live tab's inputs, in the order its handlers take them, then its Run and Stop buttons."""
+    prompt = gr.Textbox(label="Prompt", value=EXAMPLES[0].prompt, lines=5, elem_id="prompt")
+    expect = gr.Textbox(label="What to expect", value=EXAMPLES[0].expect, lines=2, interactive=False, elem_id="expect")
+    examples_menu(prompt, expect, "Examples: where trees pay, and where they pay little", "examples")
+    policy = gr.Dropdown(vm.policies, value=vm.default_policy, label="Policy", elem_id="policy")
+    with gr.Row():
+        budget = gr.Slider(
+            1, vm.limits.budget, value=vm.default_budget, step=1, label="Budget (drafted tokens per step)", scale=3
+        )
+        auto = gr.Checkbox(
+            value=False,
+            label="auto",
+            info="size each tree by its expected gain on this machine",
+            elem_id="auto",
+            scale=1,
+        )
+    temperature = gr.Slider(0, vm.limits.temperature, value=0, step=0.05, label="Temperature")
+    seed = gr.Number(value=0, precision=0, label="Seed")
+    max_new = gr.Slider(1, vm.limits.max_new_tokens, value=64, step=1, label="Max new tokens", elem_id="max-new")
+    measure_ar = gr.Checkbox(value=True, label="Measure ar on the same prompt (for the speedup)")
+    with gr.Row():
+        run_btn = gr.Button("Run", variant="primary", elem_id="run")
+        stop_btn = gr.Button("Stop", elem_id="stop")
+    return [prompt, policy, budget, auto, temperature, seed, max_new, measure_ar, run_btn, stop_btn]
+
+
+def generate_tab(vm: state.ViewModel, concurrency: int) -> None:
+    """A live run measured against `ar`: its text, trees, per-step chart, export and what-if."""
+
+    @errors_as_toasts
+    def check(prompt, policy, budget, auto, temperature, seed, max_new_tokens, *_):
+        vm.check(prompt, state.budget_of(budget, auto), temperature, int(max_new_tokens))
         vm.check_policies([policy])
 
     @errors_as_toasts
     def run(prompt, policy, budget, auto, temperature, seed, max_new_tokens, measure_ar, choice, width, fraction):
-        budget = "auto" if auto else int(budget)
-        for live in vm.run(prompt, policy, budget, temperature, int(seed), int(max_new_tokens), None, measure_ar):
-            ar_rate = speedup.decode_rate(live.ar) if live.ar else None
+        settings = (temperature, int(seed), int(max_new_tokens), None, measure_ar)
+        for live in vm.run(prompt, policy, state.budget_of(budget, auto), *settings):
             yield (
                 vm.text(live.steps),
                 figures.tree_figure(live.steps[-1]) if live.steps else gr.skip(),
-                figures.steps_figure(live.steps, speedup.running_speedup(live.steps, ar_rate) if ar_rate else None),
+                vm.steps_chart(live),
                 vm.stats(live),
                 live,
                 slider_update(len(live.steps) - 1, 0),
@@ -89,45 +206,59 @@ def build_app(pair: dyspec.ModelPair, concurrency: int = 1, profiles: dict | Non
         upto = min(int(growth), len(step.tokens))
         return figures.tree_figure(step, upto), slider_update(len(step.tokens), 1, upto)
 
-    def reprice(live, choice, width, fraction):
-        return vm.whatif(live or state.Live(), choice, width, fraction)
-
-    def pricing_controls(label: str, value: str | None, elem_id: str):
-        """The hardware menu, and the parametric accelerator's two sliders, shown only when it is chosen."""
-        choice = gr.Dropdown(vm.hardware_choices, value=value or vm.hardware_choices[0], label=label, elem_id=elem_id)
-        width = gr.Slider(1, 256, value=64, step=1, label="Parametric: t(n) flat up to width", visible=False)
-        fraction = gr.Slider(0, 1, value=0.1, step=0.01, label="Parametric: draft / t(1)", visible=False)
-        choice.change(
-            lambda c: [gr.update(visible=c == whatif.PARAMETRIC)] * 2, choice, [width, fraction], api_name=False
+    gr.Markdown(
+        f"A live run on this machine, measured against plain decoding (`ar`) on the same prompt. "
+        f"The default, `{vm.default_text}`, is the fastest measured on a {vm.pair.device.type}; on a CPU "
+        "every extra node costs, so bigger trees are usually slower here (the side-by-side tab shows them). "
+        "In the text, green tokens were drafted and accepted, blue ones are the target's own."
+    )
+    with gr.Row():
+        with gr.Column(scale=1):
+            *settings, run_btn, stop_btn = generate_controls(vm)
+        with gr.Column(scale=2):
+            stats, text = gr.Markdown(elem_id="stats"), gr.HTML(elem_id="text")
+            tree = gr.Plot(label="Token tree", elem_id="tree")
+            step_slider = gr.Slider(0, 1, value=0, step=1, label="Step")
+            growth_slider = gr.Slider(
+                1, 2, value=1, step=1, label="Nodes shown: the root and the drafted ones, in growth order"
+            )
+            with gr.Accordion("Export this run's tree to a serving engine", open=False):
+                with gr.Row():
+                    fmt = gr.Dropdown(list(VIEW_FORMATS), value="trtllm", label="Format", elem_id="format")
+                    export_btn = gr.Button("Export this tree", elem_id="export")
+                export_code = gr.Code(language="python", label="Paste into your engine's config", elem_id="snippet")
+            chart = gr.Plot(label="Per step", elem_id="chart")
+            with gr.Accordion("Hardware what-if: this run's trees priced elsewhere", open=True):
+                gr.Markdown(
+                    "Tokens per forward belong to the model pair and the text; the speedup is that times "
+                    "the hardware's price of a tree. Priced with a latency profile (forwards only)."
+                )
+                with gr.Row():
+                    pricing = pricing_controls(vm, "Hardware", None, "hardware")
+                whatif_md = gr.Markdown("Run a generation to price its trees.", elem_id="whatif")
+    live_state = gr.State(None)
+    inputs = [*settings, *pricing]
+    outputs = [text, tree, chart, stats, live_state, step_slider, growth_slider, whatif_md]
+    run_evt = run_btn.click(check, inputs, None, api_name=False).success(
+        run, inputs, outputs, api_name="run", concurrency_limit=concurrency
+    )
+    stop_btn.click(None, None, None, cancels=[run_evt])
+    for slider in (step_slider, growth_slider):
+        slider.release(show_step, [live_state, step_slider, growth_slider], [tree, growth_slider], api_name=False)
+    export_btn.click(
+        lambda live, f: vm.export(live or state.Live(), f), [live_state, fmt], export_code, api_name="export"
+    )
+    for control in pricing:
+        control.change(
+            lambda live, *p: vm.whatif(live or state.Live(), *p), [live_state, *pricing], whatif_md, api_name=False
         )
-        return choice, width, fraction
 
-    def export_tree(live, fmt):
-        steps = live.steps if live else []
-        return run_snippet([s.parents for s in steps], fmt) if steps else "# run a generation first"
 
-    @errors_as_toasts
-    def check_side_by_side(prompt, policies, budget, max_new_tokens, *_):
-        vm.check_policies(policies, state.MAX_SIDE_BY_SIDE)
-        vm.check(prompt, int(budget), 0.0, int(max_new_tokens), replay=True)
-
-    def side_trees(runs, position):
-        shown = [
-            figures.tree_figure(state.at_position(r.steps, int(position)), title=f"{r.policy} at {r.budget}")
-            for r in runs
-        ]
-        hidden = [gr.update(visible=False)] * (state.MAX_SIDE_BY_SIDE - len(shown))
-        return [gr.update(value=f, visible=True) for f in shown] + hidden
-
-    @errors_as_toasts
-    def side_by_side(prompt, policies, budget, max_new_tokens, choice, width, fraction):
-        runs = vm.replay(prompt, policies, [int(budget)], int(max_new_tokens))
-        models = [vm.latency_model(c, width, fraction) for c in dict.fromkeys([whatif.THIS_MACHINE, choice])]
-        table = vm.replay_table(runs, models)
-        yield table, runs, slider_update(runs[0].tokens - 1, 0, 0), *side_trees(runs, 0), gr.skip()
-        sweep = vm.replay(prompt, policies, [b for b in state.SWEEP_BUDGETS if b <= 128], int(max_new_tokens))
-        yield gr.skip(), gr.skip(), gr.skip(), *[gr.skip()] * state.MAX_SIDE_BY_SIDE, figures.sweep_figure(sweep)
-
+def build_app(pair: dyspec.ModelPair, concurrency: int = 1, profiles: dict | None = None) -> gr.Blocks:
+    """`profiles`: latency models the operator loaded for the what-if menu, besides the shipped
+    ones, this machine's and a parametric accelerator."""
+    vm = state.ViewModel(pair, profiles)
+    vm.warm_up()
     with gr.Blocks(title="dyspec") as demo:
         gr.Markdown(
             f"# dyspec: speculative decoding with token trees\nTarget `{pair.target_name}` ({pair.precision}), "
@@ -136,151 +267,9 @@ def build_app(pair: dyspec.ModelPair, concurrency: int = 1, profiles: dict | Non
             "of its own, so the answer is exactly the target's."
         )
         with gr.Tab("Trees side by side"):
-            gr.Markdown(LOOK_FOR)
-            with gr.Row():
-                with gr.Column(scale=1):
-                    s_prompt = gr.Textbox(label="Prompt", value=EXAMPLES[0].prompt, lines=4, elem_id="sbs-prompt")
-                    s_expect = gr.Textbox(label="What to expect", value=EXAMPLES[0].expect, lines=2, interactive=False)
-                    gr.Examples(
-                        examples, [s_prompt, s_expect], example_labels=labels, label="Examples", elem_id="sbs-examples"
-                    )
-                    s_policies = gr.CheckboxGroup(
-                        vm.replay_policies,
-                        value=vm.side_by_side,
-                        label=f"Policies (up to {state.MAX_SIDE_BY_SIDE})",
-                        elem_id="sbs-policies",
-                    )
-                    s_budget = gr.Slider(
-                        1,
-                        vm.limits.replay_budget,
-                        value=state.SIDE_BY_SIDE_BUDGET,
-                        step=1,
-                        label="Budget (drafted tokens per step)",
-                        info="replayed: even 256-node trees take seconds here",
-                    )
-                    s_max = gr.Slider(1, vm.limits.max_new_tokens, value=64, step=1, label="Max new tokens")
-                    opening = state.SIDE_BY_SIDE_HARDWARE if state.SIDE_BY_SIDE_HARDWARE in vm.hardware else None
-                    s_choice, s_width, s_fraction = pricing_controls("Price the trees on", opening, "sbs-hardware")
-                    s_btn = gr.Button("Replay side by side", variant="primary", elem_id="sbs-run")
-                with gr.Column(scale=3):
-                    s_table = gr.Markdown("Replay to see each policy's tree on the same answer.", elem_id="sbs-table")
-                    s_position = gr.Slider(
-                        0,
-                        1,
-                        value=0,
-                        step=1,
-                        label="Answer token (each tree shown is the one that drafted it)",
-                        elem_id="sbs-position",
-                    )
-                    with gr.Column():
-                        s_trees = [
-                            gr.Plot(label=f"Tree {i + 1}", elem_id=f"sbs-tree-{i}", visible=False)
-                            for i in range(state.MAX_SIDE_BY_SIDE)
-                        ]
-                    s_sweep = gr.Plot(label="Tokens per forward against budget", elem_id="sbs-sweep")
-            s_runs = gr.State(None)
-            s_inputs = [s_prompt, s_policies, s_budget, s_max, s_choice, s_width, s_fraction]
-            s_btn.click(check_side_by_side, s_inputs, None, api_name=False).success(
-                side_by_side,
-                s_inputs,
-                [s_table, s_runs, s_position, *s_trees, s_sweep],
-                api_name="side_by_side",
-                concurrency_limit=concurrency,
-            )
-            s_position.release(
-                lambda runs, pos: side_trees(runs, pos) if runs else [gr.skip()] * state.MAX_SIDE_BY_SIDE,
-                [s_runs, s_position],
-                s_trees,
-                api_name=False,
-            )
-
+            side_by_side_tab(vm, concurrency)
         with gr.Tab("Generate (live, measured)"):
-            gr.Markdown(
-                f"A live run on this machine, measured against plain decoding (`ar`) on the same prompt. "
-                f"The default, `{vm.default_text}`, is the fastest measured on a {pair.device.type}; on a CPU "
-                "every extra node costs, so bigger trees are usually slower here (the side-by-side tab shows them). "
-                "In the text, green tokens were drafted and accepted, blue ones are the target's own."
-            )
-            with gr.Row():
-                with gr.Column(scale=1):
-                    prompt = gr.Textbox(label="Prompt", value=EXAMPLES[0].prompt, lines=5, elem_id="prompt")
-                    expect = gr.Textbox(
-                        label="What to expect", value=EXAMPLES[0].expect, lines=2, interactive=False, elem_id="expect"
-                    )
-                    gr.Examples(
-                        examples,
-                        [prompt, expect],
-                        example_labels=labels,
-                        label="Examples: where trees pay, and where they pay little",
-                        elem_id="examples",
-                    )
-                    policy = gr.Dropdown(vm.policies, value=vm.default_policy, label="Policy", elem_id="policy")
-                    with gr.Row():
-                        budget = gr.Slider(
-                            1,
-                            vm.limits.budget,
-                            value=vm.default_budget,
-                            step=1,
-                            label="Budget (drafted tokens per step)",
-                            scale=3,
-                        )
-                        auto = gr.Checkbox(
-                            value=False,
-                            label="auto",
-                            info="size each tree by its expected gain on this machine",
-                            elem_id="auto",
-                            scale=1,
-                        )
-                    temperature = gr.Slider(0, vm.limits.temperature, value=0, step=0.05, label="Temperature")
-                    seed = gr.Number(value=0, precision=0, label="Seed")
-                    max_new = gr.Slider(
-                        1, vm.limits.max_new_tokens, value=64, step=1, label="Max new tokens", elem_id="max-new"
-                    )
-                    measure_ar = gr.Checkbox(value=True, label="Measure ar on the same prompt (for the speedup)")
-                    with gr.Row():
-                        run_btn = gr.Button("Run", variant="primary", elem_id="run")
-                        stop_btn = gr.Button("Stop", elem_id="stop")
-                with gr.Column(scale=2):
-                    stats = gr.Markdown(elem_id="stats")
-                    text = gr.HTML(elem_id="text")
-                    tree = gr.Plot(label="Token tree", elem_id="tree")
-                    step_slider = gr.Slider(0, 1, value=0, step=1, label="Step")
-                    growth_slider = gr.Slider(
-                        1, 2, value=1, step=1, label="Nodes shown: the root and the drafted ones, in growth order"
-                    )
-                    with gr.Accordion("Export this run's tree to a serving engine", open=False):
-                        with gr.Row():
-                            fmt = gr.Dropdown(list(VIEW_FORMATS), value="trtllm", label="Format", elem_id="format")
-                            export_btn = gr.Button("Export this tree", elem_id="export")
-                        export_code = gr.Code(
-                            language="python", label="Paste into your engine's config", elem_id="snippet"
-                        )
-                    chart = gr.Plot(label="Per step", elem_id="chart")
-                    with gr.Accordion("Hardware what-if: this run's trees priced elsewhere", open=True):
-                        gr.Markdown(
-                            "Tokens per forward belong to the model pair and the text; the speedup is that times "
-                            "the hardware's price of a tree. Priced with a latency profile (forwards only)."
-                        )
-                        with gr.Row():
-                            choice, width, fraction = pricing_controls("Hardware", None, "hardware")
-                        whatif_md = gr.Markdown("Run a generation to price its trees.", elem_id="whatif")
-            live_state = gr.State(None)
-            inputs = [prompt, policy, budget, auto, temperature, seed, max_new, measure_ar, choice, width, fraction]
-            run_evt = run_btn.click(check_generate, inputs, None, api_name=False).success(
-                run,
-                inputs,
-                [text, tree, chart, stats, live_state, step_slider, growth_slider, whatif_md],
-                api_name="run",
-                concurrency_limit=concurrency,
-            )
-            stop_btn.click(None, None, None, cancels=[run_evt])
-            for slider in (step_slider, growth_slider):
-                slider.release(
-                    show_step, [live_state, step_slider, growth_slider], [tree, growth_slider], api_name=False
-                )
-            export_btn.click(export_tree, [live_state, fmt], export_code, api_name="export")
-            for control in (choice, width, fraction):
-                control.change(reprice, [live_state, choice, width, fraction], whatif_md, api_name=False)
+            generate_tab(vm, concurrency)
     demo.queue(default_concurrency_limit=concurrency, max_size=64)
     return demo
 

@@ -4,7 +4,7 @@ from dyspec.core.events import GenerationFinished, StepVerified, TreeExpanded
 from dyspec.decode.engine import generate, stream
 from dyspec.decode.replay import ReplayRun, Trace, record_trace, replay
 from dyspec.errors import DyspecError
-from dyspec.models import ModelPair, load_pair
+from dyspec.load import ModelPair, load_pair
 
 __all__ = [
     "DyspecError",

@@ -1,16 +1,13 @@
 """What a user gets without flags: per device, the fastest exact configuration measured there.
 
-The models are chosen by `dyspec.models.load_pair` (precision "auto": int8 Linear layers on a CPU,
+The models are chosen by `dyspec.load.load_pair` (precision "auto": int8 Linear layers on a CPU,
 bf16 on a GPU; draft "auto": the feature draft shipped for the target). The policy and budget are
 here, one row per device type, each the fastest in a bench on that device (docs/results/cpu-default.md
-says which runs): on a CPU a forward of n tokens costs more with every n, so small trees win, and
-`lookup` (copies where the context repeats, else one drafted token) at budget 4 (up to 4 copies)
-made 1.16x `ar` on all 80 MT-Bench questions on the compiled int8 forward, 1.14x at budget 2
-(1.018x of it, 95% bootstrap interval over the questions 1.002-1.036) and `dyspec` 1.06x at
-budget 1; on the ten spread questions all three are within 3% of each other and of `ar`;
-the compiled int8 forward (dyspec.models.lean_graph) made `ar` 1.75x faster than the eager lean
-forward, which is the fallback (`dyspec.models.loading.pick_fast_path`). On a GPU t(n) is flat up
-to ~64 tokens and the largest tree measured won.
+has the runs and their numbers): on a CPU a forward of n tokens costs more with every n, so small
+trees win, and `lookup` (copies where the context repeats, else one drafted token) at a small
+budget measured fastest, on the compiled int8 forward (dyspec.forward.lean_graph), whose fallback
+is the eager lean forward (`dyspec.forward.choose.pick_fast_path`). On a GPU t(n) is flat up to
+large trees, and the largest tree measured won.
 """
 
 from __future__ import annotations
@@ -25,7 +22,7 @@ class Defaults:
     policy: str
     budget: int | str
     bench_budgets: tuple[int | str, ...]  # what `dyspec bench` compares without --budgets
-    fast_path: str = "off"  # dyspec.core.static; "off" wherever the static path has not measured faster
+    fast_path: str = "off"  # dyspec.forward.static; "off" wherever the static path has not measured faster
 
 
 BENCH_POLICIES = ("ar", "chain", "dyspec", "lookup")  # what `dyspec bench` compares without --policies

@@ -12,7 +12,7 @@ THREADS = max(1, min(2, os.cpu_count() or 1) // int(os.environ.get("PYTEST_XDIST
 os.environ["OMP_NUM_THREADS"] = str(THREADS)
 torch.set_num_threads(THREADS)
 
-from dyspec.models import lean_graph  # noqa: E402 (after the environment: it imports transformers)
+from dyspec.forward import lean_graph  # noqa: E402 (after the environment: it imports transformers)
 
 # the compiled forward calls its graphs without dynamo's guards; the suite checks they hold
 lean_graph.CHECK_GUARDS = True
@@ -32,7 +32,7 @@ def pair():
     greedy outputs are token-identical to Hugging Face's `generate` and whose tree forwards match
     full forwards to fp32 rounding (on a GPU too; bf16 parts at near-ties: test_engine's bf16 test).
     The int8 default's own exactness: `default_pair` and tests/test_fastpath.py."""
-    from dyspec.models import load_pair
+    from dyspec.load import load_pair
 
     return load_pair(precision="fp32")
 
@@ -40,7 +40,7 @@ def pair():
 @pytest.fixture(scope="session")
 def default_pair():
     """What `load_pair()` gives without arguments: on a CPU the int8 target and the shipped feature draft."""
-    from dyspec.models import load_pair
+    from dyspec.load import load_pair
 
     return load_pair()
 

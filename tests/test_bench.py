@@ -18,8 +18,8 @@ from dyspec.eval.bench import (
 )
 from dyspec.eval.prompts import load_prompts
 from dyspec.eval.report import results_page
-from dyspec.models import load_pair
-from dyspec.views.figures import summarize
+from dyspec.eval.summary import summarize
+from dyspec.load import load_pair
 
 
 @pytest.fixture(scope="module")
@@ -121,7 +121,7 @@ def test_one_pass_over_the_prompts_per_seed_ar_first_then_a_rotated_order(pair, 
 def test_policy_specs_carry_options():
     from dyspec.errors import DyspecError
     from dyspec.eval.bench import parse_policy_spec
-    from dyspec.views.figures import summarize
+    from dyspec.eval.summary import summarize
 
     assert parse_policy_spec("specdecpp:h=0.3:min_k=1") == ("specdecpp", {"h": 0.3, "min_k": 1})
     assert parse_policy_spec("chain") == ("chain", {})
@@ -142,7 +142,7 @@ def test_policy_specs_carry_options():
 
 def test_auto_is_compared_with_the_best_fixed_budget_per_prompt_and_seed():
     from dyspec.eval.bench import auto_table
-    from dyspec.views.figures import auto_vs_fixed, summarize
+    from dyspec.eval.summary import auto_vs_fixed, summarize
 
     def record(policy, budget, prompt, wall_s, new_tokens=10):
         return {
@@ -183,7 +183,7 @@ def test_llamacpp_baselines_fail_clearly_before_a_bench_starts(pair, tmp_path, m
     import importlib.util
 
     from dyspec.eval import peers
-    from dyspec.models import default_gguf
+    from dyspec.load import default_gguf
     from tests.tiny import tiny_pair
 
     assert peers.gguf_path(pair) == default_gguf() and default_gguf().is_file()

@@ -7,7 +7,7 @@ import sys
 import pytest
 
 from dyspec.auto.profile import DEFAULT_SIZES, LONG_CONTEXT, LONG_SIZES, weight_bytes
-from dyspec.models.quant import quantize_int8
+from dyspec.forward.quant import quantize_int8
 
 from .tiny import tiny_model, tiny_tokenizer
 

@@ -12,8 +12,8 @@ from dyspec.core.copying import MATCHES, copied, copy_token, mix
 from dyspec.core.draft import DraftSession
 from dyspec.core.sampling import to_probs
 from dyspec.core.tree import Tree
+from dyspec.drafts.feature import CONFIG_NAME, load_feature_draft, save_feature_draft
 from dyspec.errors import DyspecError
-from dyspec.models.feature_draft import CONFIG_NAME, load_feature_draft, save_feature_draft
 from dyspec.train.distill import copy_agreement, fit_copy_weights
 
 from .tiny import tiny_feature_pair

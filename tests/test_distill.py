@@ -12,9 +12,9 @@ from dyspec.core.copying import MATCHES
 from dyspec.core.draft import DraftSession
 from dyspec.core.kv import FINAL, target_features
 from dyspec.core.tree import Tree
+from dyspec.drafts.feature import FeatureDraft, load_feature_draft
 from dyspec.errors import DyspecError
-from dyspec.models import DEFAULT_TARGET, SHIPPED_DRAFTS, shipped_draft
-from dyspec.models.feature_draft import FeatureDraft, load_feature_draft
+from dyspec.load import DEFAULT_TARGET, SHIPPED_DRAFTS, shipped_draft
 from dyspec.train.corpus import read_sharegpt, sharegpt_sequences
 from dyspec.train.distill import batch_windows, collect_features, corpus_label, corpus_texts, distill, load_sequences
 
@@ -333,7 +333,7 @@ def test_shipped_distilled_draft_is_exact_on_the_default_target(pair_default):
 
 
 def test_only_a_plain_target_name_finds_a_shipped_draft():
-    """`distilled` and `auto` look in dyspec/models/drafts/ by the target's name: a path or hub id there
+    """`distilled` and `auto` look in dyspec/shipped/drafts/ by the target's name: a path or hub id there
     must not resolve to some folder outside it."""
     assert shipped_draft(DEFAULT_TARGET) == SHIPPED_DRAFTS / DEFAULT_TARGET
     assert shipped_draft(str(SHIPPED_DRAFTS / DEFAULT_TARGET)) is None  # a path, though a draft is there

@@ -11,9 +11,9 @@ from dyspec import generate, load_pair
 from dyspec.core.draft import DraftSession
 from dyspec.core.kv import target_features
 from dyspec.core.tree import Tree
+from dyspec.drafts.eagle import load_eagle
 from dyspec.errors import DyspecError
-from dyspec.models.draft_spec import load_draft, parse_draft
-from dyspec.models.eagle import load_eagle
+from dyspec.load.draft_spec import load_draft, parse_draft
 
 from .tiny import (
     tiny_eagle3_pair,

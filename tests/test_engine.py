@@ -6,11 +6,11 @@ import torch
 from dyspec import generate, stream
 from dyspec.core.events import GenerationFinished, StepVerified, TreeExpanded
 from dyspec.core.kv import KVSession
-from dyspec.core.static import static_model
 from dyspec.core.tree import Tree
 from dyspec.decode.engine import encode_prompt
-from dyspec.models import load_pair
-from dyspec.models.lean import lean_forward
+from dyspec.forward.lean import LeanForward
+from dyspec.forward.static import StaticForward
+from dyspec.load import load_pair
 from dyspec.policies import POLICIES
 
 from .conftest import PROMPTS
@@ -108,15 +108,15 @@ def test_self_draft_accepts_everything(self_pair, temperature):
 
 
 def session(model, cache: str, keep_hidden: bool = False, role: str = "test") -> KVSession:
-    """A session over a growing cache, or over a static or lean one (dyspec.models.lean) whose every
+    """A session over a growing cache, or over a static or lean one (dyspec.forward.lean) whose every
     slot holds garbage at first, which must never reach a token (stale slots are masked, not cleared)."""
     if cache == "dynamic":
         return KVSession(model, keep_hidden)
     if cache == "lean":
-        run = lean_forward(model)
+        run = LeanForward(model)
         kv = KVSession(run, keep_hidden, cache=run.cache_for(role))
     else:
-        kv = KVSession(model, keep_hidden, static=static_model(model, role, 512, compiled=False))
+        kv = KVSession(model, keep_hidden, static=StaticForward(model, compiled=False).static_model(role, 512))
     with torch.inference_mode():
         for layer in kv.cache.layers:
             layer.keys.normal_(0, 1e3)

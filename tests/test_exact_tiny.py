@@ -7,7 +7,7 @@ import pytest
 import torch
 from scipy.stats import chisquare
 
-from dyspec import generate
+from dyspec import figures, generate
 from dyspec.auto.budget import PROBE_AFTER, AutoState, Growth
 from dyspec.auto.estimate import COPY
 from dyspec.auto.profile import (
@@ -27,7 +27,6 @@ from dyspec.core.kv import KVSession
 from dyspec.errors import DyspecError
 from dyspec.eval.calibrate import calibrate
 from dyspec.policies import POLICIES, available_policies
-from dyspec.views import figures
 
 from .tiny import (
     exact_distribution,
@@ -108,19 +107,19 @@ def test_a_copying_draft_samples_target_distribution(exact, policy, options):
 
 
 def test_an_eagle_draft_samples_target_distribution(exact, tmp_path):
-    """A published EAGLE-1/2 draft's layout (dyspec.models.eagle), read as a user's download is,
+    """A published EAGLE-1/2 draft's layout (dyspec.drafts.eagle), read as a user's download is,
     under DySpec's tree (children sampled without replacement)."""
     check_distribution(tiny_eagle_pair(tmp_path), exact, "dyspec", {})
 
 
 def test_an_eagle3_draft_samples_target_distribution(tmp_path):
-    """EAGLE-3's own reduced vocabulary (dyspec.models.eagle.Eagle3Draft): q is 0 outside it."""
+    """EAGLE-3's own reduced vocabulary (dyspec.drafts.eagle.Eagle3Draft): q is 0 outside it."""
     pair = tiny_eagle3_pair(tmp_path)
     check_distribution(pair, exact_distribution(pair.target, PROMPT, 3, TEMPERATURE), "dyspec", {})
 
 
 def test_medusa_heads_sample_target_distribution(exact, tmp_path):
-    """Medusa's heads (dyspec.models.medusa): every node at one depth drafts from the same q."""
+    """Medusa's heads (dyspec.drafts.medusa): every node at one depth drafts from the same q."""
     check_distribution(tiny_medusa_pair(tmp_path), exact, "dyspec", {})
 
 
@@ -133,23 +132,23 @@ def test_merged_drafts_sample_target_distribution(feature_pair, exact):
 
 @pytest.mark.parametrize("policy,options", FEATURE_CASES, ids=lambda x: str(x))
 def test_the_static_path_samples_target_distribution(feature_pair, exact, policy, options):
-    """Bucketed forwards over a preallocated cache (dyspec.core.static), the draft's padded too."""
+    """Bucketed forwards over a preallocated cache (dyspec.forward.static), the draft's padded too."""
     check_distribution(dataclasses.replace(feature_pair, fast_path="static"), exact, policy, options)
 
 
 @pytest.mark.parametrize("policy,options", [("specinfer", {"expansion": "2,1"}), *FEATURE_CASES], ids=lambda x: str(x))
 def test_the_lean_forward_samples_target_distribution(pair, feature_pair, exact, policy, options):
-    """The lean forward (dyspec.models.lean) runs the target and the independent draft."""
+    """The lean forward (dyspec.forward.lean) runs the target and the independent draft."""
     chosen = pair if policy == "specinfer" else feature_pair
     check_distribution(dataclasses.replace(chosen, fast_path="lean"), exact, policy, options)
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the int8 path runs on a CPU only")
 def test_the_compiled_int8_forward_samples_target_distribution():
-    """The compiled int8 forward (dyspec.models.lean_graph) as target and, through the same graphs,
+    """The compiled int8 forward (dyspec.forward.lean_graph) as target and, through the same graphs,
     as its own draft under DySpec's tree. Its logits differ from the Hugging Face forward's of the
     same int8 model in the last bits only, far below what 2,000 samples resolve."""
-    from dyspec.models.pair import ModelPair
+    from dyspec.load.pair import ModelPair
 
     from .test_lean_graph import tiny_int8
 

@@ -43,18 +43,18 @@ from dyspec.auto.estimate import (
     slot_keys,
 )
 from dyspec.auto.profile import weight_bytes
-from dyspec.core import attention
-from dyspec.core.attention import rowwise_attention
 from dyspec.core.contract import BINS
 from dyspec.core.events import StepVerified
 from dyspec.core.kv import KVSession
 from dyspec.core.tree import Tree
 from dyspec.core.verify import verify_sampled
 from dyspec.decode.engine import encode_prompt
+from dyspec.drafts.feature import features_before, load_feature_draft
 from dyspec.errors import DyspecError
-from dyspec.models import load_pair, shipped_draft
-from dyspec.models.feature_draft import features_before, load_feature_draft
-from dyspec.models.quant import Int8Linear, SharedInputInt8, quantize_int8
+from dyspec.forward import attention
+from dyspec.forward.attention import rowwise_attention
+from dyspec.forward.quant import Int8Linear, SharedInputInt8, quantize_int8
+from dyspec.load import load_pair, shipped_draft
 from dyspec.policies import POLICIES
 
 from .conftest import PROMPTS

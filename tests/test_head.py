@@ -8,14 +8,13 @@ import time
 import pytest
 import torch
 
-from dyspec import generate, stream
+from dyspec import figures, generate, stream
 from dyspec.core.copying import MATCHES, mix_along
 from dyspec.core.events import StepVerified
 from dyspec.core.kv import KVSession
 from dyspec.errors import DyspecError
-from dyspec.models.head import auc, head_for, load_head
+from dyspec.load.head import auc, head_for, load_head
 from dyspec.train.head import head_examples, train_head
-from dyspec.views import figures
 
 from .tiny import tiny_feature_pair, tiny_head_file, tiny_pair
 

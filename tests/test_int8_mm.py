@@ -1,10 +1,10 @@
-"""dyspec's int8 product (dyspec.models.int8_mm): exact int32 sums, the same as torch._int_mm's for
+"""dyspec's int8 product (dyspec.kernels.int8_mm): exact int32 sums, the same as torch._int_mm's for
 every row count, and a clear fallback where the kernel does not run."""
 
 import pytest
 import torch
 
-from dyspec.models import int8_mm as kernel
+from dyspec.kernels import int8_mm as kernel
 
 needs_kernel = pytest.mark.skipif(not kernel.kernel_available(), reason="the CPU lacks AVX-512 VNNI")
 

@@ -1,4 +1,4 @@
-"""The lean forward (`--fast-path lean`, dyspec.models.lean) against the Hugging Face forward, the
+"""The lean forward (`--fast-path lean`, dyspec.forward.lean) against the Hugging Face forward, the
 reference: the same logits on the same weights, prefill, tree and decode."""
 
 import dataclasses
@@ -21,10 +21,10 @@ from dyspec.core.kv import KVSession
 from dyspec.core.tree import Tree
 from dyspec.decode.engine import encode_prompt
 from dyspec.errors import DyspecError
-from dyspec.models import check_lean, load_pair
-from dyspec.models import lean as lean_module
-from dyspec.models.lean import LeanForward, is_lean, lean_forward, lean_unsupported, runner
-from dyspec.models.loading import pick_fast_path
+from dyspec.forward import lean as lean_module
+from dyspec.forward.choose import LeanRun, check_lean, pick_fast_path
+from dyspec.forward.lean import LeanForward, lean_unsupported
+from dyspec.load import load_pair
 
 from .conftest import PROMPTS
 from .tiny import tiny_feature_pair, tiny_model, tiny_pair
@@ -35,7 +35,7 @@ SMALL = dict(vocab_size=50, hidden_size=32, intermediate_size=64, num_hidden_lay
 def forwards(model, lean: bool, prompt: list[int], tree: Tree) -> list[torch.Tensor]:
     """The logits of a prefill, a tree forward after it, and a one-token decode after committing a
     path of the tree: through the lean forward, or the Hugging Face forward."""
-    run = lean_forward(model) if lean else model
+    run = LeanForward(model) if lean else model
     kv = KVSession(run, keep_hidden=True, cache=run.cache_for("reference") if lean else None)
     out = [kv.append(prompt)]
     out.append(kv.forward(tree.tokens, [kv.length + d for d in tree.depths], tree.ancestor_mask()))
@@ -155,7 +155,7 @@ def test_the_cpu_default_runs_the_compiled_int8_forward_where_it_can(default_pai
     """Compiled measured fastest with int8 layers; fp32, or a machine with no C++ compiler for
     torch.compile, gets the lean forward."""
     assert default_pair.fast_path == "compiled" and default_pair.precision == "int8"
-    assert is_lean(runner(default_pair.draft, "compiled"))  # its draft's layers lean, eager
+    assert isinstance(default_pair.forward(default_pair.draft), LeanRun)  # its draft's layers lean, eager
     cpu = torch.device("cpu")
     assert pick_fast_path("auto", cpu, "fp32") == "lean"
     monkeypatch.setenv("CXX", "no-such-compiler")
@@ -191,4 +191,4 @@ def test_a_lean_cache_grows_in_place_of_what_it_held(monkeypatch):
     expected = generate(pair, [0, 3, 1, 2], policy="ar", max_new_tokens=40).token_ids
     lean = dataclasses.replace(pair, fast_path="lean")
     assert generate(lean, [0, 3, 1, 2], policy="dyspec", budget=4, max_new_tokens=40).token_ids == expected
-    assert lean_forward(pair.target).cache_for("target").capacity > 16
+    assert lean.forward(lean.target).run.cache_for("target").capacity > 16

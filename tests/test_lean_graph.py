@@ -1,4 +1,4 @@
-"""The compiled int8 lean forward (`--fast-path compiled` on a CPU, dyspec.models.lean_graph): a tree
+"""The compiled int8 lean forward (`--fast-path compiled` on a CPU, dyspec.forward.lean_graph): a tree
 row is bit for bit the one-token forward of its path, its logits are as close to the fp32 model's
 as the eager int8 forward's are, and every policy is greedy-identical to `ar` on it."""
 
@@ -6,12 +6,12 @@ import pytest
 import torch
 
 from dyspec import generate
-from dyspec.core import attention
 from dyspec.core.kv import KVSession
-from dyspec.models import lean_graph
-from dyspec.models.lean import lean_forward, runner
-from dyspec.models.pair import ModelPair
-from dyspec.models.quant import quantize_int8
+from dyspec.forward import attention, lean_graph
+from dyspec.forward.choose import choose_forward
+from dyspec.forward.lean import LeanForward
+from dyspec.forward.quant import quantize_int8
+from dyspec.load.pair import ModelPair
 
 from .conftest import PROMPTS
 from .test_lean import random_tree
@@ -27,11 +27,18 @@ def tiny_int8(seed: int = 1, layers: int = 2):
     return model
 
 
+def compiled_forward(model) -> LeanForward:
+    """What `--fast-path compiled` runs an int8 model on, its layers compiled."""
+    forward = choose_forward(model, "compiled")
+    forward.session("warm-up", 1)  # compiles the layers
+    return forward.run
+
+
 @pytest.fixture(scope="module")
 def compiled():
     """The tiny target in int8 and its compiled lean forward."""
     model = tiny_int8()
-    return model, runner(model, "compiled")
+    return model, compiled_forward(model)
 
 
 def session(run) -> KVSession:
@@ -70,7 +77,7 @@ def test_a_saved_graph_loads_as_the_graph_it_was(monkeypatch, tmp_path):
     monkeypatch.setattr(lean_graph, "load_graph", lambda path: loaded.append(load(path)) or loaded[-1])
     logits = []
     for _ in range(2):
-        run = lean_forward(tiny_int8(layers=7), compiled=True)
+        run = compiled_forward(tiny_int8(layers=7))
         kv = session(run)
         kv.append(PROMPT[:45])
         tree = random_tree(PROMPT[45], 5, size=9, seed=4)
@@ -115,7 +122,7 @@ def test_compiled_logits_are_as_close_to_fp32_as_eager_int8s():
         model.set_attn_implementation(attention.NAME)
         return model
 
-    fp32, eager, run = sharp_attention(tiny_model(1, 2)), lean_forward(int8()), runner(int8(), "compiled")
+    fp32, eager, run = sharp_attention(tiny_model(1, 2)), LeanForward(int8()), compiled_forward(int8())
     eager_error, compiled_error = error_from_fp32(eager, fp32, PROMPT), error_from_fp32(run, fp32, PROMPT)
     assert 0 < compiled_error <= 1.5 * eager_error, (compiled_error, eager_error)
     run.sin = torch.zeros_like(run.sin)

@@ -11,9 +11,9 @@ import torch.nn.functional as F
 from dyspec import generate, load_pair
 from dyspec.core.draft import DraftSession
 from dyspec.core.tree import Tree
+from dyspec.drafts.medusa import load_medusa
 from dyspec.errors import DyspecError
-from dyspec.models.draft_spec import load_draft, parse_draft
-from dyspec.models.medusa import load_medusa
+from dyspec.load.draft_spec import load_draft, parse_draft
 
 from .test_eagle import CASES, features_of
 from .tiny import tiny_medusa_pair, tiny_model, tiny_tokenizer, write_medusa_checkpoint

@@ -1,10 +1,10 @@
-"""The compiled forward's attention kernel (dyspec.models.row_attention): softmax attention over the
+"""The compiled forward's attention kernel (dyspec.kernels.row_attention): softmax attention over the
 cache slots each row sees, and a row's bits independent of everything but its own keys."""
 
 import pytest
 import torch
 
-from dyspec.models.row_attention import load, row_attention, visible_slots
+from dyspec.kernels.row_attention import load, row_attention, visible_slots
 
 load()
 HKV, G, D, CAPACITY = 3, 3, 64, 256

@@ -1,4 +1,4 @@
-"""The static-shape path (dyspec.core.static): one preallocated cache per model and role written in
+"""The static-shape path (dyspec.forward.static): one preallocated cache per model and role written in
 place, forwards at bucketed sizes, and compiled forwards traced whole."""
 
 import dataclasses
@@ -8,11 +8,10 @@ import torch
 from torch._dynamo.testing import CompileCounter
 
 from dyspec import generate
-from dyspec.core import static
-from dyspec.core.kv import KVSession
-from dyspec.core.static import BUCKETS, bucket, static_model
+from dyspec.core.kv import BUCKETS, KVSession, bucket
 from dyspec.errors import DyspecError
-from dyspec.models import load_pair
+from dyspec.forward import static
+from dyspec.load import load_pair
 
 from .conftest import PROMPTS
 from .test_engine import GREEDY_CASES
@@ -52,10 +51,11 @@ def test_auto_budget_on_the_static_path(policy):
 
 def test_a_static_cache_is_kept_between_generations_and_grown_when_short(static_pair):
     generate(static_pair, PROMPTS[0], policy="dyspec", budget=8, max_new_tokens=8)
-    held = static_pair.target._dyspec_static["target"]
+    forward = static_pair.forward(static_pair.target)
+    held = forward.held["target"]
     generate(static_pair, PROMPTS[1], policy="dyspec", budget=8, max_new_tokens=8)
-    assert static_pair.target._dyspec_static["target"] is held
-    grown = static_model(static_pair.target, "target", held.capacity + 1, compiled=False)
+    assert forward.held["target"] is held
+    grown = forward.static_model("target", held.capacity + 1)
     assert grown is not held and grown.capacity == held.capacity + static.ROUND
 
 
@@ -82,19 +82,20 @@ def test_compiled_forwards_trace_whole_and_stay_exact(monkeypatch, make):
     expected = generate(pair, prompt, policy="ar", max_new_tokens=40).token_ids
     for policy in ("chain", "dyspec"):
         assert generate(compiled, prompt, policy=policy, budget=6, max_new_tokens=40).token_ids == expected
-    graphs = {role: set(s.compiled) for role, s in pair.target._dyspec_static.items()}
+    held = compiled.forward(compiled.target).held
+    graphs = {role: set(s.compiled) for role, s in held.items()}
     assert graphs["target"] == {(b, last) for b in (1, 2, 4, 8) for last in (False, True)}
     assert traces.frame_count >= len(graphs["target"]) and traces.op_count > 0
     count = traces.frame_count
     generate(compiled, prompt, policy="dyspec", budget=6, max_new_tokens=40)
-    assert {role: s.compiled for role, s in pair.target._dyspec_static.items()} == graphs
+    assert {role: s.compiled for role, s in held.items()} == graphs
     assert traces.frame_count == count
 
 
 def test_fast_path_choices_fail_clearly(pair):
     with pytest.raises(DyspecError, match="fast path must be one of"):
         load_pair(precision="fp32", fast_path="turbo")
-    kv = KVSession(pair.target, static=static_model(pair.target, "short", 4, compiled=False))
+    kv = KVSession(pair.target, static=static.StaticForward(pair.target, compiled=False).static_model("short", 4))
     with pytest.raises(DyspecError, match="holds 1024 tokens"):
         kv.forward(list(range(1030)))
 

@@ -2,7 +2,7 @@
 
 import time
 
-from dyspec.views.figures import LEGEND
+from dyspec.figures import LEGEND
 from widgets import Dashboard, SideBySide
 
 

@@ -6,7 +6,7 @@ import torch
 from tokenizers import Tokenizer, models
 from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
-from dyspec.models import ModelPair
+from dyspec.load import ModelPair
 
 VOCAB = ["a", "b", "c", "d", "e"]
 
@@ -62,7 +62,7 @@ def exact_distribution(model: LlamaForCausalLM, prompt: list[int], n: int, tempe
 def tiny_head_file(path, bias: tuple[float, float] | None = None, seed: int = 0) -> str:
     """An acceptance head for the tiny draft, saved like a trained one: random weights, or one whose
     output is fixed by `bias` (logits of reject, accept) whatever the hidden state."""
-    from dyspec.models.head import AcceptanceHead, save_head
+    from dyspec.load.head import AcceptanceHead, save_head
 
     torch.manual_seed(seed)
     head = AcceptanceHead(32, n_blocks=2)
@@ -79,7 +79,7 @@ def tiny_feature_pair(seed: int = 3, feature_layers: tuple[int, ...] = (-1,), nu
     """The tiny target with a feature-conditioned draft of `num_layers` decoder layers (random
     weights, its fusion of lower layers too) that can propose only 4 of the 5 tokens, so exactness
     is also checked where q is zero."""
-    from dyspec.models.feature_draft import FeatureDraft
+    from dyspec.drafts.feature import FeatureDraft
 
     target = tiny_model(1, 2)
     torch.manual_seed(seed)
@@ -173,7 +173,7 @@ def write_eagle3_checkpoint(folder, target, draft_vocab: tuple[int, ...] = (0, 1
 
 def published_pair(target, draft: str) -> ModelPair:
     """`target` with the published draft `draft` ("eagle:FOLDER", "medusa:FOLDER"), read as `--draft` reads it."""
-    from dyspec.models.draft_spec import load_draft, parse_draft
+    from dyspec.load.draft_spec import load_draft, parse_draft
 
     spec = parse_draft(draft, "tiny-target")
     draft = load_draft(spec, target, tiny_tokenizer(), allow_download=False)

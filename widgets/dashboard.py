@@ -1,7 +1,7 @@
 """Notebook front ends over the same view model as the web app (dyspec.views.state):
 `SideBySide` replays several policies on one answer and draws their trees next to each other;
 `Dashboard` runs one policy live and measures it against autoregressive decoding. The figures come
-from `dyspec.views.figures` and are kept as plotly figures (`tree_fig`, `trees`, `sweep_fig`, ...)
+from `dyspec.figures` and are kept as plotly figures (`tree_fig`, `trees`, `sweep_fig`, ...)
 so they can be inspected from Python and in tests.
 """
 
@@ -16,29 +16,19 @@ import plotly.graph_objects as go
 from IPython.display import display
 
 import dyspec
+from dyspec import figures
 from dyspec.auto import whatif
 from dyspec.core.events import GenerationFinished
 from dyspec.decode.replay import ReplayRun
-from dyspec.eval import speedup
-from dyspec.export import VIEW_FORMATS, run_snippet
+from dyspec.export import VIEW_FORMATS
 from dyspec.policies import policy_options
-from dyspec.views import figures
 from dyspec.views.examples import EXAMPLES
-from dyspec.views.state import (
-    MAX_SIDE_BY_SIDE,
-    SIDE_BY_SIDE_BUDGET,
-    SIDE_BY_SIDE_HARDWARE,
-    SWEEP_BUDGETS,
-    Live,
-    ViewModel,
-    at_position,
-)
+from dyspec.views.state import DRAFT_FRACTION, MAX_SIDE_BY_SIDE, SIDE_BY_SIDE_BUDGET, WIDTH, Live, ViewModel, budget_of
 
 # While a generation runs, the text and stats update every step and the figures at most this often
 # (always once at its end): a browser drawing three plotly figures takes cores from the decoding
-# that the speedup measures. On 2 cores even that costs most of the speedup (JupyterLab in headless
-# Chromium: 0.3x against 1.7x with figures drawn at the end), so there the figures wait for the end
-# unless the user asks for them live.
+# that the speedup measures. On 2 cores even that costs most of the speedup (docs/guide/app.md), so
+# there the figures wait for the end unless the user asks for them live.
 REDRAW_S = 1.0
 LIVE_FIGURES = (os.cpu_count() or 1) > 2
 
@@ -57,8 +47,8 @@ class Pricing:
         self.choice = W.Dropdown(
             options=vm.hardware_choices, value=value or vm.hardware_choices[0], description=description
         )
-        self.width = W.IntSlider(64, min=1, max=256, description="Width W", tooltip="parametric: t(n) flat up to W")
-        self.draft_fraction = W.FloatSlider(0.1, min=0, max=1, step=0.01, description="Draft/t(1)")
+        self.width = W.IntSlider(WIDTH, min=1, max=256, description="Width W", tooltip="parametric: t(n) flat up to W")
+        self.draft_fraction = W.FloatSlider(DRAFT_FRACTION, min=0, max=1, step=0.01, description="Draft/t(1)")
         self.choice.observe(lambda _: self._show(), names="value")
         self._show()
 
@@ -66,8 +56,9 @@ class Pricing:
         for slider in (self.width, self.draft_fraction):
             slider.layout.display = None if self.choice.value == whatif.PARAMETRIC else "none"
 
-    def model(self) -> whatif.LatencyModel:
-        return self.vm.latency_model(self.choice.value, self.width.value, self.draft_fraction.value)
+    def values(self) -> tuple[str, int, float]:
+        """The choice and the parametric accelerator's settings, as the view model takes them."""
+        return self.choice.value, self.width.value, self.draft_fraction.value
 
     def observe(self, fn) -> None:
         for control in (self.choice, self.width, self.draft_fraction):
@@ -181,21 +172,19 @@ class Dashboard:
 
     def price(self) -> str:
         """The what-if lines for the last run under the chosen hardware (also shown)."""
-        self.whatif.value = self.vm.whatif(
-            self.live, self.pricing.choice.value, self.pricing.width.value, self.pricing.draft_fraction.value
-        )
+        self.whatif.value = self.vm.whatif(self.live, *self.pricing.values())
         return self.whatif.value
 
     def export(self) -> str:
         """The last run's tree shape in the chosen serving engine's format (also shown)."""
-        self.export_text.value = run_snippet([s.parents for s in self.steps], self.export_format.value)
+        self.export_text.value = self.vm.export(self.live, self.export_format.value)
         return self.export_text.value
 
     def run(self) -> GenerationFinished | None:
         """Generate with the current settings, updating the views after every step (blocking). A
         mistake in the settings is shown, and the last run's results stay."""
         self._stop.clear()
-        budget = "auto" if self.auto.value else self.budget.value
+        budget = budget_of(self.budget.value, self.auto.value)
         settings = (self.temperature.value, self.seed.value, self.max_new_tokens.value, self.options())
         runs = self.vm.run(
             self.prompt.value, self.policy.value, budget, *settings, self.measure_ar.value, self._stop.is_set
@@ -237,9 +226,7 @@ class Dashboard:
         self.stats.value = self.vm.stats(self.live)
         if not figures_too or not self.steps:
             return
-        ar_rate = speedup.decode_rate(self.live.ar) if self.live.ar else None
-        running = speedup.running_speedup(self.steps, ar_rate) if ar_rate else None
-        self.steps_fig = figures.steps_figure(self.steps, running)
+        self.steps_fig = self.vm.steps_chart(self.live)
         self.calibration_fig = figures.calibration_figure(*figures.calibration_counts(self.steps))
         last = self.steps[-1]
         with self.step_slider.hold_trait_notifications(), self.growth_slider.hold_trait_notifications():
@@ -300,8 +287,7 @@ class SideBySide:
         )
         self.budget = W.IntSlider(budget, min=1, max=self.vm.limits.replay_budget, description="Budget")
         self.max_new_tokens = W.IntSlider(64, min=1, max=self.vm.limits.max_new_tokens, description="Max tokens")
-        hardware = SIDE_BY_SIDE_HARDWARE if SIDE_BY_SIDE_HARDWARE in self.vm.hardware else None
-        self.pricing = Pricing(self.vm, hardware, "Price on")
+        self.pricing = Pricing(self.vm, self.vm.side_by_side_hardware, "Price on")
         self.run_button = W.Button(description="Replay side by side", button_style="primary")
         self.position = W.IntSlider(0, min=0, max=0, description="Answer token")
         self.error = W.HTML()
@@ -316,7 +302,7 @@ class SideBySide:
 
     def run(self, sweep: bool = True) -> list[ReplayRun]:
         """Replay the chosen policies at the budget (then, with `sweep`, at every budget of
-        SWEEP_BUDGETS up to 128 for the chart)."""
+        SWEEP_BUDGETS up to SWEEP_MAX for the chart)."""
         policies, prompt, max_new = list(self.policies.value), self.prompt.value, self.max_new_tokens.value
         try:
             self.runs = self.vm.replay(prompt, policies, [self.budget.value], max_new)
@@ -329,22 +315,17 @@ class SideBySide:
             self.position.max, self.position.value = self.runs[0].tokens - 1, 0
         self.show_position()
         if sweep:
-            self.sweep = self.vm.replay(prompt, policies, [b for b in SWEEP_BUDGETS if b <= 128], max_new)
-            self.sweep_fig = figures.sweep_figure(self.sweep)
+            self.sweep, self.sweep_fig = self.vm.sweep(prompt, policies, max_new)
             _draw(self._sweep_out, self.sweep_fig)
         return self.runs
 
     def _table(self) -> None:
         if self.runs:
-            models = [self.vm.latency_model(whatif.THIS_MACHINE), self.pricing.model()]
-            table = self.vm.replay_table(self.runs, list({m.name: m for m in models}.values()))
+            table = self.vm.replay_table(self.runs, self.vm.replay_models(*self.pricing.values()))
             self.table.value = f"<pre>{table}</pre>"
 
     def show_position(self) -> None:
-        self.trees = [
-            figures.tree_figure(at_position(r.steps, self.position.value), title=f"{r.policy} at {r.budget}")
-            for r in self.runs
-        ]
+        self.trees = self.vm.position_trees(self.runs, self.position.value)
         for out, fig in zip(self._tree_outs, self.trees):
             _draw(out, fig)
         for out in self._tree_outs[len(self.trees) :]:

@@ -15,45 +15,46 @@ import torch
 from torch import nn
 from transformers import PreTrainedModel
 
-from dyspec.core.kv import compile_forwards, sync
-from dyspec.core.static import bucket
-from dyspec.models import load_model
-from dyspec.models.cache import cache_dir, write_cache
-from dyspec.models.fastpath import open_session
-from dyspec.models.feature_draft import FeatureDraft
-from dyspec.models.quant import Int8Linear
+from dyspec.cache import cache_dir, write_cache
+from dyspec.core.kv import bucket, sync
+from dyspec.drafts.feature import FeatureDraft
+from dyspec.forward.choose import Forward, ModelForward
+from dyspec.forward.quant import Int8Linear
+from dyspec.load import load_model
 
 # Every n up to 16: fp32 forwards of a few rows on a CPU are lumpy, not smooth between powers of
-# two (the default target on a 2-core AMD EPYC: t(3) = 108 ms against t(2) = 89 and t(4) = 80,
-# t(7) = 94 against t(8) = 74), and `--budget auto`, reading t(3) and t(7) off a line through t(2),
-# t(4) and t(8), chose chains of 2 and 6 that cost more than chains of 3 and 4.
+# two (an odd size can cost more than the next power of two), and `--budget auto`, reading t(n)
+# off a line through the powers of two, chose chains that cost more than longer ones.
 DEFAULT_SIZES = (*range(1, 17), 24, 32, 48, 64, 80)
 CONTEXT = 100  # cached tokens behind the profile's forwards
-# A second context, at fewer sizes: on the int8 path, whose exact attention gathers each row's
-# keys, a tree token costs more behind a longer context (t(8) - t(1) = 6.7 ms at 100 cached
-# tokens, 14.0 at 300), and `--budget auto` reads t(n) at each step's context (`cost.profile_at`)
+# A second context, at fewer sizes: on the int8 path, whose exact attention reads each row's
+# keys apart, a tree token costs more behind a longer context, and `--budget auto` reads t(n) at
+# each step's context (`cost.profile_at`)
 LONG_CONTEXT, LONG_SIZES = 400, (1, 2, 4, 8, 16, 32, 64)
 METHOD = 5  # how `forward_ms` measures: a change makes saved profiles stale (`profile_path`)
 
 
 def forward_ms(
-    model: PreTrainedModel, sizes=DEFAULT_SIZES, context: int = CONTEXT, repeats: int = 9, fast_path: str = "off"
+    model: PreTrainedModel,
+    sizes=DEFAULT_SIZES,
+    context: int = CONTEXT,
+    repeats: int = 9,
+    forward: Forward | None = None,
 ) -> dict[int, float]:
     """Median wall milliseconds of a forward of n tokens after `context` cached tokens, with a tree
-    mask for n > 1 as the engine sends it, on the engine's `fast_path` (dyspec.core.static), timed
-    as `median_ms` times it."""
+    mask for n > 1 as the engine sends it, on the engine's `forward` (`ModelPair.forward`; the
+    model's own by default), timed as `median_ms` times it."""
     g = torch.Generator().manual_seed(0)
     vocab = model.config.vocab_size
-    kv = open_session(model, fast_path, "profile", context + bucket(max(sizes)))
-    if fast_path == "compiled":
-        compile_forwards([kv], sorted({bucket(n) for n in sizes}), last_only=(False,))
+    run = forward or ModelForward(model)
+    kv = run.session("profile", context + bucket(max(sizes)), sorted({bucket(n) for n in sizes}), last_only=(False,))
     kv.append(torch.randint(vocab, (context,), generator=g).tolist())
 
     def forward(tokens: list[int]) -> None:
         n = len(tokens)
         # one token goes without a mask, as the engine sends a step that drafted nothing (`ar`):
-        # with one, an fp32 forward took 3 ms (8%) more, and `--budget auto` took that for
-        # what not drafting costs
+        # a mask costs an fp32 forward more, and `--budget auto` would take that for what not
+        # drafting costs
         visible = torch.ones(n, n, dtype=torch.bool).tril() if n > 1 else None
         kv.forward(tokens, list(range(context, context + n)), visible)
         sync(kv.device)
@@ -73,8 +74,8 @@ def median_ms(
     `repeats` of them), `undo()` (its tokens leave the cache) untimed after each. Sizes take turns
     within each round, so a slow spell of a shared machine hits all of them alike, and a turn is an
     untimed forward of its size, then two timed ones, as decoding runs them: on the compiled int8
-    forward a one-token forward right after one of 80 tokens took 11-12 ms against 9 after another
-    of one, and `--budget auto` took the difference for what a step of `ar` costs."""
+    forward a one-token forward right after a long one is slower than after another of one, and
+    `--budget auto` took the difference for what a step of `ar` costs."""
     g = g or torch.Generator().manual_seed(0)
     times = {n: [] for n in sizes}
     for _ in range(-(-repeats // 2)):
@@ -145,21 +146,22 @@ def measure_profile(pair, baseline: bool = True, draft: bool = True) -> dict:
     """t(n) of the pair's target and (with `draft`) its draft as they run (precision included); with
     `baseline`, also the Hugging Face forward of the same target (where the pair runs another one)
     and a plain fp32 Hugging Face forward at n = 1 and 8, measured in the same run."""
+    target = pair.forward(pair.target)
     profile = {
         "device": str(pair.device),
         "dtype": str(pair.dtype).removeprefix("torch."),
         "precision": pair.precision,
         "fast_path": pair.fast_path,
-        "target": {str(n): ms for n, ms in forward_ms(pair.target, fast_path=pair.fast_path).items()},
+        "target": {str(n): ms for n, ms in forward_ms(pair.target, forward=target).items()},
         f"target_at_{LONG_CONTEXT}": {
-            str(n): ms for n, ms in forward_ms(pair.target, LONG_SIZES, LONG_CONTEXT, fast_path=pair.fast_path).items()
+            str(n): ms for n, ms in forward_ms(pair.target, LONG_SIZES, LONG_CONTEXT, forward=target).items()
         },
     }
     if draft and pair.draft is not None:
-        profile["draft"] = {str(n): ms for n, ms in forward_ms(pair.draft, fast_path=pair.fast_path).items()}
+        profile["draft"] = {str(n): ms for n, ms in forward_ms(pair.draft, forward=pair.forward(pair.draft)).items()}
     measured = {"target": pair.target, **({"draft": pair.draft} if "draft" in profile else {})}
     profile["floor"] = floors(measured, pair.device)
-    if baseline and pair.fast_path != "off":  # the reference forward of the same target, beside
+    if baseline and not isinstance(target, ModelForward):  # the reference forward of the same target, beside
         profile["target_hf"] = {str(n): ms for n, ms in forward_ms(pair.target, LONG_SIZES).items()}
     if baseline:
         fp32 = load_model(pair.target_name, pair.device, torch.float32)
@@ -171,15 +173,14 @@ def profile_path(pair) -> Path:
     """Where the pair's profile is cached: one file per target, draft, device, precision and fast path,
     dyspec and torch version (a new kernel makes an old profile lie) and way of measuring (`METHOD`)."""
     key = (pair.target_name, pair.drafts_label, pair.device.type, pair.precision, version("dyspec"), version("torch"))
-    if pair.fast_path != "off":
-        key = (*key, pair.fast_path)
+    key = (*key, pair.fast_path)
     return cache_dir() / "profiles" / ("__".join(str(x).replace("/", "_") for x in (*key, f"m{METHOD}")) + ".json")
 
 
 def pair_profile(pair) -> dict:
     """This machine's t(n) of the pair's target (behind two contexts) and draft as they run: what
     `--budget auto` prices trees with and the hardware what-if prices a run with (dyspec.auto.whatif).
-    Measured once (~40 s for the default pair on a 2-core CPU), then read from `profile_path`;
+    Measured once (under a minute for the default pair on a CPU), then read from `profile_path`;
     `dyspec profile` measures it again."""
     path = profile_path(pair)
     if not path.exists():

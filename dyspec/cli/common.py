@@ -9,10 +9,10 @@ import sys
 from collections.abc import Callable, Sequence
 
 from dyspec.auto.whatif import LatencyModel, from_profile, load_profile
-from dyspec.core.static import FAST_PATHS
 from dyspec.defaults import DEFAULTS
 from dyspec.errors import DyspecError
-from dyspec.models import DEFAULT_DRAFT, DEFAULT_TARGET, PRECISIONS, ModelPair
+from dyspec.forward.choose import FAST_PATHS
+from dyspec.load import DEFAULT_DRAFT, DEFAULT_TARGET, PRECISIONS, ModelPair
 from dyspec.policies import parse_option
 
 THIS_MACHINE_FLAG = "this"
@@ -99,7 +99,7 @@ def add_model_args(p: argparse.ArgumentParser, with_draft: bool = True) -> None:
 
 def pair_of(args: argparse.Namespace, draft: str | None = None) -> ModelPair:
     """The pair that `add_model_args`' options name; `draft` in place of --draft."""
-    from dyspec.models import load_pair
+    from dyspec.load import load_pair
 
     return load_pair(
         args.target,

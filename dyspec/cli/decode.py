@@ -14,7 +14,7 @@ from dyspec.export import FORMATS
 
 def cmd_generate(args: argparse.Namespace) -> None:
     from dyspec.decode.engine import check_settings, generate
-    from dyspec.models import pick_device
+    from dyspec.load import pick_device
 
     options = dict(args.option)
     defaults = defaults_for(pick_device(args.device))
@@ -56,8 +56,8 @@ def add_generate(sub) -> None:
 
 def cmd_profile(args: argparse.Namespace) -> None:
     from dyspec.auto.profile import CONTEXT, LONG_SIZES, measure_profile, profile_path, profile_table
+    from dyspec.cache import write_cache
     from dyspec.eval.peers import llamacpp_forward_ms
-    from dyspec.models.cache import write_cache
 
     pair = pair_of(args)
     profile = measure_profile(pair)

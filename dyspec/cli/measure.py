@@ -29,8 +29,8 @@ def cmd_bench(args: argparse.Namespace) -> None:
 
     from dyspec.auto.profile import measure_profile
     from dyspec.eval.bench import BenchConfig, auto_table, markdown_table, run_bench, write_report
-    from dyspec.models import pick_device
-    from dyspec.views.figures import summarize
+    from dyspec.eval.summary import summarize
+    from dyspec.load import pick_device
 
     out = Path(args.out)
     if out.is_dir():

@@ -14,8 +14,8 @@ def cmd_distill(args: argparse.Namespace) -> None:
 
     import torch
 
-    from dyspec.models import load_pair
-    from dyspec.models.draft_spec import feature_folder
+    from dyspec.load import load_pair
+    from dyspec.load.draft_spec import feature_folder
     from dyspec.train.distill import distill
 
     init = None if args.init is None else feature_folder(args.init, args.target, "--init")
@@ -99,7 +99,7 @@ def cmd_fit_copy(args: argparse.Namespace) -> None:
     from pathlib import Path
 
     from dyspec.eval.prompts import load_prompts
-    from dyspec.models.draft_spec import feature_folder
+    from dyspec.load.draft_spec import feature_folder
     from dyspec.train.distill import answer_sequences, copy_eval, fit_copy
 
     folder = feature_folder(args.draft, args.target, "--draft")

@@ -5,7 +5,7 @@ distribution, so a policy that never drafts (`ar`) never runs the draft. Within 
 are forwarded in batches with tree attention; after verification the accepted nodes the draft has
 already seen keep their KV, and the rest of the accepted path joins `pending`.
 
-A feature-conditioned draft (dyspec.models.feature_draft) also reads, with each token, the target's hidden
+A feature-conditioned draft (dyspec.drafts.feature) also reads, with each token, the target's hidden
 state at the token before it: `pending_features` holds those for the pending tokens. Inside a tree
 it reads its own predicted feature at the parent instead; after verification it forgets its tree
 nodes and reads the accepted path again with the target's real features (as EAGLE does).
@@ -23,7 +23,8 @@ import torch
 from transformers import PreTrainedModel
 
 from dyspec.core.copying import copy_token, mix
-from dyspec.core.kv import FINAL, KVSession, sync
+from dyspec.core.draft_model import PLAIN, draft_model
+from dyspec.core.kv import KVSession, sync
 from dyspec.core.tree import Tree
 
 
@@ -39,13 +40,15 @@ class DraftSession:
         if kv is None and model is not None:
             kv = KVSession(model, keep_hidden=True)
         self.kv = kv
-        self.needs_features = bool(getattr(model, "needs_features", False))
-        self.feature_layers = getattr(model, "feature_layers", FINAL)  # the target layers it reads
-        self.copy_weights = getattr(model, "copy_weights", None)
+        declared = draft_model(model) if model is not None else PLAIN
+        self.needs_features = declared.needs_features
+        self.feature_layers = declared.feature_layers  # the target layers it reads
+        self.copy_weights = declared.copy_weights
+        self.reads_first_token = declared.reads_first_token
         self.temperature = temperature  # the mixture with copies is taken at it (dyspec.core.copying.mix)
         self.pending = list(prompt)  # committed tokens not in the draft cache yet; the root is last
         # every committed token, the root last (what `lookup` and copying search): an int array, so that
-        # a node's context (these and its path) is a memcpy, not a conversion of every token (~75 us at 4,000)
+        # a node's context (these and its path) is a memcpy, not a conversion of every token
         self.context = array("i", prompt)
         self.pending_features: torch.Tensor | None = None  # [len(pending), H], feature drafts only
         self.node_features: dict[int, torch.Tensor] = {}  # tree node -> the draft's predicted feature
@@ -66,7 +69,7 @@ class DraftSession:
         that never read a first token (`reads_first_token`: EAGLE's) starts at the second."""
         if not self.needs_features:
             return
-        if hidden is not None and not self.kv.model.reads_first_token:
+        if hidden is not None and not self.reads_first_token:
             self.pending, self.pending_features = self.pending[1:], hidden
             return
         zeros = torch.zeros(1, self.kv.model.feature_size, device=self.kv.device)

@@ -4,15 +4,31 @@ from __future__ import annotations
 
 import inspect
 from collections.abc import Callable
+from dataclasses import dataclass, field
 
 import torch
-from tqdm.auto import tqdm
 from transformers import DynamicCache, PreTrainedModel
 
-from dyspec.core.static import StaticModel, bucket
+from dyspec.core.draft_model import FINAL, draft_model
 from dyspec.errors import DyspecError
 
-FINAL = (-1,)  # the target layers a feature draft reads by default: its final hidden state alone
+BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)  # the sizes a static forward runs at (dyspec.forward.static)
+
+
+def bucket(n: int) -> int:
+    """The size a forward of n tokens runs at: the smallest bucket that holds it, else n itself."""
+    return next((b for b in BUCKETS if b >= n), n)
+
+
+@dataclass
+class StaticModel:
+    """One model's preallocated cache for one role (dyspec.forward.static), and what runs its bucketed
+    forwards."""
+
+    cache: object  # transformers' StaticCache
+    capacity: int
+    run: Callable  # the model, or its compiled forward
+    compiled: set = field(default_factory=set)  # (size, last_only) of the forwards `run` serves
 
 
 def target_features(hidden_states: tuple[torch.Tensor, ...], layers: tuple[int, ...] = FINAL) -> torch.Tensor:
@@ -35,7 +51,7 @@ def sync(device: torch.device) -> None:
 
 
 class NoCache:
-    """The cache of a model that attends to nothing (`cacheless`: dyspec.models.medusa): KVSession
+    """The cache of a model that attends to nothing (`cacheless`: dyspec.drafts.medusa): KVSession
     keeps its lengths, and there are no keys to move."""
 
     layers = ()
@@ -51,9 +67,9 @@ class KVSession:
     """`length` tokens are committed in the cache; slots past it, up to `cached`, hold this step's
     tree nodes. With `keep_hidden`, `hidden` holds the last forward's hidden states at `hidden_layers`
     (by default the final ones) [n, len(hidden_layers) x H], one row per new token (what an acceptance
-    head or a feature-conditioned draft reads: `target_features`). With `static` (dyspec.core.static)
+    head or a feature-conditioned draft reads: `target_features`). With `static` (dyspec.forward.static)
     the cache is preallocated and written in place, and forwards run at bucketed sizes; `cache` is
-    the model's own otherwise (a lean forward's, dyspec.models.lean), else a growing one."""
+    the model's own otherwise (a lean forward's, dyspec.forward.lean), else a growing one."""
 
     def __init__(
         self,
@@ -69,7 +85,7 @@ class KVSession:
         if static is not None:
             cache = static.cache
         elif cache is None:
-            cache = NoCache() if getattr(model, "cacheless", False) else DynamicCache(config=model.config)
+            cache = NoCache() if draft_model(model).cacheless else DynamicCache(config=model.config)
         self.cache = cache
         self.cache_kwarg = cache_kwarg(model.forward)
         self.length = 0
@@ -178,30 +194,3 @@ class KVSession:
                 layer.values[:, :, self.length : keep] = layer.values.index_select(2, idx)
         self.cache.crop(keep - self.cached)  # a negative count removes that many from the end
         self.length = self.cached = keep
-
-
-def compile_forwards(sessions: list[KVSession], sizes: list[int], last_only: tuple[bool, ...] = (False, True)) -> None:
-    """Compile (`--fast-path compiled`) each session's forwards of `sizes` tokens, returning all
-    rows' logits or (`last_only`) the last one's, each with one forward of dummy tokens on its empty
-    cache, behind a progress bar; other forwards run uncompiled over the same cache. Once per model,
-    role and size: later generations reuse them."""
-    jobs = [
-        (kv, size, last)
-        for kv in sessions
-        if kv.static is not None  # an int8 model compiles its own way (dyspec.models.lean_graph)
-        for size in sizes
-        for last in last_only
-        if (size, last) not in kv.static.compiled
-    ]
-    for kv, size, last in tqdm(jobs, desc="compiling forwards (once per size)", disable=not jobs):
-        if kv.cached:
-            raise RuntimeError("forwards are compiled on an empty cache")
-        kv.static.compiled.add((size, last))
-        features = None
-        if getattr(kv.model, "needs_features", False):  # the target's at a root, its own in a tree
-            width = kv.model.feature_size if last else kv.model.config.hidden_size
-            features = torch.zeros(size, width, dtype=kv.model.dtype, device=kv.device)
-        kv.forward([0] * size, last_only=last, features=features)
-        kv.forwards, kv.cached = 0, 0
-        with torch.inference_mode():
-            kv.cache.reset()

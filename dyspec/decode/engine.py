@@ -16,14 +16,12 @@ from dyspec.auto.controller import budget_controller
 from dyspec.core.contract import Budget, Policy
 from dyspec.core.draft import DraftSession
 from dyspec.core.events import Event, GenerationFinished, StepVerified, TreeExpanded
-from dyspec.core.kv import FINAL, compile_forwards, sync
-from dyspec.core.static import BUCKETS, bucket
+from dyspec.core.kv import BUCKETS, FINAL, bucket, sync
 from dyspec.core.tree import Tree
 from dyspec.decode.step import Decoding, Step, speculative_step
 from dyspec.defaults import defaults_for
 from dyspec.errors import DyspecError
-from dyspec.models import ModelPair
-from dyspec.models.fastpath import open_session
+from dyspec.load import ModelPair
 from dyspec.policies import check_options, get_policy
 
 MAX_BUDGET = 256
@@ -141,37 +139,37 @@ def step_events(pair: ModelPair, number: int, s: Step, emitted: list[int], step_
     return [*grown, verified]
 
 
-def open_drafts(pair: ModelPair, ids: list[int], spec: Policy, temperature: float, need: int) -> list[DraftSession]:
+def open_drafts(
+    pair: ModelPair, ids: list[int], spec: Policy, temperature: float, need: int, sizes: list[int]
+) -> list[DraftSession]:
     """The draft sessions of a generation: the first draft's, or every merged one's for a multi-draft
-    policy; on a fast path each cache holds `need` tokens."""
+    policy; each cache holds `need` tokens where it is preallocated, and forwards of `sizes` tokens
+    are ready."""
     models = [pair.draft, *(pair.extra_drafts if spec.multi_draft else [])]
     return [
         DraftSession(
             m,
             ids,
             temperature,
-            None if m is None else open_session(m, pair.fast_path, f"draft{i}", need, keep_hidden=True),
+            None if m is None else pair.forward(m).session(f"draft{i}", need, sizes, keep_hidden=True),
         )
         for i, m in enumerate(models)
     ]
 
 
 def start(
-    pair: ModelPair, ids: list[int], policy: str, options: dict, temperature: float, seed: int, room: int
+    pair: ModelPair, ids: list[int], spec: Policy, options: dict, temperature: float, seed: int, cap: int, max_new: int
 ) -> Decoding:
-    """A generation's sessions, their caches empty; on the static path (`pair.fast_path`) each cache
-    holds the prompt and `room` more tokens."""
-    spec = get_policy(policy)
-    need = bucket(len(ids)) + room  # the draft's first forward reads the whole prompt
-    drafts = open_drafts(pair, ids, spec, temperature, need)
+    """A generation's sessions, their caches empty; a preallocated cache holds the prompt, the answer
+    and a step's forwards, which reach past the committed tokens by up to twice the tree, padded to
+    buckets; the forwards of trees up to `cap` nodes are ready (compiled where the forward compiles)
+    before the clock starts."""
+    need = bucket(len(ids)) + max_new + 2 * bucket(cap + 1)  # the draft's first forward reads the whole prompt
+    sizes = [b for b in BUCKETS if b <= bucket(cap + 1)]
+    drafts = open_drafts(pair, ids, spec, temperature, need, sizes)
     layers = [d.feature_layers for d in drafts if d.needs_features]  # one set: load_pair checks
-    target = open_session(
-        pair.target,
-        pair.fast_path,
-        "target",
-        need,
-        keep_hidden=bool(layers),
-        hidden_layers=layers[0] if layers else FINAL,
+    target = pair.forward(pair.target).session(
+        "target", need, sizes, keep_hidden=bool(layers), hidden_layers=layers[0] if layers else FINAL
     )
     generator = torch.Generator(device=pair.device).manual_seed(seed)
     return Decoding(spec, options, target, drafts, temperature, generator)
@@ -280,12 +278,7 @@ def stream(
     policy, budget = policy or defaults.policy, defaults.budget if budget is None else budget
     ids = encode_prompt(pair, prompt, chat)
     spec, options, controller = plan(pair, ids, policy, budget, temperature, max_new_tokens, options, auto_state)
-    cap = tree_cap(budget)
-    # a step's forwards reach past the committed tokens by up to twice the tree, padded to buckets
-    run = start(pair, ids, policy, options, temperature, seed, room=max_new_tokens + 2 * bucket(cap + 1))
-    if pair.fast_path == "compiled":  # the tree forwards, before the clock starts
-        sessions = [run.target, *(d.kv for d in run.drafts if d.kv is not None)]
-        compile_forwards(sessions, [b for b in BUCKETS if b <= bucket(cap + 1)])
+    run = start(pair, ids, spec, options, temperature, seed, tree_cap(budget), max_new_tokens)
     t_start = time.perf_counter()
     prefill(run, ids)
     prefill_s = time.perf_counter() - t_start

@@ -24,7 +24,7 @@ import torch
 from tqdm.auto import tqdm
 
 from dyspec.core.events import StepVerified
-from dyspec.core.static import bucket
+from dyspec.core.kv import bucket
 from dyspec.core.verify import verify_greedy
 from dyspec.decode.engine import (
     Hook,
@@ -39,7 +39,7 @@ from dyspec.decode.engine import (
 )
 from dyspec.decode.step import Decoding, Step, commit_drafts, draft_tree, speculative_step
 from dyspec.errors import DyspecError
-from dyspec.models import ModelPair
+from dyspec.load import ModelPair
 
 NO_TOKEN = -1  # past the trace's end: no token is known there
 
@@ -84,7 +84,7 @@ def record_trace(pair: ModelPair, prompt: str | Sequence[int], max_new_tokens: i
     keeping the target's features where a loaded draft reads them."""
     ids = encode_prompt(pair, prompt, chat)
     spec, options, controller = plan(pair, ids, "ar", 1, 0.0, max_new_tokens, {}, None)
-    run = start(pair, ids, "ar", options, 0.0, 0, room=max_new_tokens + 2)
+    run = start(pair, ids, spec, options, 0.0, 0, 0, max_new_tokens)
     prefill(run, ids)
     hidden = [] if run.target.keep_hidden else None
     if hidden is not None and run.target.hidden is not None and len(ids) > 1:
@@ -144,7 +144,8 @@ def replay_run(
     if spec.learn is not None:
         raise DyspecError(f"{policy} learns from the target's logits, which a replay does not have: run it live")
     cap = tree_cap(budget)
-    drafts = open_drafts(pair, ids, spec, 0.0, bucket(len(ids)) + trace.max_new_tokens + 2 * bucket(cap + 1))
+    need = bucket(len(ids)) + trace.max_new_tokens + 2 * bucket(cap + 1)
+    drafts = open_drafts(pair, ids, spec, 0.0, need, sizes=())
     run = Decoding(spec, options, None, drafts, 0.0, torch.Generator(device=pair.device).manual_seed(seed))
     prompt_features = trace.features[: len(ids) - 1] if trace.features is not None and len(ids) > 1 else None
     for draft in drafts:

@@ -28,18 +28,20 @@ import plotly.io as pio
 import torch
 from tqdm.auto import tqdm
 
+from dyspec import figures
 from dyspec.auto import whatif
 from dyspec.auto.budget import AutoState
 from dyspec.auto.profile import floor_text
+from dyspec.core.draft_model import draft_model
 from dyspec.core.events import GenerationFinished, StepVerified
 from dyspec.core.kv import sync
 from dyspec.decode.engine import check_settings, encode_prompt, stream
 from dyspec.errors import DyspecError
+from dyspec.eval import summary
 from dyspec.eval.peers import LLAMACPP_POLICIES, check_llamacpp, llamacpp_run
 from dyspec.eval.prompts import load_prompts
-from dyspec.models import ModelPair
+from dyspec.load import ModelPair
 from dyspec.policies import parse_option
-from dyspec.views import figures
 
 HF_POLICIES = ("hf", "hf-assisted", "hf-lookup")
 PEERS = (*HF_POLICIES, *LLAMACPP_POLICIES)  # baselines outside the engine: records without step data
@@ -217,19 +219,12 @@ def host_stamp(pair: ModelPair, command: str | None) -> dict:
     }
 
 
-def run_bench(
-    pair: ModelPair,
-    config: BenchConfig,
-    out: Path,
-    resume: bool = False,
-    progress: bool = True,
-    command: str | None = None,
-) -> list[dict]:
-    """Run every combination not yet in `out` (with `resume`), appending one record per run, in one
-    pass over the prompts per seed. Within each (prompt, temperature, seed), `ar` runs first so
-    every other run has its reference; the others follow in an order rotated from group to group.
-    A policy may carry its own options (`parse_policy_spec`), on top of `config.options`. Each record
-    carries the host, the date and `command` (what a results page stamps it with)."""
+def plan_bench(pair: ModelPair, config: BenchConfig) -> list[tuple]:
+    """The bench's runs, checked before any runs, as (prompt id, prompt, temperature, seed, policy,
+    options, budget), in one pass over the prompts per seed. Within each (prompt, temperature, seed),
+    `ar` runs first so every other run has its reference; the others follow in an order rotated
+    from group to group. A policy may carry its own options (`parse_policy_spec`), on top of
+    `config.options`."""
     specs = {}
     for spec in config.policies:
         name, opts = parse_policy_spec(spec)
@@ -237,22 +232,13 @@ def run_bench(
         if name not in PEERS:
             for budget, temperature in itertools.product(config.budgets, config.temperatures):
                 check_settings(name, budget, temperature, config.max_new_tokens, specs[spec][1])
-    if "hf-assisted" in config.policies and (pair.draft is None or getattr(pair.draft, "needs_features", False)):
+    if "hf-assisted" in config.policies and (pair.draft is None or draft_model(pair.draft).needs_features):
         raise DyspecError(
             "hf-assisted needs an independent draft model (not none, not a feature draft): e.g. --draft int8"
         )
     if any(name in LLAMACPP_POLICIES for name, _ in specs.values()):
         check_llamacpp(pair)
     prompts = load_prompts(config.dataset, config.num_prompts, config.spread)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    records = read_records(out) if resume else []
-    tmp = out.with_name(out.name + ".tmp")  # rewrite without any partial line, atomically
-    tmp.write_text("".join(json.dumps(r) + "\n" for r in records))
-    tmp.replace(out)
-    done = {record_key(r) for r in records}
-    ar_speed = {
-        (r["prompt_id"], r["temperature"], r["seed"]): r["tokens_per_s"] for r in records if r["policy"] == "ar"
-    }
     specs.setdefault("ar", ("ar", {}))
     runs = [
         (spec, budget)
@@ -263,14 +249,37 @@ def run_bench(
     # one pass over the prompts per seed: `auto`, which learns across generations, never meets the
     # same prompt twice in a row, and at T = 0, where seeds only repeat, passes are repeated measurements.
     # After `ar`, each group starts one run further along the list, so a machine whose speed drifts
-    # within a group favours no setting (on an H100, `auto`, last in every group, had the slowest
-    # target forwards: a fixed order cannot tell that from a property of `auto`).
+    # within a group favours no setting (a fixed order cannot tell a drift from a property of the
+    # setting that always runs last).
     groups = itertools.product(config.seeds, prompts, config.temperatures)
-    jobs = [
+    return [
         (pid, prompt, temperature, seed, *specs[spec], budget)
         for g, (seed, (pid, prompt), temperature) in enumerate(groups)
         for spec, budget in [("ar", 1), *rotated(runs, g)]
     ]
+
+
+def run_bench(
+    pair: ModelPair,
+    config: BenchConfig,
+    out: Path,
+    resume: bool = False,
+    progress: bool = True,
+    command: str | None = None,
+) -> list[dict]:
+    """Run every combination (`plan_bench`) not yet in `out` (with `resume`), appending one record
+    per run. Each record carries the host, the date and `command` (what a results page stamps it
+    with)."""
+    jobs = plan_bench(pair, config)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    records = read_records(out) if resume else []
+    tmp = out.with_name(out.name + ".tmp")  # rewrite without any partial line, atomically
+    tmp.write_text("".join(json.dumps(r) + "\n" for r in records))
+    tmp.replace(out)
+    done = {record_key(r) for r in records}
+    ar_speed = {
+        (r["prompt_id"], r["temperature"], r["seed"]): r["tokens_per_s"] for r in records if r["policy"] == "ar"
+    }
     auto_states: dict[tuple, AutoState] = {}
     stamp = host_stamp(pair, command)
     for pid, prompt, temperature, seed, policy, opts, budget in tqdm(jobs, desc="bench", disable=not progress):
@@ -314,7 +323,7 @@ def modelled(records: list[dict], row: dict, model: whatif.LatencyModel) -> floa
     shapes = [
         tuple(shape)
         for r in records
-        if (r["dataset"], figures.policy_label(r), r["budget"], r["temperature"])
+        if (r["dataset"], summary.policy_label(r), r["budget"], r["temperature"])
         == (row["dataset"], row["policy"], row["budget"], row["temperature"])
         for shape in r.get("step_shapes") or []
     ]
@@ -347,9 +356,9 @@ def markdown_table(
 
 
 def auto_table(records: list[dict], rows: list[dict]) -> str:
-    """`auto` against the best fixed budget, paired (`figures.auto_vs_fixed`; no interval below
-    `figures.MIN_PAIRS` pairs); empty without both."""
-    compared = figures.auto_vs_fixed(records, rows)
+    """`auto` against the best fixed budget, paired (`summary.auto_vs_fixed`; no interval below
+    `summary.MIN_PAIRS` pairs); empty without both."""
+    compared = summary.auto_vs_fixed(records, rows)
     if not compared:
         return ""
     lines = [
@@ -368,7 +377,7 @@ def auto_table(records: list[dict], rows: list[dict]) -> str:
 def write_report(
     records: list[dict], path: Path, profile: dict | None = None, whatif_models: Sequence[whatif.LatencyModel] = ()
 ) -> None:
-    rows = figures.summarize(records)
+    rows = summary.summarize(records)
     engine = [r for r in records if r["policy"] not in PEERS]
     reached = [sum(c) for c in zip(*[r["calibration"]["reached"] for r in engine if r["calibration"]["reached"]])]
     accepted = [sum(c) for c in zip(*[r["calibration"]["accepted"] for r in engine if r["calibration"]["accepted"]])]

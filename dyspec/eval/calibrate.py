@@ -10,11 +10,11 @@ import json
 import numpy as np
 from tqdm.auto import tqdm
 
+from dyspec.cache import write_cache
 from dyspec.core.events import StepVerified
 from dyspec.decode.engine import stream
 from dyspec.errors import DyspecError
 from dyspec.eval.prompts import load_prompts
-from dyspec.models.cache import write_cache
 from dyspec.policies.sequoia import acceptance_path
 
 TEMPERATURES = (0.0, 0.6, 1.0)

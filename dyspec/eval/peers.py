@@ -18,7 +18,7 @@ import torch
 from dyspec.auto.profile import median_ms
 from dyspec.decode.engine import encode_prompt
 from dyspec.errors import DyspecError
-from dyspec.models import DEFAULT_TARGET, ModelPair, default_gguf
+from dyspec.load import DEFAULT_TARGET, ModelPair, default_gguf
 
 LLAMACPP_POLICIES = ("llamacpp", "llamacpp-lookup")
 LOOKUP_AUTO = 10  # llama-cpp-python's default number of lookup tokens, for budget "auto"

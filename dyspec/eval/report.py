@@ -8,8 +8,7 @@ from pathlib import Path
 
 from dyspec.auto import whatif
 from dyspec.errors import DyspecError
-from dyspec.eval import bench, sweep
-from dyspec.views import figures
+from dyspec.eval import bench, summary, sweep
 
 
 def results_page(paths: list[Path], title: str, whatif_models: Sequence[whatif.LatencyModel] = ()) -> str:
@@ -23,11 +22,11 @@ def results_page(paths: list[Path], title: str, whatif_models: Sequence[whatif.L
         first = records[0]
         versions = ", ".join(f"{k} {v}" for k, v in first["versions"].items())
         commands = sorted({r.get("command") or "(not recorded)" for r in records})
-        fast = f", fast path {first['fast_path']}" if first.get("fast_path", "off") != "off" else ""
+        fast = f", fast path {first.get('fast_path', 'off')}"  # absent in records older than fast paths: off
         if first.get("kind") == sweep.KIND:
             tables = [sweep.REPLAY_NOTE, sweep.sweep_table(sweep.sweep_rows(records, whatif_models))]
         else:
-            rows = figures.summarize(records)
+            rows = summary.summarize(records)
             tables = [bench.markdown_table(rows, records, whatif_models), bench.auto_table(records, rows)]
         parts += [
             f"## {path.stem}",

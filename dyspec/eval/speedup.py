@@ -24,7 +24,7 @@ from dataclasses import dataclass
 
 from dyspec.core.events import StepVerified
 from dyspec.decode.engine import generate
-from dyspec.models import ModelPair
+from dyspec.load import ModelPair
 
 MIN_TOKENS = 16
 METHOD = "decode rates, prefill excluded, both warm; ar measured once per prompt and settings"
@@ -68,8 +68,8 @@ def measured_speedup(steps: Sequence[StepVerified], ar: Sequence[StepVerified], 
 
 def speedup_text(steps: Sequence[StepVerified], ar: Sequence[StepVerified], final: bool) -> str:
     """The speedup as the views show it: nothing until MIN_TOKENS tokens are in, the ratio while the
-    run streams, and with its interval once it is over (the bootstrap costs ~4 ms, too much to
-    repeat after every step)."""
+    run streams, and with its interval once it is over (the bootstrap costs more than a step: too
+    much to repeat after every step)."""
     if sum(len(s.emitted) for s in steps) < MIN_TOKENS:
         return f"waiting for {MIN_TOKENS} tokens"
     return str(measured_speedup(steps, ar)) if final else f"{decode_rate(steps) / decode_rate(ar):.2f}x"

@@ -14,7 +14,7 @@ from dyspec.auto import whatif
 from dyspec.decode.engine import check_settings
 from dyspec.decode.replay import ReplayRun, record_trace, replay_run
 from dyspec.eval.bench import append_record, host_stamp
-from dyspec.models import ModelPair
+from dyspec.load import ModelPair
 
 KIND = "replay"
 REPLAY_NOTE = (

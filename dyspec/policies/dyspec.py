@@ -19,7 +19,7 @@ from dyspec.core.draft import DraftSession
 from dyspec.core.sampling import ranked_children, to_probs
 from dyspec.core.tree import Tree
 from dyspec.errors import DyspecError
-from dyspec.models.head import AcceptanceHead, head_for, load_head
+from dyspec.load.head import AcceptanceHead, head_for, load_head
 from dyspec.policies.common import child_mode
 
 SCORES = ("draft", "head")

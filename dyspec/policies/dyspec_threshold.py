@@ -5,7 +5,7 @@ child must be likelier accepted than not); the budget caps the size.
 Under `--budget auto` with sampled children a slot is worth what auto has learnt instead, as in
 DySpec's heap (`dyspec.build`): the value left, 1 - the mass drawn, priced a late sibling far above
 its chance, so the tree built more siblings than the cut kept, never paid in full, and its cap
-(and so t) never grew: 0.76x of budget 4 at T = 0.6 on the default pair."""
+(and so t) never grew."""
 
 import torch
 

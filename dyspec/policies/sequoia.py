@@ -13,16 +13,17 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from dyspec.cache import SHIPPED as SHIPPED_FILES
+from dyspec.cache import cache_dir
 from dyspec.core.contract import Policy
 from dyspec.core.draft import DraftSession
 from dyspec.core.sampling import ranked_children, to_probs
 from dyspec.core.tree import Tree
 from dyspec.errors import DyspecError
-from dyspec.models import pair_key
-from dyspec.models.cache import cache_dir
+from dyspec.load import pair_key
 from dyspec.policies.common import child_mode
 
-SHIPPED = Path(__file__).parents[1] / "models" / "acceptance"  # vectors measured for the default pairs
+SHIPPED = SHIPPED_FILES / "acceptance"  # vectors measured for the default pairs
 
 
 @lru_cache(maxsize=64)

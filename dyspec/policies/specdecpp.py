@@ -9,7 +9,7 @@ from dyspec.core.contract import Policy
 from dyspec.core.draft import DraftSession
 from dyspec.core.tree import Tree
 from dyspec.errors import DyspecError
-from dyspec.models.head import head_for, load_head, shipped_head
+from dyspec.load.head import head_for, load_head, shipped_head
 from dyspec.policies.chain import extend
 
 

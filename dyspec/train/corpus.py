@@ -15,7 +15,7 @@ from tqdm.auto import tqdm
 from dyspec.decode.engine import encode_prompt, until_stop
 from dyspec.errors import DyspecError
 from dyspec.eval.prompts import load_prompts, package_file
-from dyspec.models import ModelPair
+from dyspec.load import ModelPair
 
 TRAIN_SETS = ("arena-hard", "ifeval")
 MAX_PROMPT_TOKENS = 512

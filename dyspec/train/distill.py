@@ -1,4 +1,4 @@
-"""`dyspec distill`: train a feature-conditioned draft (dyspec.models.feature_draft) for any target.
+"""`dyspec distill`: train a feature-conditioned draft (dyspec.drafts.feature) for any target.
 
 Data: the target's greedy continuations of real instructions, or real conversations (ShareGPT;
 both in dyspec.train.corpus), run once through the target, teacher-forced, to store its final hidden
@@ -10,8 +10,8 @@ so soft labels cost no storage.
 Training, EAGLE-style with one unrolled step: position j reads (F[j-1], x[j]) and predicts F[j];
 the loss is cross-entropy to the target's distribution over the draft's vocabulary plus a small
 smooth-L1 on the features. A second pass feeds the draft its own predictions F^[j-1] instead, as it
-will read them inside a tree, so depth 2 is trained too (training on true features alone leaves
-depth 2 near useless: DRAFT-NOTES.md).
+will read them inside a tree, so depth 2 is trained too (a draft trained on true features alone
+predicts poorly from its own: docs/guide/training.md).
 """
 
 from __future__ import annotations
@@ -29,11 +29,10 @@ from tqdm.auto import tqdm
 
 from dyspec.auto.profile import forward_ms
 from dyspec.core.copying import MATCHES, copied
+from dyspec.core.draft_model import draft_model
 from dyspec.core.kv import FINAL, KVSession, target_features
 from dyspec.core.sampling import to_probs
-from dyspec.errors import DyspecError
-from dyspec.models import ModelPair
-from dyspec.models.feature_draft import (
+from dyspec.drafts.feature import (
     CONFIG_NAME,
     FeatureDraft,
     features_before,
@@ -41,6 +40,8 @@ from dyspec.models.feature_draft import (
     load_feature_draft,
     save_feature_draft,
 )
+from dyspec.errors import DyspecError
+from dyspec.load import ModelPair
 from dyspec.train.corpus import continuations, sharegpt_sequences, training_prompts
 
 SHARD = 32  # sequences per feature shard
@@ -61,8 +62,8 @@ def collect_features(
     in shards of SHARD sequences; shards already on disk for the same tokens at these layers or
     more are kept (resume: a run with more sequences redoes the last, partial shard; other text or
     other layers in the same folder are computed anew). `autocast` (e.g. bfloat16) runs the
-    teacher forcing at that precision: ~3x faster on a CPU with AMX, for features within ~2% of
-    fp32's. `batch` sequences run as one right-padded forward (`teacher_batch`)."""
+    teacher forcing at that precision: faster on a CPU with AMX, for features close to fp32's.
+    `batch` sequences run as one right-padded forward (`teacher_batch`)."""
     folder.mkdir(parents=True, exist_ok=True)
     paths = []
     for i in tqdm(range(0, len(seqs), SHARD), desc="target features", unit="shard"):
@@ -88,8 +89,7 @@ def collect_features(
 
 def teacher_batch(device: torch.device) -> int:
     """Sequences per teacher-forced forward: one on a CPU, where padding only adds work; 16 on a GPU,
-    which one sequence of 1,024 tokens leaves idle (an H200 took 4 min 39 s for ShareGPT's 11,122
-    conversations one at a time)."""
+    which one sequence of a thousand tokens leaves mostly idle."""
     return 1 if device.type == "cpu" else 16
 
 
@@ -248,40 +248,18 @@ def pooled(results: dict[str, dict], tokens: dict[str, int]) -> dict:
     return {k: sum(r[k] * tokens[name] for name, r in results.items()) / total for k in next(iter(results.values()))}
 
 
-def distill(
+def check_distill(
     pair: ModelPair,
-    out: Path,
-    prompts: list | None = None,
-    num_prompts: int | list[int] = 400,
-    max_new_tokens: int = 128,
-    vocab_size: int = 8192,
-    steps: int = 600,
-    batch: int = 16,
-    window: int = 128,
-    lr: float = 5e-4,
-    heldout: float = 0.05,
-    seed: int = 0,
-    eval_every: int = 100,
-    corpus: str = "continuations",
-    features_dtype: torch.dtype | None = None,
-    copy_prompts: int = 160,
-    feature_layers: tuple[int, ...] = FINAL,
-    init: Path | None = None,
-    draft_layers: int = 1,
-) -> dict:
-    """Train a feature draft for `pair.target` in `out` (data, checkpoints and the result in
-    `out/draft`, resumable at every stage) and return the report. `corpus` is one of corpus_texts'
-    or several, comma-separated ("continuations,sharegpt"), with `num_prompts` one count for all or
-    one per corpus; each corpus keeps its own held-out split (its last sequences) and gives an
-    equal share of every batch, so a small corpus of the target's own answers is not drowned by a
-    large one. `features_dtype` see collect_features. Then the draft's copy weights are fitted on
-    the target's answers to `copy_prompts` training prompts (`fit_copy`; 0: none, the draft never
-    copies). `feature_layers`: the target layers the draft reads (FeatureDraft; e.g. (3, 15, -1),
-    EAGLE-3's low, middle and final). `draft_layers`: the draft's decoder layers. `init`: a draft
-    folder to start from (its vocabulary, layers and projection; a fusion of more target layers
-    starts as the identity on the final one, and decoder layers it lacks as the identity)."""
+    corpus: str,
+    counts: list[int],
+    heldout: float,
+    copy_prompts: int,
+    feature_layers: tuple[int, ...],
+    init: Path | None,
+    draft_layers: int,
+) -> FeatureDraft | None:
+    """`distill`'s settings checked before anything is made; the draft `init` names, loaded."""
     corpora = corpus.split(",")
-    counts = [num_prompts] * len(corpora) if isinstance(num_prompts, int) else list(num_prompts)
     labels = [corpus_label(c) for c in corpora]
     if len(counts) != len(corpora):
         raise DyspecError(f"{len(counts)} prompt counts for {len(corpora)} corpora: give one, or one per corpus")
@@ -307,44 +285,49 @@ def distill(
         raise DyspecError(
             f"--init {init} has {len(base.layers)} decoder layers, more than --draft-layers {draft_layers}"
         )
-    if steps < 0 or batch < len(corpora) or window < 2:
-        raise DyspecError("steps must be >= 0, batch >= the number of corpora and window >= 2")
-    t_start = time.perf_counter()
-    out.mkdir(parents=True, exist_ok=True)
+    return base
+
+
+def split_corpora(
+    pair: ModelPair, out: Path, texts: dict[str, list], heldout: float, features_dtype, feature_layers: tuple[int, ...]
+) -> tuple[dict[str, list], dict[str, list]]:
+    """Each corpus's sequences with the target's features, split by sequence: its last `heldout`
+    share held out."""
     train_sets, test_sets = {}, {}
-    for name, label, count in zip(corpora, labels, counts):
-        texts = corpus_texts(pair, name, count, prompts, max_new_tokens, out)
-        folder = out / ("features" if len(corpora) == 1 else f"features-{label}")
-        seqs = load_sequences(collect_features(pair, texts, folder, features_dtype, feature_layers), feature_layers)
+    for label, corpus_texts_ in texts.items():
+        folder = out / ("features" if len(texts) == 1 else f"features-{label}")
+        seqs = load_sequences(
+            collect_features(pair, corpus_texts_, folder, features_dtype, feature_layers), feature_layers
+        )
         n_test = max(1, math.ceil(len(seqs) * heldout))  # split by sequence: the last ones are held out
         if n_test >= len(seqs):
-            raise DyspecError(f"{len(seqs)} sequences of {name} are too few for a held-out split")
+            raise DyspecError(f"{len(seqs)} sequences of {label} are too few for a held-out split")
         train_sets[label], test_sets[label] = seqs[:-n_test], seqs[-n_test:]
-    train_seqs = [s for seqs in train_sets.values() for s in seqs]
-    H = pair.target.config.hidden_size
-    vocab = base.vocab if base is not None else choose_vocab(train_seqs, vocab_size, pair.target.config.vocab_size)
-    scale = float(torch.cat([f[:, -H:] for _, f in train_seqs[:64]]).float().std())
-    train_w = [windows(seqs, window, H) for seqs in train_sets.values()]
-    test_batches = {}
-    for label, seqs in test_sets.items():
-        w = windows(seqs, window, H)
-        test_batches[label] = [collate(w[i : i + batch], pair.device) for i in range(0, len(w), batch)]
-    test_tokens = {label: sum(len(t) for t, _ in seqs) for label, seqs in test_sets.items()}
+    return train_sets, test_sets
 
-    torch.manual_seed(seed)
-    draft = FeatureDraft(pair.target, vocab, feature_layers, draft_layers).to(pair.device).float()
-    draft.init_from_target(pair.target)
-    if base is not None:  # a fusion or decoder layers it lacks stay the identity
-        draft.load_state_dict(base.state_dict(), strict=False)
-    draft.borrowed.head = draft.borrowed.head.float()
-    full_head = pair.target.get_output_embeddings().weight.detach().float()
+
+def train_draft(
+    draft: FeatureDraft,
+    train_w: list,
+    full_head,
+    scale: float,
+    ckpt_path: Path,
+    steps: int,
+    batch: int,
+    lr: float,
+    seed: int,
+    eval_every: int,
+) -> None:
+    """`steps` AdamW steps (warm-up, then a cosine) on windows drawn from every corpus alike, resumed
+    from and saved to `ckpt_path` every `eval_every` steps."""
+    device = draft.device
     params = [p for p in draft.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=lr, weight_decay=0.0)
     warmup = max(1, steps // 20)
     sched = torch.optim.lr_scheduler.LambdaLR(
         opt, lambda s: min(1.0, (s + 1) / warmup) * 0.5 * (1 + math.cos(math.pi * min(s, steps) / max(steps, 1)))
     )
-    ckpt_path, step = out / "checkpoint.pt", 0
+    step = 0
     if ckpt_path.exists():
         ckpt = torch.load(ckpt_path)
         draft.load_state_dict(ckpt["draft"])
@@ -352,15 +335,11 @@ def distill(
         sched.load_state_dict(ckpt["sched"])
         step = ckpt["step"]
 
-    def heldout_metrics() -> dict[str, dict]:
-        return {label: evaluate(draft, full_head, b, scale) for label, b in test_batches.items()}
-
-    first = heldout_metrics() if step == 0 else None
     g = torch.Generator().manual_seed(seed)
     orders = [torch.randperm(len(w), generator=g).tolist() for w in train_w]
     bar = tqdm(total=steps, initial=step, desc="distill", unit="step")
     while step < steps:
-        x, F, prev, mask = collate(batch_windows(train_w, orders, step, batch), pair.device)
+        x, F, prev, mask = collate(batch_windows(train_w, orders, step, batch), device)
         f1, f2 = unrolled(draft, x, prev)
         loss = (loss_terms(draft, f1, F, scale) + loss_terms(draft, f2, F, scale))[mask].mean()
         opt.zero_grad()
@@ -378,37 +357,129 @@ def distill(
             )
     bar.close()
 
-    metrics = heldout_metrics()
+
+def training_windows(pair: ModelPair, train_sets: dict, test_sets: dict, window: int, batch: int) -> tuple:
+    """Each corpus's training windows, the held-out batches per corpus, and the scale of the target's
+    final features (what the feature loss is measured in)."""
+    H = pair.target.config.hidden_size
+    train_seqs = [s for seqs in train_sets.values() for s in seqs]
+    scale = float(torch.cat([f[:, -H:] for _, f in train_seqs[:64]]).float().std())
+    train_w = [windows(seqs, window, H) for seqs in train_sets.values()]
+    test_batches = {}
+    for label, seqs in test_sets.items():
+        w = windows(seqs, window, H)
+        test_batches[label] = [collate(w[i : i + batch], pair.device) for i in range(0, len(w), batch)]
+    return train_w, test_batches, scale
+
+
+def new_draft(
+    pair: ModelPair, vocab: torch.Tensor, feature_layers: tuple[int, ...], draft_layers: int, base: FeatureDraft | None
+) -> FeatureDraft:
+    """A feature draft to train, in fp32: initialised from the target, then from `base` where given (a
+    fusion or decoder layers it lacks stay the identity)."""
+    draft = FeatureDraft(pair.target, vocab, feature_layers, draft_layers).to(pair.device).float()
+    draft.init_from_target(pair.target)
+    if base is not None:
+        draft.load_state_dict(base.state_dict(), strict=False)
+    draft.borrowed.head = draft.borrowed.head.float()
+    return draft
+
+
+def distill_report(
+    pair: ModelPair, draft: FeatureDraft, train_seqs: list, test_sets: dict, metrics: dict, first, settings: dict
+) -> dict:
+    """What `distill` made: its data's size, the held-out metrics (pooled, before training, by
+    corpus), the draft's and target's one-token forward times, and the settings."""
+    test_tokens = {label: sum(len(t) for t, _ in seqs) for label, seqs in test_sets.items()}
     draft_ms = forward_ms(draft, sizes=(1,))[1]
     target_ms = forward_ms(pair.target, sizes=(1,))[1]
-    report = {
+    return {
         "target": pair.target_name,
         "hidden_size": pair.target.config.hidden_size,
         "vocab_size": pair.target.config.vocab_size,
-        "draft_vocab": len(vocab),
+        "draft_vocab": len(draft.vocab),
         "sequences": {"train": len(train_seqs), "heldout": sum(len(seqs) for seqs in test_sets.values())},
         "tokens": {"train": sum(len(t) for t, _ in train_seqs), "heldout": sum(test_tokens.values())},
         "heldout": pooled(metrics, test_tokens),
         "heldout_untrained": first and pooled(first, test_tokens),
         "heldout_by_corpus": {label: {"tokens": test_tokens[label], **m} for label, m in metrics.items()},
         "ms_per_token": {"draft": draft_ms, "target": target_ms, "ratio": draft_ms / target_ms},
-        "settings": {
-            "corpus": corpus,
-            "num_prompts": num_prompts,
-            "max_new_tokens": max_new_tokens,
-            "features_dtype": str(features_dtype or pair.target.dtype).removeprefix("torch."),
-            "steps": steps,
-            "batch": batch,
-            "window": window,
-            "lr": lr,
-            "seed": seed,
-            "feature_layers": list(feature_layers),
-            "draft_layers": draft_layers,
-            "init": None if init is None else str(init),
-            "device": str(pair.device),
-        },
-        "seconds": round(time.perf_counter() - t_start, 1),
+        "settings": settings,
     }
+
+
+def distill(
+    pair: ModelPair,
+    out: Path,
+    prompts: list | None = None,
+    num_prompts: int | list[int] = 400,
+    max_new_tokens: int = 128,
+    vocab_size: int = 8192,
+    steps: int = 600,
+    batch: int = 16,
+    window: int = 128,
+    lr: float = 5e-4,
+    heldout: float = 0.05,
+    seed: int = 0,
+    eval_every: int = 100,
+    corpus: str = "continuations",
+    features_dtype: torch.dtype | None = None,
+    copy_prompts: int = 160,
+    feature_layers: tuple[int, ...] = FINAL,
+    init: Path | None = None,
+    draft_layers: int = 1,
+) -> dict:
+    """Train a feature draft for `pair.target` in `out` (data, checkpoints and the result in `out/draft`,
+    resumable at every stage) and return the report. `corpus` is one of corpus_texts' or several,
+    comma-separated ("continuations,sharegpt"), with `num_prompts` one count for all or one per
+    corpus; each corpus keeps its own held-out split (its last sequences) and gives an equal share of
+    every batch, so a small corpus of the target's own answers is not drowned by a large one.
+    `features_dtype` see collect_features. Then the draft's copy weights are fitted on the target's
+    answers to `copy_prompts` training prompts (`fit_copy`; 0: none, the draft never copies).
+    `feature_layers`: the target layers the draft reads (FeatureDraft; e.g. (3, 15, -1), EAGLE-3's
+    low, middle and final). `draft_layers`: its decoder layers. `init`: a draft folder to start from
+    (its vocabulary, layers and projection; what it lacks starts as the identity)."""
+    corpora, labels = corpus.split(","), [corpus_label(c) for c in corpus.split(",")]
+    counts = [num_prompts] * len(corpora) if isinstance(num_prompts, int) else list(num_prompts)
+    base = check_distill(pair, corpus, counts, heldout, copy_prompts, feature_layers, init, draft_layers)
+    if steps < 0 or batch < len(corpora) or window < 2:
+        raise DyspecError("steps must be >= 0, batch >= the number of corpora and window >= 2")
+    t_start = time.perf_counter()
+    out.mkdir(parents=True, exist_ok=True)
+    texts = [corpus_texts(pair, name, count, prompts, max_new_tokens, out) for name, count in zip(corpora, counts)]
+    train_sets, test_sets = split_corpora(pair, out, dict(zip(labels, texts)), heldout, features_dtype, feature_layers)
+    train_seqs = [s for seqs in train_sets.values() for s in seqs]
+    vocab = base.vocab if base is not None else choose_vocab(train_seqs, vocab_size, pair.target.config.vocab_size)
+    train_w, test_batches, scale = training_windows(pair, train_sets, test_sets, window, batch)
+
+    torch.manual_seed(seed)
+    draft = new_draft(pair, vocab, feature_layers, draft_layers, base)
+    full_head = pair.target.get_output_embeddings().weight.detach().float()
+
+    def heldout_metrics() -> dict[str, dict]:
+        return {label: evaluate(draft, full_head, b, scale) for label, b in test_batches.items()}
+
+    ckpt_path = out / "checkpoint.pt"
+    first = None if ckpt_path.exists() else heldout_metrics()
+    train_draft(draft, train_w, full_head, scale, ckpt_path, steps, batch, lr, seed, eval_every)
+
+    settings = {
+        "corpus": corpus,
+        "num_prompts": num_prompts,
+        "max_new_tokens": max_new_tokens,
+        "features_dtype": str(features_dtype or pair.target.dtype).removeprefix("torch."),
+        "steps": steps,
+        "batch": batch,
+        "window": window,
+        "lr": lr,
+        "seed": seed,
+        "feature_layers": list(feature_layers),
+        "draft_layers": draft_layers,
+        "init": None if init is None else str(init),
+        "device": str(pair.device),
+    }
+    report = distill_report(pair, draft, train_seqs, test_sets, heldout_metrics(), first, settings)
+    report["seconds"] = round(time.perf_counter() - t_start, 1)
     save_feature_draft(draft, out / "draft", report)
     if copy_prompts:
         saved = replace(pair, draft=load_feature_draft(out / "draft", pair.target))
@@ -497,7 +568,7 @@ def fit_copy(
         raise DyspecError(f"{folder} is not a feature draft made by `dyspec distill` (no {CONFIG_NAME})")
     if num_prompts < 5:
         raise DyspecError(f"fitting copy weights needs at least 5 prompts, got {num_prompts}")
-    if not getattr(pair.draft, "needs_features", False):
+    if not draft_model(pair.draft).needs_features:
         raise DyspecError("copy weights are fitted for a feature draft: load one as the pair's draft")
     sequences = answer_sequences(pair, training_prompts(pair, prompts, num_prompts), max_new_tokens, answers_file)
     n_test = max(1, len(sequences) // 5)

@@ -1,4 +1,4 @@
-"""`dyspec train-head`: training data and training for SpecDec++'s acceptance head (dyspec.models.head).
+"""`dyspec train-head`: training data and training for SpecDec++'s acceptance head (dyspec.load.head).
 
 Training data: the target's own greedy continuations of real instructions (dyspec.train.corpus); at
 every response position the draft samples y from q, and the soft label is min(1, p(y) / q(y)), the
@@ -19,12 +19,13 @@ from safetensors.torch import load_file, save_file
 from tqdm.auto import tqdm
 
 from dyspec.core.copying import mix_along
+from dyspec.core.draft_model import draft_model
 from dyspec.core.kv import KVSession, target_features
 from dyspec.core.sampling import sample_rows, to_probs
+from dyspec.drafts.feature import features_before
 from dyspec.errors import DyspecError
-from dyspec.models import ModelPair
-from dyspec.models.feature_draft import features_before
-from dyspec.models.head import AcceptanceHead, auc, save_head
+from dyspec.load import ModelPair
+from dyspec.load.head import AcceptanceHead, auc, save_head
 from dyspec.train.corpus import continuations, training_prompts
 
 
@@ -38,13 +39,14 @@ def head_examples(
     draft's q is the mixture with its copies (dyspec.core.copying)."""
     seq = prompt + response
     n0 = len(prompt) - 1  # logits row n0 predicts the first response token
-    needs_features = getattr(pair.draft, "needs_features", False)
+    declared = draft_model(pair.draft)
+    needs_features = declared.needs_features
     out = pair.target(torch.tensor([seq[:-1]], device=pair.device), output_hidden_states=needs_features)
     target_logits = out.logits[0, n0:].float()
-    h = target_features(out.hidden_states, pair.draft.feature_layers)[0] if needs_features else None
+    h = target_features(out.hidden_states, declared.feature_layers)[0] if needs_features else None
     draft = KVSession(pair.draft, keep_hidden=True)
     draft_logits = draft.forward(seq[:-1], features=None if h is None else features_before(h))[n0:]
-    if weights := getattr(pair.draft, "copy_weights", None):  # a copying draft's q, as the engine's
+    if weights := declared.copy_weights:  # a copying draft's q, as the engine's
         draft_logits = mix_along(draft_logits, seq, n0, weights, temperature)
     hidden = draft.hidden[n0:]  # row i: the draft read seq[n0 + i]; we need it at the token after
     q, p = to_probs(draft_logits, temperature), to_probs(target_logits, temperature)
@@ -76,6 +78,64 @@ def _loss(logits: torch.Tensor, label: torch.Tensor, reject_weight: float) -> to
     return -(label * logp[:, 1] + reject_weight * (1 - label) * logp[:, 0]).mean()
 
 
+def head_data(pair: ModelPair, seqs: list[dict], data_path: Path, temperature: float, seed: int) -> dict:
+    """Every sequence's examples (`head_examples`), with the sequence each came from, made once and
+    kept at `data_path`."""
+    if data_path.exists():
+        return load_file(data_path)
+    generator = torch.Generator(device=pair.device).manual_seed(seed)
+    parts = [
+        head_examples(pair, s["prompt"], s["response"], temperature, generator)
+        for s in tqdm(seqs, desc="head examples", unit="seq")
+        if s["response"]
+    ]
+    data = {k: torch.cat([part[k] for part in parts]) for k in parts[0]}
+    data["seq"] = torch.cat([torch.full((len(part["label"]),), i) for i, part in enumerate(parts)])
+    save_file(data, data_path)
+    return data
+
+
+def fit_head(
+    head: AcceptanceHead,
+    data: dict,
+    train: torch.Tensor,
+    loss_on,
+    ckpt_path: Path,
+    epochs: int,
+    lr: float,
+    weight_decay: float,
+    reject_weight: float,
+    seed: int,
+) -> dict:
+    """Train `head` on the `train` examples for `epochs` (resumed from and saved to `ckpt_path` every
+    epoch) and return the best epoch by `loss_on` the validation examples: its loss, number and weights."""
+    opt = torch.optim.AdamW(head.parameters(), lr=lr, weight_decay=weight_decay)
+    start = 0
+    best = {"loss": loss_on(), "epoch": 0, "head": copy.deepcopy(head.state_dict())}
+    if ckpt_path.exists():
+        ckpt = torch.load(ckpt_path)
+        head.load_state_dict(ckpt["head"])
+        opt.load_state_dict(ckpt["opt"])
+        start, best = ckpt["epoch"], ckpt["best"]
+    x, q, y = data["hidden"][train], data["q"][train], data["label"][train]
+    bar = tqdm(range(start, epochs), desc="train head", unit="epoch")
+    for epoch in bar:
+        head.train()
+        for batch in torch.randperm(len(y), generator=torch.Generator().manual_seed(seed + epoch)).split(512):
+            loss = _loss(head(x[batch], q[batch]), y[batch], reject_weight)
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+        head.eval()
+        val_loss = loss_on()
+        if val_loss < best["loss"]:
+            best = {"loss": val_loss, "epoch": epoch + 1, "head": copy.deepcopy(head.state_dict())}
+        bar.set_postfix(val_loss=f"{val_loss:.4f}", best_epoch=best["epoch"])
+        torch.save({"head": head.state_dict(), "opt": opt.state_dict(), "epoch": epoch + 1, "best": best}, ckpt_path)
+
+    return best
+
+
 def train_head(
     pair: ModelPair,
     out: Path,
@@ -102,19 +162,7 @@ def train_head(
     out.mkdir(parents=True, exist_ok=True)
     prompts = training_prompts(pair, prompts, num_prompts)
     seqs = continuations(pair, prompts, max_new_tokens, out / "continuations.jsonl")
-    data_path = out / f"examples-T{temperature:g}.safetensors"
-    if data_path.exists():
-        data = load_file(data_path)
-    else:
-        generator = torch.Generator(device=pair.device).manual_seed(seed)
-        parts = [
-            head_examples(pair, s["prompt"], s["response"], temperature, generator)
-            for s in tqdm(seqs, desc="head examples", unit="seq")
-            if s["response"]
-        ]
-        data = {k: torch.cat([part[k] for part in parts]) for k in parts[0]}
-        data["seq"] = torch.cat([torch.full((len(part["label"]),), i) for i, part in enumerate(parts)])
-        save_file(data, data_path)
+    data = head_data(pair, seqs, out / f"examples-T{temperature:g}.safetensors", temperature, seed)
     # Split by sequence, not by token: the last `heldout` for the report, as much before it to pick
     # the epoch (the head overfits within a few epochs), the rest to train on.
     last = int(data["seq"].max())
@@ -128,30 +176,9 @@ def train_head(
 
     torch.manual_seed(seed)
     head = AcceptanceHead(data["hidden"].shape[1], n_blocks)
-    opt = torch.optim.AdamW(head.parameters(), lr=lr, weight_decay=weight_decay)
-    ckpt_path, start = out / "checkpoint.pt", 0
-    best = {"loss": loss_on(val), "epoch": 0, "head": copy.deepcopy(head.state_dict())}
-    if ckpt_path.exists():
-        ckpt = torch.load(ckpt_path)
-        head.load_state_dict(ckpt["head"])
-        opt.load_state_dict(ckpt["opt"])
-        start, best = ckpt["epoch"], ckpt["best"]
-    x, q, y = data["hidden"][train], data["q"][train], data["label"][train]
-    bar = tqdm(range(start, epochs), desc="train head", unit="epoch")
-    for epoch in bar:
-        head.train()
-        for batch in torch.randperm(len(y), generator=torch.Generator().manual_seed(seed + epoch)).split(512):
-            loss = _loss(head(x[batch], q[batch]), y[batch], reject_weight)
-            opt.zero_grad()
-            loss.backward()
-            opt.step()
-        head.eval()
-        val_loss = loss_on(val)
-        if val_loss < best["loss"]:
-            best = {"loss": val_loss, "epoch": epoch + 1, "head": copy.deepcopy(head.state_dict())}
-        bar.set_postfix(val_loss=f"{val_loss:.4f}", best_epoch=best["epoch"])
-        torch.save({"head": head.state_dict(), "opt": opt.state_dict(), "epoch": epoch + 1, "best": best}, ckpt_path)
-
+    best = fit_head(
+        head, data, train, lambda: loss_on(val), out / "checkpoint.pt", epochs, lr, weight_decay, reject_weight, seed
+    )
     head.load_state_dict(best["head"])
     scores = head.accept_prob(data["hidden"][test], data["q"][test])
     report = {

@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 
+from dyspec import figures
 from dyspec.auto import whatif
 from dyspec.core.events import GenerationFinished, StepVerified
 from dyspec.decode.engine import MAX_BUDGET, MAX_TEMPERATURE, stream
@@ -17,9 +18,9 @@ from dyspec.defaults import defaults_for
 from dyspec.errors import DyspecError
 from dyspec.eval import speedup
 from dyspec.eval.sweep import REPLAY_NOTE
-from dyspec.models import ModelPair
+from dyspec.export import run_snippet
+from dyspec.load import ModelPair
 from dyspec.policies import available_policies, replayable
-from dyspec.views import figures
 
 # the side-by-side view opens on trees of one size from a chain, the optimal static tree and the
 # dynamic one, priced on an H100: where DySpec's tree beats a static one of the same size
@@ -27,6 +28,10 @@ SIDE_BY_SIDE = ("chain", "sequoia", "dyspec")
 SIDE_BY_SIDE_BUDGET = 32
 SIDE_BY_SIDE_HARDWARE = "h100"
 SWEEP_BUDGETS = (2, 4, 8, 16, 32, 64, 128, 256)
+SWEEP_MAX = 128  # the sweep chart's largest budget: bigger replays take long for one more point
+# the parametric accelerator the what-if menus open on: t(n) flat up to WIDTH tokens, a draft
+# forward DRAFT_FRACTION of t(1)
+WIDTH, DRAFT_FRACTION = 64, 0.1
 MAX_SIDE_BY_SIDE = 4  # trees shown at once
 BELOW_ONE = "below 1x = slower than plain decoding"
 
@@ -68,6 +73,11 @@ def at_position(steps: Sequence[StepVerified], position: int) -> StepVerified:
     return steps[-1]
 
 
+def budget_of(budget: int | float, auto: bool) -> int | str:
+    """The budget a front end's slider and `auto` checkbox ask for."""
+    return "auto" if auto else int(budget)
+
+
 class ViewModel:
     """`profiles`: latency models the operator loaded for the what-if menu, besides the shipped ones,
     this machine's and a parametric accelerator."""
@@ -83,6 +93,8 @@ class ViewModel:
         self.side_by_side = [p for p in SIDE_BY_SIDE if p in self.policies] or self.policies[:1]
         self.hardware = {**whatif.shipped_models(), **(profiles or {})}
         self.hardware_choices = [*self.hardware, whatif.THIS_MACHINE, whatif.PARAMETRIC]
+        # the side-by-side view prices its trees on SIDE_BY_SIDE_HARDWARE where it ships, else the first
+        self.side_by_side_hardware = SIDE_BY_SIDE_HARDWARE if SIDE_BY_SIDE_HARDWARE in self.hardware else None
         self.ar_cache: dict = {}  # ar's measured steps per prompt and settings, and which policies ran warm
         self.traces: dict[tuple[str, int], Trace] = {}
         self.speedups: dict[tuple, list[float]] = {}  # measured per prompt and settings: their spread
@@ -177,10 +189,19 @@ class ViewModel:
             lines.append(f"Done ({live.finished.stop_reason}): {live.finished.wall_s:.2f} s wall, prefill included.")
         return "<br>".join(lines)
 
-    def latency_model(self, choice: str, width: int = 64, draft_fraction: float = 0.1) -> whatif.LatencyModel:
+    def latency_model(
+        self, choice: str, width: int = WIDTH, draft_fraction: float = DRAFT_FRACTION
+    ) -> whatif.LatencyModel:
         return whatif.choose_model(choice, self.pair, self.hardware, int(width), float(draft_fraction))
 
-    def whatif(self, live: Live, choice: str, width: int = 64, draft_fraction: float = 0.1) -> str:
+    def replay_models(
+        self, choice: str, width: int = WIDTH, draft_fraction: float = DRAFT_FRACTION
+    ) -> list[whatif.LatencyModel]:
+        """This machine's latency model and the chosen one, once each: the replay table's columns."""
+        models = [self.latency_model(whatif.THIS_MACHINE), self.latency_model(choice, width, draft_fraction)]
+        return list({m.name: m for m in models}.values())
+
+    def whatif(self, live: Live, choice: str, width: int = WIDTH, draft_fraction: float = DRAFT_FRACTION) -> str:
         """The run measured here and modelled elsewhere, one line each, each saying which it is."""
         if not live.steps:
             return "Run a generation to price its trees."
@@ -195,6 +216,28 @@ class ViewModel:
 
     def text(self, steps: Sequence[StepVerified]) -> str:
         return figures.text_html(steps, self.hidden_ids)
+
+    def steps_chart(self, live: Live):
+        """Tokens per forward at each step, and the running speedup over `ar` where it was measured."""
+        ar_rate = speedup.decode_rate(live.ar) if live.ar else None
+        return figures.steps_figure(live.steps, speedup.running_speedup(live.steps, ar_rate) if ar_rate else None)
+
+    @staticmethod
+    def export(live: Live, fmt: str) -> str:
+        """The run's tree shapes in a serving engine's format (dyspec.export)."""
+        if not live.steps:
+            return "# run a generation first"
+        return run_snippet([s.parents for s in live.steps], fmt)
+
+    @staticmethod
+    def position_trees(runs: Sequence[ReplayRun], position: int) -> list:
+        """Each run's tree that drafted the answer's token `position`, titled with its policy."""
+        return [figures.tree_figure(at_position(r.steps, position), title=f"{r.policy} at {r.budget}") for r in runs]
+
+    def sweep(self, prompt: str, policies: Sequence[str], max_new_tokens: int) -> tuple[list[ReplayRun], object]:
+        """The policies replayed at every budget of SWEEP_BUDGETS up to SWEEP_MAX, and their chart."""
+        runs = self.replay(prompt, policies, [b for b in SWEEP_BUDGETS if b <= SWEEP_MAX], max_new_tokens)
+        return runs, figures.sweep_figure(runs)
 
     def trace(self, prompt: str, max_new_tokens: int) -> Trace:
         """The target's greedy answer to `prompt`, recorded once; its steps are `ar`'s at T = 0."""
@@ -216,7 +259,7 @@ class ViewModel:
 
     def replay_table(self, runs: Sequence[ReplayRun], models: Sequence[whatif.LatencyModel]) -> str:
         """Per run: tokens per forward, draft forwards per step and the speedup modelled on each of
-        `models`, below a row for `ar`, the baseline (one token a forward, 1x by definition)."""
+        `models`, below a row for `ar`, the baseline (one token a forward, its own speed by definition)."""
         head = "| policy | budget | tokens per target forward | draft forwards per step |"
         head += "".join(f" modelled on {m.name} |" for m in models)
         rows = [head, "|---|---|---|---|" + "---|" * len(models)]

@@ -5,22 +5,16 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import torch
+from torch import nn
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-from dyspec.core import attention
+from dyspec.core.draft_model import draft_model
 from dyspec.errors import DyspecError
-from dyspec.models.draft_spec import DEFAULT_DRAFT, load_draft, parse_drafts
-from dyspec.models.loading import (
-    DEFAULT_TARGET,
-    check_lean,
-    load_model,
-    load_tokenizer,
-    pick_device,
-    pick_dtype,
-    pick_fast_path,
-    pick_precision,
-)
-from dyspec.models.quant import quantize_int8
+from dyspec.forward import attention
+from dyspec.forward.choose import Forward, check_lean, choose_forward, pick_fast_path
+from dyspec.forward.quant import quantize_int8
+from dyspec.load.draft_spec import DEFAULT_DRAFT, load_draft, parse_drafts
+from dyspec.load.loading import DEFAULT_TARGET, load_model, load_tokenizer, pick_device, pick_dtype, pick_precision
 
 
 @dataclass
@@ -35,9 +29,17 @@ class ModelPair:
     precision: str = "native"  # "native" (bf16 on a GPU, fp32 on a CPU), "fp32", or "int8" (int8 Linear layers, CPU)
     extra_drafts: list[PreTrainedModel] = field(default_factory=list)  # merged by specinfer only
     extra_draft_names: list[str] = field(default_factory=list)
-    # "off" (Hugging Face forwards, a growing cache), "lean" (dyspec.models.lean), "static" or "compiled"
-    # (dyspec.core.static)
-    fast_path: str = "off"
+    fast_path: str = "off"  # one of dyspec.forward.choose.FAST_PATHS
+    # (fast path, model id) -> the Forward that runs it: its caches and compiled graphs, kept between
+    # generations and shared by a copy of the pair (`dataclasses.replace`)
+    forwards: dict = field(default_factory=dict, repr=False, compare=False)
+
+    def forward(self, model: nn.Module) -> Forward:
+        """What runs `model` (the target or a draft) on the pair's fast path, chosen once."""
+        key = (self.fast_path, id(model))  # the Forward holds the model, so its id stays its own
+        if key not in self.forwards:
+            self.forwards[key] = choose_forward(model, self.fast_path)
+        return self.forwards[key]
 
     @property
     def drafts_label(self) -> str | None:
@@ -77,8 +79,8 @@ def load_pair(
     else int8 for an fp32 target on a CPU, else truncated:2), a model name as
     for the target, a folder made by `dyspec distill` (a feature draft), `distilled` (the feature
     draft shipped for the target), `eagle:PATH` (a published EAGLE-1/2 or EAGLE-3 draft, a folder or
-    hub id: dyspec.models.eagle), `medusa:PATH` (published Medusa heads, likewise:
-    dyspec.models.medusa), `truncated:N` (the target's first N layers, untrained), `int8`
+    hub id: dyspec.drafts.eagle), `medusa:PATH` (published Medusa heads, likewise:
+    dyspec.drafts.medusa), `truncated:N` (the target's first N layers, untrained), `int8`
     (the target with int8 Linear layers: a draft that needs no training, for a target that runs at
     native precision), `self` (the target itself, for testing), or None. Several drafts,
     comma-separated ("int8,distilled"), are merged into one tree by `specinfer`; every other policy
@@ -87,7 +89,8 @@ def load_pair(
     layers on a CPU (unless the draft is int8, which drafts for the fp32 target); outputs are then
     exact with respect to that int8 model. "fp32" gives the GGUF's fp32 weights as they are.
     `fast_path`: "auto" is the device's default (`dyspec.defaults`), "off" (Hugging Face forwards),
-    "lean" (dyspec.models.lean), "static" or "compiled" (dyspec.core.static)."""
+    "lean" (dyspec.forward.lean), "static" or "compiled" (dyspec.forward.static): chosen here, once
+    per model (`ModelPair.forward`)."""
     dev = pick_device(device)
     specs = parse_drafts(draft, target, dev, precision)
     if any(spec.kind == "int8" for spec in specs):
@@ -107,23 +110,10 @@ def load_pair(
     target_model = load_model(target, dev, dtype, device_map, allow_download)
     fast_path = check_lean(chosen, fast_path, target_model, precision == "int8")
     drafts = [load_draft(spec, target_model, tokenizer, allow_download) for spec in specs]
-    for spec, model in zip(specs, drafts):
-        if model.config.vocab_size != target_model.config.vocab_size:
-            raise DyspecError(
-                f"draft '{spec.name}' has {model.config.vocab_size} output logits, the target "
-                f"{target_model.config.vocab_size}: they must be equal"
-            )
-    if len({d.feature_layers for d in drafts if getattr(d, "needs_features", False)}) > 1:
-        raise DyspecError(f"the feature drafts in '{draft}' read different target layers: merge ones that agree")
+    check_drafts(target_model, drafts, specs)
     if precision == "int8":
-        models = [m for m in (target_model, *drafts) if isinstance(m, PreTrainedModel)]
-        for model in {id(m): m for m in models}.values():
-            quantize_int8(model)
-            model.set_attn_implementation(attention.NAME)
-        for model in drafts:
-            if hasattr(model, "quantize_int8"):  # a feature draft's or Medusa's own layers
-                model.quantize_int8()
-    return ModelPair(
+        quantize(target_model, drafts)
+    pair = ModelPair(
         target_model,
         drafts[0] if drafts else None,
         tokenizer,
@@ -136,3 +126,30 @@ def load_pair(
         extra_draft_names=[spec.name for spec in specs[1:]],
         fast_path=fast_path,
     )
+    for model in (pair.target, *drafts):
+        pair.forward(model)
+    return pair
+
+
+def check_drafts(target: PreTrainedModel, drafts: list[nn.Module], specs: list) -> None:
+    """Drafts fit their target: the same vocabulary, and feature drafts that read the same layers."""
+    for spec, model in zip(specs, drafts):
+        if model.config.vocab_size != target.config.vocab_size:
+            raise DyspecError(
+                f"draft '{spec.name}' has {model.config.vocab_size} output logits, the target "
+                f"{target.config.vocab_size}: they must be equal"
+            )
+    if len({d.feature_layers for d in map(draft_model, drafts) if d.needs_features}) > 1:
+        names = ",".join(spec.name for spec in specs)
+        raise DyspecError(f"the feature drafts in '{names}' read different target layers: merge ones that agree")
+
+
+def quantize(target: PreTrainedModel, drafts: list[nn.Module]) -> None:
+    """int8 Linear layers in the target and every draft, once per model (a draft may be the target)."""
+    models = [m for m in (target, *drafts) if isinstance(m, PreTrainedModel)]
+    for model in {id(m): m for m in models}.values():
+        quantize_int8(model)
+        model.set_attn_implementation(attention.NAME)
+    for model in drafts:
+        if not isinstance(model, PreTrainedModel):  # a draft of dyspec's own: its own layers
+            model.quantize_int8()

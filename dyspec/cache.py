@@ -1,9 +1,12 @@
-"""dyspec's cache folder: what is converted, measured or fitted once per machine and read after."""
+"""Where dyspec keeps files: the cache folder (what is converted, measured or fitted once per machine and
+read after) and what ships in the package (`SHIPPED`: drafts, acceptance heads, Sequoia's vectors)."""
 
 from __future__ import annotations
 
 import os
 from pathlib import Path
+
+SHIPPED = Path(__file__).with_name("shipped")
 
 
 def cache_dir() -> Path:

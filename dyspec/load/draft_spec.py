@@ -4,8 +4,8 @@ auto           distilled where a feature draft ships for the target; else int8 f
                target on a CPU; else truncated:2
 distilled      the feature draft shipped for the target (made by `dyspec distill`)
 FOLDER         a feature draft's folder (made by `dyspec distill`), or a model folder
-eagle:PATH     a published EAGLE-1/2 (or HASS) or EAGLE-3 draft: a folder, or a hub id (dyspec.models.eagle)
-medusa:PATH    published Medusa heads: a folder, or a hub id (dyspec.models.medusa)
+eagle:PATH     a published EAGLE-1/2 (or HASS) or EAGLE-3 draft: a folder, or a hub id (dyspec.drafts.eagle)
+medusa:PATH    published Medusa heads: a folder, or a hub id (dyspec.drafts.medusa)
 int8           the target with int8 Linear layers: a draft that needs no training
 truncated:N    the target's first N layers with its final norm and output layer, untrained
 self           the target itself (for testing)
@@ -20,19 +20,20 @@ from pathlib import Path
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
+from dyspec.cache import SHIPPED
+from dyspec.drafts.checkpoint import checkpoint_folder
+from dyspec.drafts.eagle import PREFIX as EAGLE
+from dyspec.drafts.eagle import load_eagle
+from dyspec.drafts.feature import is_feature_draft, load_feature_draft
+from dyspec.drafts.medusa import PREFIX as MEDUSA
+from dyspec.drafts.medusa import load_medusa
 from dyspec.errors import DyspecError
-from dyspec.models.checkpoint import checkpoint_folder
-from dyspec.models.eagle import PREFIX as EAGLE
-from dyspec.models.eagle import load_eagle
-from dyspec.models.feature_draft import is_feature_draft, load_feature_draft
-from dyspec.models.loading import load_model, load_tokenizer, truncated_copy
-from dyspec.models.medusa import PREFIX as MEDUSA
-from dyspec.models.medusa import load_medusa
-from dyspec.models.quant import int8_available, quantize_int8
+from dyspec.forward.quant import int8_available, quantize_int8
+from dyspec.load.loading import load_model, load_tokenizer, truncated_copy
 
 DEFAULT_DRAFT = "auto"
 STANDIN_DRAFT = "truncated:2"  # accepted rarely: where neither a shipped draft nor int8 applies
-SHIPPED_DRAFTS = Path(__file__).with_name("drafts")  # feature drafts made by `dyspec distill`, per target
+SHIPPED_DRAFTS = SHIPPED / "drafts"  # feature drafts made by `dyspec distill`, per target
 
 
 @dataclass(frozen=True)

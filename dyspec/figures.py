@@ -1,11 +1,11 @@
-"""Plotly figures from event data and bench records: plain functions, shared by the widgets, the
-web app and the bench report, so that all show the same pictures. Imports no engine code."""
+"""Plotly figures from event data and bench rows: plain functions, shared by the widgets, the web app
+and the bench report, so that all show the same pictures. They draw; the statistics they draw live
+with the records (dyspec.eval.summary). Imports nothing of dyspec, so any layer may draw with it."""
 
 from __future__ import annotations
 
 import html
 import math
-import statistics
 from collections import defaultdict
 
 import plotly.graph_objects as go
@@ -43,90 +43,6 @@ def calibration_figure(reached: list[int], accepted: list[int], title: str = "Dr
         yaxis_range=[0, 1],
     )
     return fig
-
-
-def policy_label(record: dict) -> str:
-    """The policy with the options it ran with, as in a bench spec: `specdecpp:h=0.3`."""
-    return ":".join([record["policy"], *(f"{k}={v}" for k, v in sorted(record["options"].items()))])
-
-
-def _row_order(dataset: str, policy: str, budget: int | str, temperature: float) -> tuple:
-    """`ar` first, then policies by name, budgets by size with `auto` last."""
-    return dataset, policy != "ar", policy, budget == "auto", 0 if budget == "auto" else budget, temperature
-
-
-def summarize(records: list[dict]) -> list[dict]:
-    """One row per (dataset, policy with its options, budget, temperature): tokens and verified tree
-    nodes per target forward, and the speedup over `ar` on the same prompts, as total tokens / total
-    seconds of each, measured in the same run."""
-    groups = defaultdict(list)
-    for r in records:
-        groups[r["dataset"], policy_label(r), r["budget"], r["temperature"]].append(r)
-    ar = {(r["dataset"], r["prompt_id"], r["temperature"], r["seed"]): r for r in records if r["policy"] == "ar"}
-    rows = []
-    for (dataset, policy, budget, temperature), rs in sorted(groups.items(), key=lambda kv: _row_order(*kv[0])):
-        paired = [(r, ar[k]) for r in rs if (k := (dataset, r["prompt_id"], temperature, r["seed"])) in ar]
-        forwards = sum(r["target_forwards"] or 0 for r in rs)
-        nodes = [r.get("tree_nodes") for r in rs]  # absent from records before 0.2.1
-        speed = sum(r["new_tokens"] for r, _ in paired) / max(sum(r["wall_s"] for r, _ in paired), 1e-9)
-        ar_speed = sum(a["new_tokens"] for _, a in paired) / max(sum(a["wall_s"] for _, a in paired), 1e-9)
-        rows.append(
-            {
-                "dataset": dataset,
-                "policy": policy,
-                "budget": budget,
-                "temperature": temperature,
-                "runs": len(rs),
-                "tokens_per_forward": sum(r["new_tokens"] for r in rs) / forwards if forwards else None,
-                "nodes_per_forward": sum(nodes) / forwards if forwards and None not in nodes else None,
-                "tokens_per_s": sum(r["new_tokens"] for r in rs) / sum(r["wall_s"] for r in rs),
-                "speedup": speed / ar_speed if paired else None,
-            }
-        )
-    return rows
-
-
-MIN_PAIRS = 10
-
-
-def auto_vs_fixed(records: list[dict], rows: list[dict]) -> list[dict]:
-    """For each (dataset, policy, temperature) run with `--budget auto` and fixed budgets: `auto`'s
-    speed over the best fixed budget's (by `summarize`'s speedup, else tokens/s), paired by prompt
-    and seed (time per token of each pair), as the geometric mean ratio and its 95% interval, a
-    normal approximation given from MIN_PAIRS pairs (at 10 it is ~15% narrower than Student's t, at
-    30 ~4%). On a shared CPU one pass moves by a few percent, so a single speedup cannot say which
-    is faster."""
-    fixed = defaultdict(list)
-    for row in rows:
-        if row["budget"] != "auto":
-            fixed[row["dataset"], row["policy"], row["temperature"]].append(row)
-    time_per_token = defaultdict(dict)  # (dataset, policy, T, budget) -> (prompt, seed) -> seconds
-    for r in records:
-        run = (r["dataset"], policy_label(r), r["temperature"], r["budget"])
-        time_per_token[run][r["prompt_id"], r["seed"]] = r["wall_s"] / max(r["new_tokens"], 1)
-    out = []
-    for key, candidates in sorted(fixed.items(), key=lambda kv: str(kv[0])):
-        best = max(candidates, key=lambda row: row["speedup"] or row["tokens_per_s"])
-        auto, other = time_per_token[(*key, "auto")], time_per_token[(*key, best["budget"])]
-        logs = [math.log(other[pair] / t) for pair, t in auto.items() if pair in other]
-        if not logs:
-            continue
-        mean = statistics.mean(logs)
-        half = 1.96 * statistics.stdev(logs) / math.sqrt(len(logs)) if len(logs) >= MIN_PAIRS else math.nan
-        dataset, policy, temperature = key
-        out.append(
-            {
-                "dataset": dataset,
-                "policy": policy,
-                "temperature": temperature,
-                "best_fixed": best["budget"],
-                "pairs": len(logs),
-                "ratio": math.exp(mean),
-                "low": math.exp(mean - half),
-                "high": math.exp(mean + half),
-            }
-        )
-    return out
 
 
 def speedup_figure(rows: list[dict], metric: str = "speedup"):
@@ -244,6 +160,21 @@ def token_label(text: str) -> str:
     return text.translate(WHITESPACE) or "∅"
 
 
+def tree_edges(parents: list[int], x: list, y: list, outcome: list[str]) -> list[go.Scatter]:
+    """A tree's edges: thin grey, then the accepted path thick, last, over the others."""
+    traces = []
+    for on_path in (False, True):
+        ex, ey = [], []
+        for i in range(1, len(x)):
+            if (outcome[i] in ("accepted", "target")) == on_path:
+                p = parents[i]
+                ex += [x[p], x[i], None]
+                ey += [y[p], y[i], None]
+        line = {"color": COLORS["accepted"], "width": 4} if on_path else {"color": "#999", "width": 1}
+        traces.append(go.Scatter(x=ex, y=ey, mode="lines", line=line, hoverinfo="skip", showlegend=False))
+    return traces
+
+
 def tree_figure(step, upto: int | None = None, title: str | None = None) -> go.Figure:
     """The step's token tree, root at the left, one column per depth: colour by outcome, size by
     draft probability, the accepted path drawn thick and ended by the target's own next token (the
@@ -276,16 +207,7 @@ def tree_figure(step, upto: int | None = None, title: str | None = None) -> go.F
     probs = [*step.draft_probs[:n], *[math.nan] * (len(x) - n)]
     target_p = [*step.target_probs[:n], *[math.nan] * (len(x) - n)]
     values = [*step.values[:n], *[math.nan] * (len(x) - n)]
-    fig = go.Figure()
-    for on_path in (False, True):  # the accepted path last, over the other edges
-        ex, ey = [], []
-        for i in range(1, len(x)):
-            if (outcome[i] in ("accepted", "target")) == on_path:
-                p = parents[i]
-                ex += [x[p], x[i], None]
-                ey += [y[p], y[i], None]
-        line = {"color": COLORS["accepted"], "width": 4} if on_path else {"color": "#999", "width": 1}
-        fig.add_trace(go.Scatter(x=ex, y=ey, mode="lines", line=line, hoverinfo="skip", showlegend=False))
+    fig = go.Figure(tree_edges(parents, x, y, outcome))
     for kind, color in COLORS.items():
         idx = [i for i in range(len(x)) if outcome[i] == kind]
         if not idx:
@@ -347,7 +269,7 @@ def text_html(steps, hidden_ids: frozenset[int] = frozenset()) -> str:
 
 def steps_figure(steps, running: list[float | None] | None = None) -> go.Figure:
     """Tokens committed per target forward at each step (left axis), and the running speedup over
-    `ar` on the same prompt with ar's own 1.0x (right axis; `dyspec.eval.speedup.running_speedup`:
+    `ar` on the same prompt with a line at ar's own speed (right axis; `dyspec.eval.speedup.running_speedup`:
     None until enough tokens are in)."""
     fig = go.Figure()
     xs = [s.step for s in steps]

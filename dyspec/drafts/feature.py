@@ -25,8 +25,8 @@ from transformers.modeling_outputs import CausalLMOutputWithPast
 from dyspec.core.copying import MATCHES
 from dyspec.core.kv import FINAL, cache_kwarg
 from dyspec.errors import DyspecError
-from dyspec.models.lean import LeanCache, lean_dims, lean_layers, role_cache, rotary_rows, rotary_table, run_layers
-from dyspec.models.quant import Int8Linear, quantize_int8
+from dyspec.forward.lean import LeanCache, lean_dims, lean_layers, role_cache, rotary_rows, rotary_table, run_layers
+from dyspec.forward.quant import Int8Linear, quantize_int8
 
 CONFIG_NAME = "feature_draft.json"
 WEIGHTS_NAME = "feature_draft.safetensors"
@@ -35,9 +35,10 @@ WEIGHTS_NAME = "feature_draft.safetensors"
 class FeatureDraft(nn.Module):
     needs_features = True
     copy_weights: list[float] | None = None  # per match length (dyspec.core.copying), fitted by `dyspec distill`
-    # the prompt's first token, read with a zero feature; EAGLE's published drafts skip it (dyspec.models.eagle)
+    # the prompt's first token, read with a zero feature; EAGLE's published drafts skip it (dyspec.drafts.eagle)
     reads_first_token = True
     runs_lean = True  # its decoder layers can run as the lean forward's (`use_lean`)
+    cacheless = False
     lean_layers: list | None = None
 
     def __init__(
@@ -71,7 +72,7 @@ class FeatureDraft(nn.Module):
         self.layers = nn.ModuleList(type(decoder.layers[0])(config, i) for i in range(num_layers))
         if not first_norm:  # its input x = fc(...) is already at the scale it was trained at
             self.layers[0].input_layernorm = nn.Identity()
-        self.layer_cache_kwarg = cache_kwarg(self.layers[0].forward)  # once: inspecting costs ~20 us a call
+        self.layer_cache_kwarg = cache_kwarg(self.layers[0].forward)  # once: inspecting a signature is slow
         self.rotary = type(decoder.rotary_emb)(config)
         self.register_buffer("vocab", vocab.long(), persistent=False)
         # Borrowed from the target, frozen and not saved: the embedding and the output rows.
@@ -108,9 +109,9 @@ class FeatureDraft(nn.Module):
         """Start as the identity on the feature: the target's last layer with its two output
         projections zeroed (so the residual stream passes through, at the scale of the target's
         normed features, instead of adding deltas sized for its un-normed residual stream), fed the
-        feature alone (the projection is the identity on the feature half). Initialising from the
-        last layer learnt fastest in DRAFT-NOTES.md; without the zeroing, the first held-out loss
-        was ~400 nats."""
+        feature alone (the projection is the identity on the feature half). Of the target's layers the
+        last one learns fastest from; without the zeroing, training starts from a loss far above a
+        fresh draft's."""
         H = self.config.hidden_size
         with torch.no_grad():
             for layer in self.layers:  # each the identity at first, so a deeper draft starts as a shallower one
@@ -125,24 +126,21 @@ class FeatureDraft(nn.Module):
                 self.fuse.weight[:, -H:] = torch.eye(H)
 
     def quantize_int8(self) -> None:
-        """The CPU fast path (`--precision int8`): the decoder layer and the output rows in int8.
-        On a 2-core AMD EPYC with AVX-512 a draft forward went from 4.8 to 1.5 ms at one token and
-        from 8.2 to 1.7 ms at two (fp32 GEMMs of a few rows are slow there), and `chain` at budget
-        1 made 1.343 tokens per target forward either way (10 MT-Bench prompts, T = 0). Exactness
+        """The CPU fast path (`--precision int8`): the decoder layer and the output rows in int8,
+        several times faster than fp32 GEMMs of a few rows, with the same acceptance. Exactness
         never depends on the draft."""
         # not `fc` (nor `fuse`, which runs once a step): its input row is [feature, embedding], whose
-        # halves differ ~30x in scale, and one int8 scale per row left the embedding a few levels
-        # (top-1 agreement with the fp32 draft 0.81 with it in int8, 0.95 without)
+        # halves differ widely in scale, and one int8 scale per row leaves the embedding a few levels
+        # (top-1 agreement with the fp32 draft drops)
         for layer in self.layers:
             quantize_int8(layer)
         self.borrowed.int8_head = Int8Linear(self.borrowed.head)
 
     def use_lean(self) -> None:
-        """Decode with its decoder layers run as the lean forward runs a target's (dyspec.models.lean)
+        """Decode with its decoder layers run as the lean forward runs a target's (dyspec.forward.lean)
         over a LeanCache (`cache_for`): the Hugging Face layer's masks, rotary module and cache
-        bookkeeping cost more than its products at one token (an int8 draft node in decoding on a
-        2-core CPU: 2.0 ms before, 1.6 after). Training and a growing cache keep the Hugging Face
-        layers."""
+        bookkeeping cost more than its products at one token. Training and a growing cache keep the
+        Hugging Face layers."""
         if self.lean_layers is not None:
             return
         self.dims = lean_dims(self.config)

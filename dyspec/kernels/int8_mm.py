@@ -1,34 +1,27 @@
 """An int8 product for decoding forwards: `int8_mm(x, operands)` = x @ W.T in int32, exact.
 
-`torch._int_mm` (oneDNN) reads a one-row product's weights at ~17 GB/s on a 2-core CPU and costs
-2-4x its one-row time at 2-8 rows, which is what makes a token tree cost more than a token. This
-kernel (int8_mm.cpp, AVX-512 VNNI) reads weights packed in the order it uses them once for up to 8
-rows, on every core: ~32 GB/s, and 8 rows cost about what one row costs.
+`torch._int_mm` (oneDNN) reads a one-row product's weights well below the memory's bandwidth and
+costs several times its one-row time at a few rows, which is what makes a token tree cost more
+than a token. This kernel (int8_mm.cpp, AVX-512 VNNI) reads weights packed in the order it uses
+them once for up to 8 rows, on every core, so a few rows cost about what one row costs.
 
 Its sums are int32, exact, so its result equals `torch._int_mm`'s whatever the row count: a CPU
 without AVX-512 VNNI, or a machine where the build fails, runs `torch._int_mm` and gets the same
 numbers. The kernel is compiled on first use with the system's C++ compiler against the installed
-PyTorch (~10 s, once per machine; the library is kept in dyspec's cache folder).
+PyTorch (once per machine: the library is kept in dyspec's cache folder).
 """
 
 from __future__ import annotations
 
 import functools
-import hashlib
-import os
 import platform
-import shutil
 import subprocess
-import sys
 import warnings
 from pathlib import Path
 
 import torch
-from filelock import FileLock
-from tqdm.auto import tqdm
 
-from dyspec.models.cache import cache_dir
-from dyspec.models.quant import cpu_flags
+from dyspec.kernels.build import build, cpu_flags
 
 PANEL = 32  # outputs per packed panel, as in int8_mm.cpp
 SOURCE = Path(__file__).with_suffix(".cpp")
@@ -48,38 +41,6 @@ def kernel_available() -> bool:
         warnings.warn(f"dyspec's int8 kernel did not build; int8 products run torch._int_mm:\n{detail}", stacklevel=2)
         return False
     return True
-
-
-def build(source: Path, flags: list[str]) -> Path:
-    """A kernel's shared library (int8_mm.cpp, row_attention.cpp), compiled once per source, flags,
-    PyTorch and Python version."""
-    from torch.utils.cpp_extension import include_paths, library_paths
-
-    what = source.read_bytes() + f"{flags} {torch.__version__} {sys.version}".encode()
-    out = cache_dir() / "kernels" / f"{source.stem}-{hashlib.sha256(what).hexdigest()[:16]}.so"
-    out.parent.mkdir(parents=True, exist_ok=True)
-    with FileLock(f"{out}.lock"):  # test workers, an app and a notebook may build at once
-        if not out.exists():
-            tmp = out.with_name(f"{out.name}.tmp{os.getpid()}")
-            abi = int(torch._C._GLIBCXX_USE_CXX11_ABI)
-            cxx = cpp_compiler()
-            if cxx is None:
-                raise OSError("no C++ compiler found (c++, g++, clang++ or $CXX)")
-            cmd = [cxx, "-O3", "-std=c++17", "-shared", "-fPIC", "-fopenmp", *flags, f"-D_GLIBCXX_USE_CXX11_ABI={abi}"]
-            cmd += [f"-I{p}" for p in include_paths()] + [str(source), "-o", str(tmp)]
-            cmd += [f"-L{p}" for p in library_paths()] + ["-lc10", "-ltorch_cpu"]
-            with tqdm(total=1, desc=f"building dyspec's {source.stem} kernel (once per machine)") as bar:
-                subprocess.run(cmd, check=True, capture_output=True)
-                bar.update()
-            tmp.replace(out)
-    return out
-
-
-def cpp_compiler() -> str | None:
-    """The C++ compiler of this machine, which torch.compile and this kernel build with: $CXX, or
-    the first of c++, g++ and clang++ found."""
-    names = [os.environ["CXX"]] if os.environ.get("CXX") else ["c++", "g++", "clang++"]
-    return next(filter(None, map(shutil.which, names)), None)
 
 
 def packable(weight: torch.Tensor) -> bool:

@@ -1,11 +1,11 @@
 """A lean forward for Llama-family models (`--fast-path lean`), in the style of gpt-fast's model.py.
 
-On a 2-core CPU a one-token forward of the default target spends ~4 ms in its matrix products and
-~20 ms more in the generic modules around them: separate q/k/v layers, rotary and norms as many
+On a CPU a one-token forward of a small target spends several times longer in the generic
+modules around its matrix products than in them: separate q/k/v layers, rotary and norms as many
 small ops, masks built per forward, a cache that grows, output-capture hooks. This forward runs the
 same weights (the Hugging Face model's own modules, int8 or not) as a plain loop: q/k/v and
 gate/up fused into one product each, one norm op, rotary from a table, and a preallocated KV cache
-written in place. Attention is the Hugging Face path's own: `dyspec.core.attention`'s batch-invariant
+written in place. Attention is the Hugging Face path's own: `dyspec.forward.attention`'s batch-invariant
 kernel on int8 models (bitwise what a one-token forward computes, which greedy exactness needs),
 SDPA otherwise.
 
@@ -25,11 +25,11 @@ from torch import nn
 from transformers import PreTrainedModel
 from transformers.modeling_outputs import CausalLMOutputWithPast
 
-from dyspec.core.attention import prefix_attention, prefix_bias, rowwise_attention
 from dyspec.errors import DyspecError
-from dyspec.models import lean_graph
-from dyspec.models.lean_graph import MAX_ROWS, CompiledLayers, warm_up
-from dyspec.models.quant import Int8Linear, Int8Part, has_int8
+from dyspec.forward import lean_graph
+from dyspec.forward.attention import prefix_attention, prefix_bias, rowwise_attention
+from dyspec.forward.lean_graph import MAX_ROWS, CompiledLayers, warm_up
+from dyspec.forward.quant import Int8Linear, Int8Part
 
 # Llama's layer with optional q/k/v biases (Qwen2) and per-head q/k norms (Qwen3); full attention only.
 ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM")
@@ -105,7 +105,7 @@ def lean_layers(decoder_layers) -> list[Layer]:
 
 
 class LeanDims(NamedTuple):
-    """What the lean layers (`run_layers`, dyspec.models.lean_graph) read besides their weights."""
+    """What the lean layers (`run_layers`, dyspec.forward.lean_graph) read besides their weights."""
 
     heads: int
     kv_heads: int
@@ -245,8 +245,8 @@ class LeanForward(nn.Module):
         self.graph: CompiledLayers | None = None  # `compile_layers`
 
     def compile_layers(self) -> None:
-        """Run the layers of a decoding forward as compiled graphs (dyspec.models.lean_graph; int8
-        models), compiled now."""
+        """Run the layers of a decoding forward as compiled graphs (dyspec.forward.lean_graph; int8
+        models), compiled now; once."""
         if not self.exact_attention:
             raise ValueError("the compiled lean forward runs int8 models")
         if not lean_graph.supported():
@@ -324,41 +324,3 @@ def rotary_rows(model: nn.Module, position_ids: torch.Tensor, end: int) -> tuple
     if end > len(model.cos):
         model.cos, model.sin = rotary_table(model.rotary, 2 * end, model.cos.dtype)
     return model.cos[position_ids[0], None], model.sin[position_ids[0], None]
-
-
-def lean_forward(model: PreTrainedModel, compiled: bool = False) -> LeanForward:
-    """The model's lean forward, eager or with its layers compiled (`compile_layers`), each made
-    once and kept on the model: one model may run both in a process (a test, a comparison)."""
-    key = "_dyspec_compiled" if compiled else "_dyspec_lean"
-    lean = model.__dict__.get(key)
-    if lean is None:
-        lean = LeanForward(model)
-        if compiled:
-            lean.compile_layers()
-        model.__dict__[key] = lean
-    return lean
-
-
-def runner(model: nn.Module, fast_path: str) -> nn.Module:
-    """What runs `model`'s forwards on `fast_path`: on "lean", its lean forward where its
-    architecture has one, compiled on "compiled" for an int8 model (dyspec.models.lean_graph); a
-    feature draft runs its own small forward with its layers lean (`lean_layers` set) on "lean", and
-    on "compiled" in int8 (torch.compile cannot trace its int8 layers); else the model."""
-    if fast_path not in ("lean", "compiled"):
-        return model
-    if getattr(model, "runs_lean", False):
-        if fast_path == "lean" or has_int8(model):
-            model.use_lean()
-        return model
-    if lean_unsupported(model) is not None:
-        return model
-    if fast_path == "lean":
-        return lean_forward(model)
-    if not isinstance(getattr(model, "lm_head", None), Int8Linear):  # quantize_int8 converts every Linear
-        return model
-    return lean_forward(model, compiled=True)
-
-
-def is_lean(run: nn.Module) -> bool:
-    """Whether `run` (a `runner`) runs over a LeanCache (its `cache_for`)."""
-    return isinstance(run, LeanForward) or getattr(run, "lean_layers", None) is not None

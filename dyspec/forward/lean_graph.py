@@ -3,33 +3,33 @@
 Eager, a one-token forward of the default target spends more time between its int8 products than in
 them: ~600 small ops at microseconds each, and fbgemm's own set-up in each of its 121 calls. Here
 blocks of BLOCK layers run as graphs compiled by inductor, which fuses the norms, rotary, residuals
-and quantization into a few loops, with the products int8 x int8 -> int32 (dyspec.models.int8_mm).
+and quantization into a few loops, with the products int8 x int8 -> int32 (dyspec.kernels.int8_mm).
 
-Exactness needs a row's result to be the same whatever rows share the forward (dyspec.models.quant),
+Exactness needs a row's result to be the same whatever rows share the forward (dyspec.forward.quant),
 and here it is by construction:
 - activations are quantized per row: q = round(x * 127 / max|x|), each row alone;
 - int32 sums are exact, so the product's kernel, its blocking and its row count do not matter;
 - dequantizing, norms, rotary and the MLP's gate are per row and elementwise;
-- attention is dyspec.models.row_attention's kernel: each row over its own keys, read in place.
+- attention is dyspec.kernels.row_attention's kernel: each row over its own keys, read in place.
 tests/test_lean_graph.py checks tree rows against one-token forwards bit for bit. The compiled
 forward runs other arithmetic than the eager int8 forward (its own activation quantization), so
 its logits differ from eager's in the last bits: it is its own int8 model, exact with itself.
 
 A prompt (a causal forward over an empty cache) runs compiled too, as its own attention kind: its
 rows attend through SDPA (every policy prefills alike, so its loop order is free) and its products
-run oneDNN's `torch._int_mm`, the fastest measured at many rows (a 243-token prompt of the default
-target: 224 ms eager, 128 ms compiled). Only a forward of over MAX_ROWS tokens on a cache that
+run oneDNN's `torch._int_mm`, the fastest measured at many rows. Only a forward of over MAX_ROWS tokens on a cache that
 holds tokens runs eager. Graphs are compiled once per block shape and kind of forward (a prompt;
 one row; a tree), with dynamic sizes: `warm_up` compiles them behind a progress bar; inductor keeps
 its code on disk, so a later process mostly traces.
 
 A block's graph is called without dynamo's guards (`torch.compile(...).aot_compile`): the forward
-knows which graph a call needs (its kind and grad mode), and checking ~100 inputs' guards, reading
-their sizes and inductor's size asserts cost ~0.15 ms a call, 6 calls a forward (t(1) 9.1 -> 8.1 ms).
+knows which graph a call needs (its kind and grad mode), and checking every input's guards (the
+weights are inputs), reading their sizes and inductor's size asserts cost a noticeable share of a
+one-token forward.
 Tests run with CHECK_GUARDS, so every compiled forward of the suite checks that its graph's guards
 hold. `aot_compile` bypasses torch.compile's disk caches, so each graph is saved whole in dyspec's
-cache folder and a later process loads it: ~3 s to ready the default target's graphs, against ~9 s
-when torch.compile retraced them from its caches.
+cache folder and a later process loads it, several times faster than torch.compile retracing
+them from its caches.
 """
 
 from __future__ import annotations
@@ -44,19 +44,21 @@ import torch
 import torch.nn.functional as F
 from tqdm.auto import tqdm
 
-from dyspec.models import row_attention
-from dyspec.models.cache import cache_dir
-from dyspec.models.int8_mm import int8_mm, int8_operands
-from dyspec.models.quant import Int8Linear
+from dyspec.cache import cache_dir
+from dyspec.forward.quant import Int8Linear
+from dyspec.kernels import row_attention
+from dyspec.kernels.build import cpu_flags
+from dyspec.kernels.int8_mm import SOURCE as INT8_MM_SOURCE
+from dyspec.kernels.int8_mm import int8_mm, int8_operands
 
-BLOCK = 5  # layers per graph: one graph call costs ~80 us, and a longer graph takes longer to trace
+BLOCK = 5  # layers per graph: each graph call has a fixed cost, and a longer graph takes longer to trace
 MAX_ROWS = 256  # longer forwards on a cache that holds tokens run eager
 CHECK_GUARDS = False  # tests set it: each call checks its graph's guards, as torch.compile would
 
 
 def linear_operands(linear: Int8Linear) -> tuple:
     """An Int8Linear's weights as `int8_linear` reads them: the int8 product's operands
-    (dyspec.models.int8_mm), per-channel scales / 127, the bias, and the int8 weight transposed
+    (dyspec.kernels.int8_mm), per-channel scales / 127, the bias, and the int8 weight transposed
     for `torch._int_mm` (a prompt's products)."""
     weight = torch.ops.quantized.linear_unpack(linear._packed)[0]
     plain = weight.int_repr()
@@ -68,7 +70,7 @@ def linear_operands(linear: Int8Linear) -> tuple:
 def int8_linear(x: torch.Tensor, operands: tuple, prompt: bool = False) -> torch.Tensor:
     """x [n, in] @ weight.T + bias, x quantized per row to int8. The int32 sums are exact, so the
     product's kernel does not change the result: a prompt's many rows run oneDNN's `torch._int_mm`
-    (1.5x dyspec's kernel at 64 rows and more), a decoding forward's few rows dyspec's kernel."""
+    (faster at many rows), a decoding forward's few rows dyspec's kernel."""
     weight, comp, scale, bias, plain = operands
     amax = x.abs().amax(dim=1, keepdim=True).clamp_min(1e-12)
     xq = torch.round(x * (127 / amax)).to(torch.int8)
@@ -115,10 +117,10 @@ def layers_block(h, cos, sin, slots, keys, values, seen, layers, shape):
 
 
 class CompiledLayers:
-    """A lean forward's layers (dyspec.models.lean.Layer, int8) as compiled blocks."""
+    """A lean forward's layers (dyspec.forward.lean.Layer, int8) as compiled blocks."""
 
     def __init__(self, layers: list, dims: tuple):
-        """`dims`: dyspec.models.lean.LeanDims."""
+        """`dims`: dyspec.forward.lean.LeanDims."""
         self.shape = dims
         row_attention.load()
         weights = [
@@ -193,7 +195,7 @@ def compile_block(kind: str, h, cos, sin, slots, seen, block: tuple, shape: tupl
 
 def load_graph(path: Path):
     """A block's graph an earlier process compiled (`aot_compile` bypasses torch.compile's disk
-    caches, so a process would compile for ~25 s where loading takes ~1), or None."""
+    caches, so a process would compile where loading is many times faster), or None."""
     try:
         with path.open("rb") as f:
             return torch.compiler.load_compiled_function(f)
@@ -209,14 +211,11 @@ def saved_graph(kind: str, args: tuple) -> Path:
     module and the kernels' sources, PyTorch and Python, the CPU's features (a cache folder may be
     shared by machines), the kind, grad mode, thread count, and every input's type, shape and
     dtype; dynamic sizes as the warm-up's)."""
-    here = Path(__file__).parent
-    what = [p.read_bytes() for p in (here / "lean_graph.py", here / "row_attention.cpp", here / "int8_mm.cpp")]
+    what = [p.read_bytes() for p in (Path(__file__), row_attention.SOURCE, INT8_MM_SOURCE)]
     leaves = torch.utils._pytree.tree_leaves(args)
     inputs = [(type(x).__name__, tuple(x.shape), str(x.dtype)) if torch.is_tensor(x) else repr(x) for x in leaves]
     modes = kind, torch.is_inference_mode_enabled(), torch.is_grad_enabled(), torch.get_num_threads()
-    cpuinfo = Path("/proc/cpuinfo")
-    lines = cpuinfo.read_text().splitlines() if cpuinfo.exists() else []
-    flags = next((line for line in lines if line.startswith("flags")), "")
+    flags = sorted(cpu_flags())
     what.append(repr((torch.__version__, sys.version, flags, modes, inputs)).encode())
     digest = hashlib.sha256(b"\0".join(what)).hexdigest()[:24]
     path = cache_dir() / "graphs" / f"{kind}-{digest}.bin"

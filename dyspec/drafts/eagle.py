@@ -34,10 +34,10 @@ from torch import nn
 from transformers import PreTrainedModel
 
 from dyspec.core.kv import FINAL, cache_kwarg
+from dyspec.drafts.checkpoint import read_weights
+from dyspec.drafts.feature import FeatureDraft, causal_mask
 from dyspec.errors import DyspecError
-from dyspec.models.checkpoint import read_weights
-from dyspec.models.feature_draft import FeatureDraft, causal_mask
-from dyspec.models.quant import Int8Linear, quantize_int8
+from dyspec.forward.quant import Int8Linear, quantize_int8
 
 PREFIX = "eagle:"
 WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin")

@@ -2,11 +2,11 @@
 counts, scale)`, each row over the cache slots it sees, read in place (row_attention.cpp).
 
 Greedy exactness needs a tree row to compute bit for bit what the one-token forward of its path
-computes (dyspec.core.attention). Batched matrix products do not promise it: the CPU's GEMM changes
+computes (dyspec.forward.attention). Batched matrix products do not promise it: the CPU's GEMM changes
 a row's last bits with the rows and key counts that share its call, so the eager forwards gather
 each row's keys, pad them to a multiple of 64 and give each row its own batch entry. At decoding
-sizes those are small products whose calls cost more than their arithmetic (two batched products a
-layer took ~30 us at one row), and the gather copies every key a tree row sees, which grows with
+sizes those are small products whose calls cost more than their arithmetic, and the gather copies
+every key a tree row sees, which grows with
 the context. This kernel runs the same loops for every row (dot products, softmax, the weighted sum
 of values, in position order) over its own keys only, so a row's result cannot depend on what
 shares the call; it reads keys where the cache holds them. Plain C++ that the compiler vectorizes
@@ -21,8 +21,8 @@ from pathlib import Path
 
 import torch
 
-from dyspec.core.attention import visible_order
-from dyspec.models.int8_mm import build
+from dyspec.forward.attention import visible_order
+from dyspec.kernels.build import build
 
 SOURCE = Path(__file__).with_suffix(".cpp")
 
@@ -45,7 +45,7 @@ def row_attention(
 def visible_slots(mask: torch.Tensor | None, n: int, end: int) -> tuple[torch.Tensor, torch.Tensor]:
     """The slots each of the last n of `end` tokens sees, in position order, [n, C] (C at least 2:
     a graph would specialize a size of 1), and their counts [n]: from a mask as
-    `dyspec.core.attention.visible_order` reads it."""
+    `dyspec.forward.attention.visible_order` reads it."""
     order, counts = visible_order(mask, n, end)
     c = max(2, int(counts.max()))
     slots = order.new_zeros(n, c)  # strides (c, 1) even for one row: a graph's guards check them

@@ -1,7 +1,7 @@
 """A cheaper CPU forward: int8 Linear layers through fbgemm's dynamic quantized linear.
 
 A decoding forward of a small model on a CPU is bound by reading weights (and fp32 GEMMs with a
-few rows are inefficient); int8 weights read 4x fewer bytes and run on int8 dot-product units.
+few rows are inefficient); int8 weights read a quarter of fp32's bytes and run on int8 dot-product units.
 
 Exactness needs batch invariance: a tree forward must score each node as a single-token forward of
 the same model would, or greedy speculative decoding stops matching greedy autoregressive decoding.
@@ -15,10 +15,11 @@ from __future__ import annotations
 
 import functools
 import warnings
-from pathlib import Path
 
 import torch
 from torch import nn
+
+from dyspec.kernels.build import cpu_flags
 
 
 @functools.cache
@@ -30,13 +31,6 @@ def int8_available() -> bool:
         return True
     except (RuntimeError, AttributeError, NotImplementedError):
         return False
-
-
-@functools.cache
-def cpu_flags() -> frozenset[str]:
-    """The CPU's feature flags as Linux lists them (empty elsewhere)."""
-    cpuinfo = Path("/proc/cpuinfo")
-    return frozenset(cpuinfo.read_text().split()) if cpuinfo.exists() else frozenset()
 
 
 def _has_vnni() -> bool:
@@ -68,7 +62,7 @@ class Int8Linear(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         # each op here costs microseconds, 121 calls a forward: reshape and cast only when needed
         rows = x if x.dim() == 2 and x.dtype == torch.float32 else x.reshape(-1, self.in_features).float()
-        # abs().amax(): linalg.vector_norm(inf) takes 3x as long at 8 rows, 6x at 64
+        # abs().amax(): linalg.vector_norm(inf) is slower, the more so with more rows
         amax = rows.abs().amax(dim=1, keepdim=True).clamp_min_(1e-12)
         y = torch.ops.quantized.linear_dynamic(torch.cat([rows / amax, self.pin]), self._packed, self.reduce_range)
         y = y[:-1].mul_(amax)

@@ -1,6 +1,6 @@
 """SpecDec++'s acceptance head (Huang et al. 2024): a small MLP on the draft's final hidden state at
 a drafted token that predicts the chance the target accepts that token. Trained by
-`dyspec train-head` (dyspec.train.head); heads for the default pairs ship in dyspec/models/heads/."""
+`dyspec train-head` (dyspec.train.head); heads for the default pairs ship in dyspec/shipped/heads/."""
 
 from __future__ import annotations
 
@@ -13,17 +13,18 @@ from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 from torch import nn
 
+from dyspec.cache import SHIPPED as SHIPPED_FILES
 from dyspec.errors import DyspecError
-from dyspec.models import ModelPair, pair_key
+from dyspec.load.pair import ModelPair, pair_key
 
-SHIPPED = Path(__file__).with_name("heads")
+SHIPPED = SHIPPED_FILES / "heads"
 
 
 class AcceptanceHead(nn.Module):
     """Residual blocks x + SiLU(W_l x) with independent W_l (the reference code repeats one block,
     sharing its weights), then Linear(., 2); class 1 is "accepted". The input is the draft's final
     hidden state at the drafted token y and log q(y), the draft's own probability of y (T = 1):
-    the hidden state alone predicted acceptance worse than q(y) does (see dyspec/models/heads/README.md)."""
+    the hidden state alone predicted acceptance worse than q(y) does (see dyspec/shipped/heads/README.md)."""
 
     def __init__(self, hidden_size: int, n_blocks: int = 3):
         super().__init__()

@@ -34,9 +34,9 @@ from transformers import PreTrainedModel
 from transformers.modeling_outputs import CausalLMOutputWithPast
 
 from dyspec.core.kv import FINAL
+from dyspec.drafts.checkpoint import read_weights
 from dyspec.errors import DyspecError
-from dyspec.models.checkpoint import read_weights
-from dyspec.models.quant import quantize_int8
+from dyspec.forward.quant import quantize_int8
 
 PREFIX = "medusa:"
 WEIGHT_FILES = ("medusa_lm_head.safetensors", "medusa_lm_head.pt")
@@ -59,6 +59,8 @@ class MedusaDraft(nn.Module):
     feature_layers = FINAL
     reads_first_token = True
     cacheless = True  # it attends to nothing: KVSession keeps no cache for it
+    copy_weights = None
+    runs_lean = False
 
     def __init__(self, target: PreTrainedModel, heads: int, layers: int):
         super().__init__()

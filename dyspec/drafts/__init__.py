@@ -1,0 +1,1 @@
+"""Drafts of dyspec's own: the feature draft, published EAGLE drafts and Medusa heads."""

@@ -1,0 +1,111 @@
+"""Which forward runs a model, chosen once from the fast path (`choose_forward`), and the one place
+that reads a fast path's name: the engine and the profile open sessions on a `Forward` and never ask
+which one it is."""
+
+from __future__ import annotations
+
+import warnings
+from dataclasses import dataclass
+from typing import Protocol
+
+import torch
+from torch import nn
+
+from dyspec.core.draft_model import draft_model
+from dyspec.core.kv import KVSession
+from dyspec.defaults import defaults_for
+from dyspec.errors import DyspecError
+from dyspec.forward import lean_graph
+from dyspec.forward.lean import LeanForward, lean_unsupported
+from dyspec.forward.quant import has_int8
+from dyspec.forward.static import StaticForward
+from dyspec.kernels.build import cpp_compiler
+
+# "off": Hugging Face forwards over a growing cache; "lean": dyspec.forward.lean; "static" and
+# "compiled": dyspec.forward.static (an int8 model compiled: dyspec.forward.lean_graph)
+FAST_PATHS = ("off", "lean", "static", "compiled")
+
+
+class Forward(Protocol):
+    def session(self, role: str, need: int, sizes=(), last_only=(False, True), **kwargs) -> KVSession:
+        """A session of `role` ("target", "draft0", ...: one model may be target and draft at once)
+        over an empty cache that holds `need` tokens where it is preallocated, ready to run forwards
+        of `sizes` tokens (returning all rows' logits or, `last_only`, the last one's) without
+        compiling during a generation; `kwargs` go to KVSession."""
+        ...
+
+
+@dataclass
+class ModelForward:
+    """The model's own forward over a growing cache (a cacheless draft: none), as it is."""
+
+    model: nn.Module
+
+    def session(self, role: str, need: int, sizes=(), last_only=(False, True), **kwargs) -> KVSession:
+        return KVSession(self.model, **kwargs)
+
+
+@dataclass
+class LeanRun:
+    """A lean forward (a target's `LeanForward`, or a feature draft's own lean layers) over its
+    LeanCache per role, kept between generations; `compiled`: its layers compiled, on the first
+    session (so that loading a pair, and a command that fails on its settings, compile nothing)."""
+
+    run: nn.Module
+    compiled: bool = False
+
+    def session(self, role: str, need: int, sizes=(), last_only=(False, True), **kwargs) -> KVSession:
+        if self.compiled:
+            self.run.compile_layers()
+        return KVSession(self.run, cache=self.run.cache_for(role), **kwargs)
+
+
+def choose_forward(model: nn.Module, fast_path: str) -> Forward:
+    """What runs `model`'s forwards on `fast_path`. On "lean" its lean forward where its architecture
+    has one; on "compiled" an int8 model runs its lean forward compiled (torch.compile cannot trace
+    int8 layers whole) and any other model the static path compiled. A feature draft runs its own
+    small forward with its layers lean, on "lean" and on "compiled" in int8. Else the model's own."""
+    if fast_path not in FAST_PATHS:
+        raise DyspecError(f"fast path must be one of {', '.join(FAST_PATHS)}, got '{fast_path}'")
+    declared, int8 = draft_model(model), has_int8(model)
+    if declared.cacheless or fast_path == "off":
+        return ModelForward(model)
+    if fast_path == "static":
+        return StaticForward(model, compiled=False)
+    if declared.runs_lean and (fast_path == "lean" or int8):
+        model.use_lean()
+        return LeanRun(model)
+    if not declared.runs_lean and lean_unsupported(model) is None and (fast_path == "lean" or int8):
+        return LeanRun(LeanForward(model), compiled=fast_path == "compiled")
+    if fast_path == "compiled" and not int8:
+        return StaticForward(model, compiled=True)
+    return ModelForward(model)
+
+
+def pick_fast_path(fast_path: str, device: torch.device, precision: str) -> str:
+    """ "auto": the device's default (`dyspec.defaults`). "compiled" with int8 layers compiles the
+    lean forward's layers (dyspec.forward.lean_graph). The CPU default, compiled, measured faster
+    with int8 layers only, and compiling needs a C++ compiler and a PyTorch that keeps compiled
+    graphs (`lean_graph.supported`): else "auto" runs the lean forward."""
+    if fast_path not in ("auto", *FAST_PATHS):
+        raise DyspecError(f"fast path must be one of auto, {', '.join(FAST_PATHS)}, got '{fast_path}'")
+    if fast_path != "auto":
+        return fast_path
+    chosen = defaults_for(device).fast_path
+    compiles = precision == "int8" and cpp_compiler() and lean_graph.supported()
+    if device.type == "cpu" and chosen == "compiled" and not compiles:
+        return "lean"
+    return chosen
+
+
+def check_lean(fast_path: str, asked: str, model: nn.Module, int8: bool) -> str:
+    """The fast path a target runs: "lean", and "compiled" with int8 layers, need an architecture
+    the lean forward covers. Asked for by name, another one is an error; as the default, it runs
+    the Hugging Face forward, with a note."""
+    why = lean_unsupported(model) if fast_path == "lean" or (fast_path == "compiled" and int8) else None
+    if why is None:
+        return fast_path
+    if asked in ("lean", "compiled"):
+        raise DyspecError(f"--fast-path {asked}: {why}")
+    warnings.warn(f"{why}: the Hugging Face forward runs (--fast-path off)", stacklevel=3)
+    return "off"
