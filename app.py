@@ -13,7 +13,10 @@ share the cores). What the app shows and how it runs lives in the view model
 from __future__ import annotations
 
 import argparse
+import functools
 import inspect
+import threading
+import time
 
 import gradio as gr
 
@@ -42,6 +45,7 @@ def slider_update(last: int, first: int, value: int | None = None):
 def errors_as_toasts(fn):
     """A user's mistake (DyspecError) as a toast, with no traceback in the operator's log."""
 
+    @functools.wraps(fn)  # Gradio reads the signature through it (a `gr.Request` parameter)
     def wrapped(*args):
         try:
             if inspect.isgeneratorfunction(fn):
@@ -176,28 +180,51 @@ def generate_controls(vm: state.ViewModel) -> list:
     return [prompt, policy, budget, auto, temperature, seed, max_new, measure_ar, run_btn, stop_btn]
 
 
-def generate_tab(vm: state.ViewModel, concurrency: int) -> None:
-    """A live run measured against `ar`: its text, trees, per-step chart, export and what-if."""
+def live_handlers(vm: state.ViewModel) -> tuple:
+    """The live tab's handlers: check a request, run it (streaming its views), stop it, show a step."""
 
     @errors_as_toasts
     def check(prompt, policy, budget, auto, temperature, seed, max_new_tokens, *_):
         vm.check(prompt, state.budget_of(budget, auto), temperature, int(max_new_tokens))
         vm.check_policies([policy])
 
+    stops: dict[str, threading.Event] = {}  # per browser session: Stop ends its run after the step
+
     @errors_as_toasts
-    def run(prompt, policy, budget, auto, temperature, seed, max_new_tokens, measure_ar, choice, width, fraction):
-        settings = (temperature, int(seed), int(max_new_tokens), None, measure_ar)
+    def run(
+        prompt,
+        policy,
+        budget,
+        auto,
+        temperature,
+        seed,
+        max_new_tokens,
+        measure_ar,
+        choice,
+        width,
+        fraction,
+        request: gr.Request,
+    ):
+        stop = stops[request.session_hash] = threading.Event()
+        settings = (temperature, int(seed), int(max_new_tokens), None, measure_ar, stop.is_set)
+        drawn = 0.0
         for live in vm.run(prompt, policy, state.budget_of(budget, auto), *settings):
+            draw = live.steps and (live.finished or time.perf_counter() - drawn >= state.REDRAW_S)
+            drawn = time.perf_counter() if draw else drawn
             yield (
                 vm.text(live.steps),
-                figures.tree_figure(live.steps[-1]) if live.steps else gr.skip(),
-                vm.steps_chart(live),
+                figures.tree_figure(live.steps[-1]) if draw else gr.skip(),
+                vm.steps_chart(live) if draw else gr.skip(),
                 vm.stats(live),
                 live,
                 slider_update(len(live.steps) - 1, 0),
                 slider_update(len(live.steps[-1].tokens), 1) if live.steps else gr.skip(),
                 vm.whatif(live, choice, width, fraction) if live.finished else gr.skip(),
             )
+
+    def stop(request: gr.Request) -> None:
+        if request.session_hash in stops:
+            stops[request.session_hash].set()
 
     def show_step(live, index, growth):
         if not live or not live.steps:
@@ -206,6 +233,12 @@ def generate_tab(vm: state.ViewModel, concurrency: int) -> None:
         upto = min(int(growth), len(step.tokens))
         return figures.tree_figure(step, upto), slider_update(len(step.tokens), 1, upto)
 
+    return check, run, stop, show_step
+
+
+def generate_tab(vm: state.ViewModel, concurrency: int) -> None:
+    """A live run measured against `ar`: its text, trees, per-step chart, export and what-if."""
+    check, run, stop, show_step = live_handlers(vm)
     gr.Markdown(
         f"A live run on this machine, measured against plain decoding (`ar`) on the same prompt. "
         f"The default, `{vm.default_text}`, is the fastest measured on a {vm.pair.device.type}; on a CPU "
@@ -239,10 +272,12 @@ def generate_tab(vm: state.ViewModel, concurrency: int) -> None:
     live_state = gr.State(None)
     inputs = [*settings, *pricing]
     outputs = [text, tree, chart, stats, live_state, step_slider, growth_slider, whatif_md]
-    run_evt = run_btn.click(check, inputs, None, api_name=False).success(
+    run_btn.click(check, inputs, None, api_name=False).success(
         run, inputs, outputs, api_name="run", concurrency_limit=concurrency
     )
-    stop_btn.click(None, None, None, cancels=[run_evt])
+    # Stop asks the run to end cleanly after its step (no concurrency limit: never behind the run); the
+    # run's last state stays on screen, where cancelling the event would replace it with errors
+    stop_btn.click(stop, None, None, concurrency_limit=None, api_name=False)
     for slider in (step_slider, growth_slider):
         slider.release(show_step, [live_state, step_slider, growth_slider], [tree, growth_slider], api_name=False)
     export_btn.click(

@@ -99,7 +99,10 @@ def test_dashboard_examples_and_hardware_whatif(pair):
     d.max_new_tokens.value, d.measure_ar.value = 8, False
     d.run()
     shipped = d.whatif.value
-    assert "H100" in shipped and "ar was not run" in shipped
+    assert "H100" in shipped and "measuring ar on the same prompt was off" in shipped
+    d.policy.value = "ar"
+    d.run()
+    assert "1.00x: this run is ar" in d.whatif.value
     assert d.pricing.width.layout.display == "none"  # the parametric sliders only for the parametric one
     d.pricing.choice.value, d.pricing.width.value, d.pricing.draft_fraction.value = "parametric", 256, 0.0
     assert d.pricing.width.layout.display is None

@@ -23,13 +23,20 @@ from dyspec.decode.replay import ReplayRun
 from dyspec.export import VIEW_FORMATS
 from dyspec.policies import policy_options
 from dyspec.views.examples import EXAMPLES
-from dyspec.views.state import DRAFT_FRACTION, MAX_SIDE_BY_SIDE, SIDE_BY_SIDE_BUDGET, WIDTH, Live, ViewModel, budget_of
+from dyspec.views.state import (
+    DRAFT_FRACTION,
+    MAX_SIDE_BY_SIDE,
+    REDRAW_S,
+    SIDE_BY_SIDE_BUDGET,
+    WIDTH,
+    Live,
+    ViewModel,
+    budget_of,
+)
 
-# While a generation runs, the text and stats update every step and the figures at most this often
-# (always once at its end): a browser drawing three plotly figures takes cores from the decoding
-# that the speedup measures. On 2 cores even that costs most of the speedup (docs/guide/app.md), so
-# there the figures wait for the end unless the user asks for them live.
-REDRAW_S = 1.0
+# While a generation runs, the figures redraw at most every REDRAW_S (dyspec.views.state). On 2 cores
+# even that costs most of the speedup (docs/guide/app.md), so there the figures wait for the end
+# unless the user asks for them live.
 LIVE_FIGURES = (os.cpu_count() or 1) > 2
 
 

@@ -18,7 +18,7 @@ class TreeExpanded:
     node_ids: list[int]
     parents: list[int]
     tokens: list[int]
-    texts: list[str]
+    texts: list[str]  # each token alone; one that holds part of a character as its bytes, <e4 bd>
     draft_probs: list[float]
     values: list[float]  # cumulative path value: product of draft probabilities from the root
 
@@ -29,7 +29,7 @@ class StepVerified:
 
     step: int
     tokens: list[int]  # node 0 is the root (the last committed token)
-    texts: list[str]
+    texts: list[str]  # as TreeExpanded's
     parents: list[int]
     depths: list[int]
     draft_probs: list[float]
@@ -37,7 +37,7 @@ class StepVerified:
     target_probs: list[float]  # target probability of each node's token after its parent (T = 1 when T = 0)
     accepted: list[int]  # accepted node ids along one root path
     emitted: list[int]  # tokens committed this step: the accepted ones, then `next_token`
-    emitted_texts: list[str]
+    emitted_texts: list[str]  # the text each adds: a character split over tokens comes whole with its last
     next_token: int  # the bonus token (at a leaf) or the correction after a rejection
     draft_s: float  # time in draft forwards
     target_s: float  # the target forward

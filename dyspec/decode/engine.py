@@ -19,6 +19,7 @@ from dyspec.core.events import Event, GenerationFinished, StepVerified, TreeExpa
 from dyspec.core.kv import BUCKETS, FINAL, bucket, sync
 from dyspec.core.tree import Tree
 from dyspec.decode.step import Decoding, Step, speculative_step
+from dyspec.decode.text import stream_texts, token_labels
 from dyspec.defaults import defaults_for
 from dyspec.errors import DyspecError
 from dyspec.load import ModelPair
@@ -72,10 +73,6 @@ def check_settings(policy: str, budget: int | str, temperature: float, max_new_t
         raise DyspecError(f"max new tokens must be at least 1, got {max_new_tokens}")
 
 
-def _texts(pair: ModelPair, ids: list[int]) -> list[str]:
-    return pair.tokenizer.batch_decode([[i] for i in ids])
-
-
 def _target_probs(logits: torch.Tensor | None, tree: Tree, p: torch.Tensor | None) -> list[float]:
     """Target probability of each node's token after its parent (at T = 1 when decoding greedily);
     NaN where the target did not run (a replay)."""
@@ -99,9 +96,12 @@ def _emit(event: Event, hooks: Sequence[Hook]) -> Event:
     return event
 
 
-def step_events(pair: ModelPair, number: int, s: Step, emitted: list[int], step_s: float) -> list[Event]:
-    """The views' events of one step: each expansion of its tree, then the verified step."""
-    tree, texts = s.tree, _texts(pair, s.tree.tokens)
+def step_events(
+    pair: ModelPair, number: int, s: Step, emitted: list[int], emitted_texts: list[str], step_s: float
+) -> list[Event]:
+    """The views' events of one step: each expansion of its tree, then the verified step; the text
+    each emitted token adds is `emitted_texts` (`stream_texts`)."""
+    tree, texts = s.tree, token_labels(pair.tokenizer, s.tree.tokens)
     starts = [1, *tree.growth[:-1]]
     grown = [
         TreeExpanded(
@@ -126,7 +126,7 @@ def step_events(pair: ModelPair, number: int, s: Step, emitted: list[int], step_
         target_probs=_target_probs(s.logits, tree, s.p),
         accepted=s.accepted,
         emitted=emitted,
-        emitted_texts=_texts(pair, emitted),
+        emitted_texts=emitted_texts,
         next_token=s.next_token,
         draft_s=s.draft_s,
         target_s=s.target_s,
@@ -220,6 +220,7 @@ class Progress:
 
     out: list[int] = field(default_factory=list)
     steps: int = 0
+    pending: list[int] = field(default_factory=list)  # committed tokens that end inside a character
     stop_reason: str = "max_new_tokens"  # or "eos", "stopped"
 
 
@@ -245,7 +246,8 @@ def decode_steps(
             emitted, done.stop_reason = emitted[:cut], "eos"
         emitted = emitted[: max_new_tokens - len(done.out)]
         done.out, root = done.out + emitted, s.next_token
-        for event in step_events(pair, done.steps, s, emitted, time.perf_counter() - t0):
+        texts, done.pending = stream_texts(pair.tokenizer, emitted, done.pending)
+        for event in step_events(pair, done.steps, s, emitted, texts, time.perf_counter() - t0):
             yield _emit(event, hooks)
         done.steps += 1
         if done.stop_reason == "eos":

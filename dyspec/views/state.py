@@ -32,6 +32,10 @@ SWEEP_MAX = 128  # the sweep chart's largest budget: bigger replays take long fo
 # the parametric accelerator the what-if menus open on: t(n) flat up to WIDTH tokens, a draft
 # forward DRAFT_FRACTION of t(1)
 WIDTH, DRAFT_FRACTION = 64, 0.1
+# While a generation runs, the text and stats update every step and the figures at most this often
+# (always once at its end): drawing plotly figures takes cores from the decoding that the speedup
+# measures, and a browser that falls behind the run shows (and stops) it late.
+REDRAW_S = 1.0
 MAX_SIDE_BY_SIDE = 4  # trees shown at once
 BELOW_ONE = "below 1x = slower than plain decoding"
 
@@ -206,7 +210,12 @@ class ViewModel:
         if not live.steps:
             return "Run a generation to price its trees."
         here = speedup.measured_speedup(live.steps, live.ar) if live.ar else None
-        measured = f"<b>{here.ratio:.2f}x</b> vs ar" if here else "not measured (ar was not run)"
+        if here:
+            measured = f"<b>{here.ratio:.2f}x</b> vs ar"
+        elif live.finished is not None and live.finished.policy == "ar":
+            measured = "1.00x: this run is ar, plain decoding"
+        else:
+            measured = "not measured (measuring ar on the same prompt was off)"
         model = self.latency_model(choice, width, draft_fraction)
         modelled = whatif.modelled_speedup(whatif.step_shapes(live.steps), model)
         return (

@@ -1,0 +1,57 @@
+"""Text of tokens that split a character: trees show the bytes, the streamed text never garbles."""
+
+import re
+
+import pytest
+
+from dyspec import generate
+from dyspec.decode.text import PARTIAL, stream_texts, token_labels
+from dyspec.load.loading import DEFAULT_TARGET, load_tokenizer
+
+TEXT = "你好，世界！Speculative decoding 很快 🚀 ça"
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    return load_tokenizer(DEFAULT_TARGET)
+
+
+@pytest.fixture(scope="module")
+def ids(tokenizer):
+    ids = tokenizer(TEXT, add_special_tokens=False).input_ids
+    assert any(PARTIAL in t for t in tokenizer.batch_decode([[i] for i in ids]))  # it does split characters
+    return ids
+
+
+def test_a_character_split_over_tokens_streams_whole_wherever_the_steps_cut(tokenizer, ids):
+    for cut in range(len(ids) + 1):
+        first, pending = stream_texts(tokenizer, ids[:cut], [])
+        second, pending = stream_texts(tokenizer, ids[cut:], pending)
+        assert "".join(first + second) == TEXT and pending == []
+        assert not any(PARTIAL in t for t in first + second)
+
+
+def test_a_tree_labels_a_partial_character_by_its_bytes(tokenizer, ids):
+    singles = tokenizer.batch_decode([[i] for i in ids])
+    labels = token_labels(tokenizer, ids)
+    rebuilt = b""
+    for label, single in zip(labels, singles):
+        if PARTIAL in single:
+            assert re.fullmatch(r"<[0-9a-f]{2}( [0-9a-f]{2})*>", label), label
+            rebuilt += bytes.fromhex(label[1:-1])
+        else:
+            assert label == single
+            rebuilt += single.encode()
+    assert rebuilt.decode() == TEXT
+
+
+def test_a_chinese_answer_streams_without_replacement_characters(default_pair):
+    steps = []
+    finished = generate(
+        default_pair, "Repeat exactly: 你好，世界！春天来了。", max_new_tokens=32, hooks=[lambda e: steps.append(e)]
+    )
+    verified = [e for e in steps if type(e).__name__ == "StepVerified"]
+    special = set(default_pair.tokenizer.all_special_ids)
+    streamed = "".join(t for s in verified for i, t in zip(s.emitted, s.emitted_texts) if i not in special)
+    assert not any(PARTIAL in t for s in verified for t in s.emitted_texts)
+    assert streamed == finished.text and re.search(r"[\u4e00-\u9fff]", streamed)
