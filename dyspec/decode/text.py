@@ -5,6 +5,8 @@ over tokens, and a token decoded alone then reads as U+FFFD. Trees label such a 
 
 from __future__ import annotations
 
+import functools
+
 from transformers import PreTrainedTokenizerBase
 
 PARTIAL = "\ufffd"  # what decoding bytes that end inside a character gives
@@ -17,13 +19,19 @@ def token_labels(tokenizer: PreTrainedTokenizerBase, ids: list[int]) -> list[str
     return [token_bytes(tokenizer, i) if PARTIAL in t else t for i, t in zip(ids, texts)]
 
 
+@functools.cache
+def byte_of_char() -> dict[str, int]:
+    """GPT-2's byte-level table read backwards: the byte each of its printable characters stands for."""
+    from transformers.convert_slow_tokenizer import bytes_to_unicode
+
+    return {c: b for b, c in bytes_to_unicode().items()}
+
+
 def token_bytes(tokenizer: PreTrainedTokenizerBase, token_id: int) -> str:
     """A token's bytes in hex: a byte-level BPE token's characters mapped back to the bytes they
     stand for (GPT-2's table), a byte-fallback token (`<0xE4>`) as it is."""
-    from transformers.convert_slow_tokenizer import bytes_to_unicode
-
     piece = tokenizer.convert_ids_to_tokens(token_id)
-    table = {c: b for b, c in bytes_to_unicode().items()}
+    table = byte_of_char()
     if not all(c in table for c in piece):
         return piece
     return "<" + " ".join(f"{table[c]:02x}" for c in piece) + ">"
