@@ -23,6 +23,29 @@ def test_the_kernel_is_torch_int_mm_bit_for_bit(rows, n, k):
 
 
 @needs_kernel
+@pytest.mark.parametrize("amx", [True, False])
+def test_amx_and_vnni_each_give_torch_int_mm_bit_for_bit(amx):
+    """Forced either way (AMX runs only where the CPU has it and Linux lends it): 1 to 33 rows, the
+    shapes of the default target's layers and of its output layer, and a row alone equals itself in
+    a batch."""
+    if amx and not kernel.use_amx(True):
+        pytest.skip("no AMX here")
+    try:
+        assert kernel.use_amx(amx) is amx
+        g = torch.Generator().manual_seed(7)
+        for n, k in [(960, 576), (3072, 576), (576, 1536), (49152, 576)]:
+            weight = torch.randint(-128, 128, (n, k), dtype=torch.int8, generator=g)
+            ops = kernel.int8_operands(weight)
+            for rows in (1, 2, 5, 16, 17, 33):
+                x = torch.randint(-128, 128, (rows, k), dtype=torch.int8, generator=g)
+                together = kernel.int8_mm(x, *ops)
+                assert torch.equal(together, torch._int_mm(x, weight.t())), (n, k, rows)
+                assert torch.equal(together[-1:], kernel.int8_mm(x[-1:], *ops))
+    finally:
+        kernel.use_amx(True)
+
+
+@needs_kernel
 def test_a_row_does_not_depend_on_its_batch_mates():
     g = torch.Generator().manual_seed(0)
     weight = torch.randint(-128, 128, (64, 32), dtype=torch.int8, generator=g)

@@ -253,7 +253,7 @@ class LeanForward(nn.Module):
             why = f"the compiled int8 forward needs a newer PyTorch than {torch.__version__}"
             raise DyspecError(f"{why}: use --fast-path lean")
         if self.graph is None:
-            self.graph = CompiledLayers(self.layers, self.dims)
+            self.graph = CompiledLayers(self.layers, self.dims, self.lm_head)
             warm_up(self, self.config.vocab_size)
 
     @property
@@ -303,7 +303,8 @@ class LeanForward(nn.Module):
         elif logits_to_keep:
             h = h[-logits_to_keep:]
         hidden_states = tuple(x[None] for x in hidden) if hidden is not None else None
-        return CausalLMOutputWithPast(logits=self.lm_head.forward(h)[None], hidden_states=hidden_states)
+        logits = self.graph.logits(h) if self.graph is not None else self.lm_head.forward(h)
+        return CausalLMOutputWithPast(logits=logits[None], hidden_states=hidden_states)
 
 
 def role_cache(model: nn.Module, role: str) -> LeanCache:

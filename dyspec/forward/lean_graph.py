@@ -117,10 +117,12 @@ def layers_block(h, cos, sin, slots, keys, values, seen, layers, shape):
 
 
 class CompiledLayers:
-    """A lean forward's layers (dyspec.forward.lean.Layer, int8) as compiled blocks."""
+    """A lean forward's layers (dyspec.forward.lean.Layer, int8) as compiled blocks, and its output
+    layer on the same int8 product."""
 
-    def __init__(self, layers: list, dims: tuple):
+    def __init__(self, layers: list, dims: tuple, head: Int8Linear):
         """`dims`: dyspec.forward.lean.LeanDims."""
+        self.head = linear_operands(head)
         self.shape = dims
         row_attention.load()
         weights = [
@@ -158,6 +160,12 @@ class CompiledLayers:
             h, hs = graph(h, cos, sin, slots, *block[:2], seen, block[2], self.shape)
             outputs += hs
         return h, outputs
+
+
+    def logits(self, h: torch.Tensor) -> torch.Tensor:
+        """The output layer over the final norm's rows h [n, H], each row quantized alone, as the
+        layers' products are."""
+        return int8_linear(h, self.head, prompt=len(h) > MAX_ROWS)
 
 
 def supported() -> bool:

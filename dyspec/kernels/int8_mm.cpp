@@ -1,13 +1,20 @@
 // dyspec::int8_mm: x [M, K] int8 times packed int8 weights -> int32 [M, N], exact.
 // One pass over the weights serves up to ROWS rows: a decoding forward (1 to 16 rows) is bound by
-// reading weights, so a tree of 8 costs about what one row costs. See int8_mm.py.
+// reading weights, so a tree of 8 costs about what one row costs. Where the CPU has AMX (built with
+// -mamx-int8 and lent by Linux) a forward of AMX_ROWS rows or more runs on its tiles, 16 rows a
+// pass: VNNI's arithmetic, not the weights' reading, bounds a tree of 8 to 16. See int8_mm.py.
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <immintrin.h>
 #include <torch/library.h>
 
+#include <atomic>
 #include <cstring>
 #include <utility>
+#ifdef __AMX_INT8__
+#include <sys/syscall.h>
+#include <unistd.h>
+#endif
 
 namespace {
 
@@ -49,6 +56,64 @@ void rows(int r, const int8_t* x, int64_t K, const int8_t* w, const int32_t* com
   ((r == R + 1 ? panel<R + 1>(x, K, w, comp, out, N) : void()), ...);
 }
 
+#ifdef __AMX_INT8__
+constexpr int AMX_ROWS = 2;  // fewer rows stream the weights on VNNI as fast
+constexpr int64_t AMX_K = 64;  // k per tile row: K must be a multiple
+
+// Linux lends a process AMX's tile registers when it asks (ARCH_REQ_XCOMP_PERM for XTILEDATA); a
+// kernel or VM that refuses leaves every product on VNNI
+bool amx_granted() {
+  static const bool granted = syscall(SYS_arch_prctl, 0x1023, 18) == 0;
+  return granted;
+}
+
+struct TileConfig {
+  uint8_t palette = 1, start_row = 0, reserved[14] = {};
+  uint16_t bytes[16] = {};
+  uint8_t rows[16] = {};
+};
+
+// tiles 0, 1: the sums of a panel's two halves of 16 outputs for r rows; 2: the rows' next AMX_K
+// values of x; 3, 4: each half's weights for them, 16 rows of four k (the panel read with the stride
+// of its k rows). tdpbssd multiplies signed by signed bytes: no offset to take off
+void configure_tiles(int r) {
+  TileConfig c;
+  for (int t : {0, 1, 2}) c.rows[t] = r, c.bytes[t] = 64;
+  for (int t : {3, 4}) c.rows[t] = 16, c.bytes[t] = 64;
+  _tile_loadconfig(&c);
+}
+
+void panel_amx(const int8_t* x, int64_t K, const int8_t* w, int32_t* out, int64_t N) {
+  _tile_zero(0);
+  _tile_zero(1);
+  for (int64_t k = 0; k < K; k += AMX_K) {
+    _tile_loadd(2, x + k, K);
+    _tile_loadd(3, w + k * PANEL, 4 * PANEL);
+    _tile_loadd(4, w + k * PANEL + 64, 4 * PANEL);
+    _tile_dpbssd(0, 2, 3);
+    _tile_dpbssd(1, 2, 4);
+  }
+  _tile_stored(0, out, N * 4);
+  _tile_stored(1, out + 16, N * 4);
+}
+#endif
+
+std::atomic<bool> amx_allowed{true};  // tests and benchmarks turn AMX off to run the VNNI path
+
+bool amx_in_use() {
+#ifdef __AMX_INT8__
+  return amx_allowed && amx_granted();
+#else
+  return false;
+#endif
+}
+
+// whether products of AMX_ROWS rows or more run on AMX, after allowing it or not
+bool int8_mm_amx(bool allow) {
+  amx_allowed = allow;
+  return amx_in_use();
+}
+
 at::Tensor int8_mm(const at::Tensor& x, const at::Tensor& w, const at::Tensor& comp) {
   TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kChar && x.is_contiguous(), "x: a contiguous int8 [M, K]");
   TORCH_CHECK(w.dim() == 4 && w.scalar_type() == at::kChar && w.is_contiguous() && w.size(2) == PANEL &&
@@ -60,6 +125,21 @@ at::Tensor int8_mm(const at::Tensor& x, const at::Tensor& w, const at::Tensor& c
   const int8_t *xp = x.data_ptr<int8_t>(), *wp = w.data_ptr<int8_t>();
   const int32_t* cp = comp.data_ptr<int32_t>();
   int32_t* op = out.data_ptr<int32_t>();
+#ifdef __AMX_INT8__
+  if (M >= AMX_ROWS && K % AMX_K == 0 && amx_in_use()) {
+    at::parallel_for(0, N / PANEL, 1, [&](int64_t first, int64_t last) {
+      int configured = 0;  // tiles are configured per thread, and again only for a shorter last block
+      for (int64_t p = first; p < last; ++p)
+        for (int64_t m = 0; m < M; m += 16) {
+          const int r = static_cast<int>(std::min<int64_t>(16, M - m));
+          if (r != configured) configure_tiles(configured = r);
+          panel_amx(xp + m * K, K, wp + p * PANEL * K, op + m * N + p * PANEL, N);
+        }
+      _tile_release();
+    });
+    return out;
+  }
+#endif
   at::parallel_for(0, N / PANEL, 1, [&](int64_t first, int64_t last) {
     for (int64_t p = first; p < last; ++p)
       for (int64_t m = 0; m < M; m += ROWS) {
@@ -75,3 +155,4 @@ at::Tensor int8_mm(const at::Tensor& x, const at::Tensor& w, const at::Tensor& c
 
 // the op is declared in int8_mm.py, with its shape function for torch.compile
 TORCH_LIBRARY_IMPL(dyspec, CPU, m) { m.impl("int8_mm", &int8_mm); }
+TORCH_LIBRARY_FRAGMENT(dyspec, m) { m.def("int8_mm_amx(bool allow) -> bool", &int8_mm_amx); }

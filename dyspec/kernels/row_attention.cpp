@@ -14,10 +14,40 @@
 
 namespace {
 
-// `omp simd` vectorizes the sum in one order, fixed for the binary
-inline float dot(const float* a, const float* b, int64_t d) {
+// GCC's and Clang's vector extensions: the compiler lowers them to the machine's SIMD, and the order of
+// every sum is the one written here (no reassociation), so every row of every call sums alike
+constexpr int LANES = 16;
+typedef float vec __attribute__((vector_size(LANES * sizeof(float))));
+typedef float half_vec __attribute__((vector_size(LANES / 2 * sizeof(float))));
+typedef float quarter_vec __attribute__((vector_size(LANES / 4 * sizeof(float))));
+typedef float eighth_vec __attribute__((vector_size(LANES / 8 * sizeof(float))));
+
+inline vec load(const float* p) {
+  vec v;
+  std::memcpy(&v, p, sizeof v);
+  return v;
+}
+
+// the lanes of s in a halving tree
+inline float lanes_sum(vec s) {
+  const half_vec h = __builtin_shufflevector(s, s, 0, 1, 2, 3, 4, 5, 6, 7) +
+                     __builtin_shufflevector(s, s, 8, 9, 10, 11, 12, 13, 14, 15);
+  const quarter_vec q = __builtin_shufflevector(h, h, 0, 1, 2, 3) + __builtin_shufflevector(h, h, 4, 5, 6, 7);
+  const eighth_vec e = __builtin_shufflevector(q, q, 0, 1) + __builtin_shufflevector(q, q, 2, 3);
+  return e[0] + e[1];
+}
+
+// a . b over D floats (a multiple of LANES): lane sums in position order, then lanes_sum
+template <int D>
+inline float dot(const float* a, const float* b) {
+  vec s = load(a) * load(b);
+  for (int c = LANES; c < D; c += LANES) s += load(a + c) * load(b + c);
+  return lanes_sum(s);
+}
+
+// the same for a head size the compiler does not know: in position order
+inline float dot_any(const float* a, const float* b, int64_t d) {
   float s = 0.f;
-#pragma omp simd reduction(+ : s)
   for (int64_t i = 0; i < d; ++i) s += a[i] * b[i];
   return s;
 }
@@ -40,6 +70,59 @@ inline float exp_nonpositive(float x) {
   float scale;
   std::memcpy(&scale, &bits, sizeof scale);
   return p * scale;
+}
+
+// the scores of a query row over the m keys it sees, into p [m]. D: the head size where it is a multiple
+// of LANES known to the compiler (vector sums), else 0 (scalar, head size d)
+template <int D>
+void scores(const float* query, const float* K, int64_t k_slot, const int64_t* seen, int64_t m, int64_t d, float factor,
+            float* p) {
+  for (int64_t j = 0; j < m; ++j) {
+    const float* key = K + seen[j] * k_slot;
+    if constexpr (D > 0) p[j] = dot<D>(query, key) * factor;
+    else p[j] = dot_any(query, key, d) * factor;
+  }
+}
+
+// the softmax of a row's scores p [m] (in place) times the values it sees, into o: for D > 0 the sum
+// stays in registers
+template <int D>
+void weigh(float* p, int64_t m, const float* V, int64_t v_slot, const int64_t* seen, int64_t d, float* o) {
+  float top = -std::numeric_limits<float>::infinity();
+  for (int64_t j = 0; j < m; ++j) top = std::max(top, p[j]);
+#pragma omp simd
+  for (int64_t j = 0; j < m; ++j) p[j] = exp_nonpositive(p[j] - top);
+  float total = 0.f;
+  for (int64_t j = 0; j < m; ++j) total += p[j];
+  const float inverse = 1.f / total;
+  if constexpr (D > 0) {
+    vec sum[D / LANES] = {};
+    for (int64_t j = 0; j < m; ++j) {
+      const float* value = V + seen[j] * v_slot;
+      const vec w = vec{} + p[j];
+      for (int c = 0; c < D / LANES; ++c) sum[c] += w * load(value + c * LANES);
+    }
+    for (int c = 0; c < D / LANES; ++c) {
+      const vec out = sum[c] * inverse;
+      std::memcpy(o + c * LANES, &out, sizeof out);
+    }
+  } else {
+    for (int64_t i = 0; i < d; ++i) o[i] = 0.f;
+    for (int64_t j = 0; j < m; ++j) {
+      const float* value = V + seen[j] * v_slot;
+      for (int64_t i = 0; i < d; ++i) o[i] += p[j] * value[i];
+    }
+    for (int64_t i = 0; i < d; ++i) o[i] *= inverse;
+  }
+}
+
+// the g query heads [g, d] of a row that read one key head: every head's scores first, then every
+// head's weighted sum, so the row's keys, then its values, are read from the nearest cache g times
+template <int D>
+void attend(const float* queries, int64_t g, const float* K, int64_t k_slot, const float* V, int64_t v_slot,
+            const int64_t* seen, int64_t m, int64_t d, int64_t C, float factor, float* p, float* o) {
+  for (int64_t h = 0; h < g; ++h) scores<D>(queries + h * d, K, k_slot, seen, m, d, factor, p + h * C);
+  for (int64_t h = 0; h < g; ++h) weigh<D>(p + h * C, m, V, v_slot, seen, d, o + h * d);
 }
 
 }  // namespace
@@ -70,32 +153,16 @@ at::Tensor row_attention(const at::Tensor& q, const at::Tensor& keys, const at::
   float* O = out.data_ptr<float>();
   const float factor = static_cast<float>(scale);
   const int64_t k_head = keys.stride(0), k_slot = keys.stride(1), v_head = values.stride(0), v_slot = values.stride(1);
-  at::parallel_for(0, n * H, 1, [&](int64_t first, int64_t last) {
-    std::vector<float> p(C);
-    for (int64_t unit = first; unit < last; ++unit) {
-      const int64_t r = unit / H, head = unit % H, kv = head / g, m = counts_[r];
-      const float* query = Q + unit * d;
+  at::parallel_for(0, n * Hkv, 1, [&](int64_t first, int64_t last) {
+    std::vector<float> p(g * C);
+    for (int64_t unit = first; unit < last; ++unit) {  // a row's query heads that read one key head
+      const int64_t r = unit / Hkv, kv = unit % Hkv, m = counts_[r];
+      const float *k = K + kv * k_head, *v = V + kv * v_head, *q_heads = Q + unit * g * d;
       const int64_t* seen = S + r * C;
-      float top = -std::numeric_limits<float>::infinity();
-      for (int64_t j = 0; j < m; ++j) {
-        p[j] = dot(query, K + kv * k_head + seen[j] * k_slot, d) * factor;
-        top = std::max(top, p[j]);
-      }
-#pragma omp simd
-      for (int64_t j = 0; j < m; ++j) p[j] = exp_nonpositive(p[j] - top);
-      float total = 0.f;
-      for (int64_t j = 0; j < m; ++j) total += p[j];
-      float* o = O + unit * d;
-      for (int64_t i = 0; i < d; ++i) o[i] = 0.f;
-      for (int64_t j = 0; j < m; ++j) {
-        const float* v = V + kv * v_head + seen[j] * v_slot;
-        const float w = p[j];
-#pragma omp simd
-        for (int64_t i = 0; i < d; ++i) o[i] += w * v[i];
-      }
-      const float inverse = 1.f / total;
-#pragma omp simd
-      for (int64_t i = 0; i < d; ++i) o[i] *= inverse;
+      float* o = O + unit * g * d;
+      if (d == 64) attend<64>(q_heads, g, k, k_slot, v, v_slot, seen, m, d, C, factor, p.data(), o);
+      else if (d == 128) attend<128>(q_heads, g, k, k_slot, v, v_slot, seen, m, d, C, factor, p.data(), o);
+      else attend<0>(q_heads, g, k, k_slot, v, v_slot, seen, m, d, C, factor, p.data(), o);
     }
   });
   return out;

@@ -9,9 +9,10 @@ sizes those are small products whose calls cost more than their arithmetic, and 
 every key a tree row sees, which grows with
 the context. This kernel runs the same loops for every row (dot products, softmax, the weighted sum
 of values, in position order) over its own keys only, so a row's result cannot depend on what
-shares the call; it reads keys where the cache holds them. Plain C++ that the compiler vectorizes
-(`omp simd`, one summation order per binary): it builds wherever torch.compile does, which the
-compiled forward needs anyway.
+shares the call; it reads keys where the cache holds them, and a row's query heads that share a
+key head read its keys, then its values, together. C++ with GCC's and Clang's vector extensions
+(every sum in the order written): it builds wherever torch.compile does, which the compiled
+forward needs anyway.
 """
 
 from __future__ import annotations
