@@ -161,7 +161,6 @@ class CompiledLayers:
             outputs += hs
         return h, outputs
 
-
     def logits(self, h: torch.Tensor) -> torch.Tensor:
         """The output layer over the final norm's rows h [n, H], each row quantized alone, as the
         layers' products are."""
