@@ -25,6 +25,7 @@ from transformers.modeling_outputs import CausalLMOutputWithPast
 from dyspec.core.copying import MATCHES
 from dyspec.core.kv import FINAL, cache_kwarg
 from dyspec.errors import DyspecError
+from dyspec.forward import lean_graph
 from dyspec.forward.lean import LeanCache, lean_dims, lean_layers, role_cache, rotary_rows, rotary_table, run_layers
 from dyspec.forward.quant import Int8Linear, quantize_int8
 
@@ -40,6 +41,7 @@ class FeatureDraft(nn.Module):
     runs_lean = True  # its decoder layers can run as the lean forward's (`use_lean`)
     cacheless = False
     lean_layers: list | None = None
+    graph: lean_graph.CompiledLayers | None = None  # `compile_layers`
 
     def __init__(
         self,
@@ -148,6 +150,17 @@ class FeatureDraft(nn.Module):
         self._caches: dict[str, LeanCache] = {}
         self.lean_layers = lean_layers(self.layers)
 
+    def compile_layers(self) -> None:
+        """Run its lean layers and output rows compiled, as a compiled target runs its own
+        (dyspec.forward.lean_graph), compiled now; once. Only int8 layers that each have an input
+        norm compile (an EAGLE draft's first layer has none: it stays eager)."""
+        if self.graph is not None or self.borrowed.int8_head is None or not lean_graph.supported():
+            return
+        if any(layer.attn_norm is None or not isinstance(layer.qkv, Int8Linear) for layer in self.lean_layers):
+            return
+        self.graph = lean_graph.CompiledLayers(self.lean_layers, self.dims, self.borrowed.int8_head)
+        lean_graph.warm_up(self, self.config.vocab_size)
+
     def cache_for(self, role: str) -> LeanCache:
         return role_cache(self, role)
 
@@ -155,6 +168,8 @@ class FeatureDraft(nn.Module):
         """Logits over `vocab` only, [..., len(vocab)], through the target's output rows. Features are
         the target's final hidden states as Hugging Face returns them (after the final norm), so the
         output layer applies directly."""
+        if self.graph is not None:
+            return self.graph.logits(feature.reshape(-1, feature.shape[-1])).view(*feature.shape[:-1], -1)
         if self.borrowed.int8_head is not None:
             return self.borrowed.int8_head(feature)
         return feature @ self.borrowed.head.T.to(feature.dtype)
@@ -175,7 +190,10 @@ class FeatureDraft(nn.Module):
             n, start = x.shape[1], cache.length
             cache.reserve(n)
             cos, sin = rotary_rows(self, position_ids, start + n)
-            x = run_layers(self.lean_layers, x[0], cos, sin, cache, start, attention_mask, self.dims, exact=False)
+            if self.graph is not None and self.graph.takes(n, start, attention_mask):
+                x = self.graph.forward(x[0], cos, sin, cache, start, attention_mask)[0]
+            else:
+                x = run_layers(self.lean_layers, x[0], cos, sin, cache, start, attention_mask, self.dims, exact=False)
             cache.length = start + n
             return x[None]
         attention_mask = causal_mask(input_ids.shape[1], cache, x) if attention_mask is None else attention_mask

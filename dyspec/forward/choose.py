@@ -64,7 +64,8 @@ def choose_forward(model: nn.Module, fast_path: str) -> Forward:
     """What runs `model`'s forwards on `fast_path`. On "lean" its lean forward where its architecture
     has one; on "compiled" an int8 model runs its lean forward compiled (torch.compile cannot trace
     int8 layers whole) and any other model the static path compiled. A feature draft runs its own
-    small forward with its layers lean, on "lean" and on "compiled" in int8. Else the model's own."""
+    small forward with its layers lean, on "lean", and on "compiled" in int8 with its layers
+    compiled as a target's are. Else the model's own."""
     if fast_path not in FAST_PATHS:
         raise DyspecError(f"fast path must be one of {', '.join(FAST_PATHS)}, got '{fast_path}'")
     declared, int8 = draft_model(model), has_int8(model)
@@ -74,7 +75,7 @@ def choose_forward(model: nn.Module, fast_path: str) -> Forward:
         return StaticForward(model, compiled=False)
     if declared.runs_lean and (fast_path == "lean" or int8):
         model.use_lean()
-        return LeanRun(model)
+        return LeanRun(model, compiled=fast_path == "compiled")
     if not declared.runs_lean and lean_unsupported(model) is None and (fast_path == "lean" or int8):
         return LeanRun(LeanForward(model), compiled=fast_path == "compiled")
     if fast_path == "compiled" and not int8:

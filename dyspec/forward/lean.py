@@ -28,7 +28,7 @@ from transformers.modeling_outputs import CausalLMOutputWithPast
 from dyspec.errors import DyspecError
 from dyspec.forward import lean_graph
 from dyspec.forward.attention import prefix_attention, prefix_bias, rowwise_attention
-from dyspec.forward.lean_graph import MAX_ROWS, CompiledLayers, warm_up
+from dyspec.forward.lean_graph import CompiledLayers, warm_up
 from dyspec.forward.quant import Int8Linear, Int8Part
 
 # Llama's layer with optional q/k/v biases (Qwen2) and per-head q/k norms (Qwen3); full attention only.
@@ -284,7 +284,7 @@ class LeanForward(nn.Module):
         cos, sin = rotary_rows(self, position_ids, end)
         h = self.embed(input_ids[0])
         hidden = [h] if output_hidden_states else None
-        if self.graph is not None and (n <= MAX_ROWS if start else mask is None):
+        if self.graph is not None and self.graph.takes(n, start, mask):
             h, outputs = self.graph.forward(h, cos, sin, cache, start, mask)
             if hidden is not None:
                 hidden += outputs

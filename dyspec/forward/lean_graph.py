@@ -161,6 +161,11 @@ class CompiledLayers:
             outputs += hs
         return h, outputs
 
+    def takes(self, n: int, start: int, mask: torch.Tensor | None) -> bool:
+        """Whether a forward of n tokens after `start` cached ones runs compiled: a prompt over an
+        empty cache (causal, no mask), or up to MAX_ROWS tokens on a cache that holds some."""
+        return n <= MAX_ROWS if start else mask is None
+
     def logits(self, h: torch.Tensor) -> torch.Tensor:
         """The output layer over the final norm's rows h [n, H], each row quantized alone, as the
         layers' products are."""
