@@ -140,6 +140,53 @@ def test_policy_specs_carry_options():
     assert rows == {"ar": 1.0, "specdecpp:h=0.3": 2.0, "specdecpp:h=0.7": 4.0}
 
 
+def test_the_table_says_where_a_step_went():
+    """Milliseconds per target forward in the target, the drafts and the rest, summed over a row's
+    records before dividing (a long run weighs more); peers, which do not time steps, show none."""
+    from dyspec.eval.bench import markdown_table
+    from dyspec.eval.summary import summarize
+
+    base = {"dataset": "d", "budget": 4, "temperature": 0.0, "seed": 0, "options": {}, "new_tokens": 8}
+    records = [
+        {
+            **base,
+            "prompt_id": "p",
+            "policy": "chain",
+            "wall_s": 0.1,
+            "target_forwards": 2,
+            "target_s": 0.02,
+            "draft_s": 0.01,
+            "overhead_s": 0.004,
+        },
+        {
+            **base,
+            "prompt_id": "q",
+            "policy": "chain",
+            "wall_s": 0.1,
+            "target_forwards": 6,
+            "target_s": 0.06,
+            "draft_s": 0.05,
+            "overhead_s": 0.004,
+        },
+        {
+            **base,
+            "prompt_id": "p",
+            "policy": "hf",
+            "wall_s": 0.1,
+            "target_forwards": 8,
+            "target_s": None,
+            "draft_s": None,
+            "overhead_s": None,
+        },
+    ]
+    rows = {r["policy"]: r for r in summarize(records)}
+    assert rows["chain"]["step_ms"] == pytest.approx({"target": 10.0, "draft": 7.5, "overhead": 1.0})
+    assert rows["hf"]["step_ms"] is None
+    table = markdown_table(list(rows.values()))
+    assert "| ms a step: target + draft + other |" in table
+    assert "| 10.0 + 7.5 + 1.0 |" in table and table.splitlines()[-1].endswith("| - |")
+
+
 def test_auto_is_compared_with_the_best_fixed_budget_per_prompt_and_seed():
     from dyspec.eval.bench import auto_table
     from dyspec.eval.summary import auto_vs_fixed, summarize

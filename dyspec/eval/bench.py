@@ -333,20 +333,21 @@ def modelled(records: list[dict], row: dict, model: whatif.LatencyModel) -> floa
 def markdown_table(
     rows: list[dict], records: list[dict] = (), whatif_models: Sequence[whatif.LatencyModel] = ()
 ) -> str:
-    """The summary; per model in `whatif_models`, a column of each row's speedup modelled on that
-    hardware from the run's own trees."""
+    """The summary, with where an average step's time went; per model in `whatif_models`, a column
+    of each row's speedup modelled on that hardware from the run's own trees."""
     lines = [
-        "| dataset | policy | budget | T | runs | nodes/forward | tokens/forward | tokens/s | speedup vs ar |"
-        + "".join(f" modelled on {m.name} |" for m in whatif_models),
-        "|---|---|---|---|---|---|---|---|---|" + "---|" * len(whatif_models),
+        "| dataset | policy | budget | T | runs | nodes/forward | tokens/forward | tokens/s | speedup vs ar "
+        "| ms a step: target + draft + other |" + "".join(f" modelled on {m.name} |" for m in whatif_models),
+        "|---|---|---|---|---|---|---|---|---|---|" + "---|" * len(whatif_models),
     ]
     for r in rows:
         npf = "-" if r["nodes_per_forward"] is None else f"{r['nodes_per_forward']:.1f}"
         tpf = f"{r['tokens_per_forward']:.2f}" if r["tokens_per_forward"] else "-"
         sp = f"{r['speedup']:.2f}x" if r["speedup"] else "-"
+        split = " + ".join(f"{r['step_ms'][part]:.1f}" for part in summary.STEP_PARTS) if r.get("step_ms") else "-"
         line = (
             f"| {r['dataset']} | {r['policy']} | {r['budget']} | {r['temperature']:g} | {r['runs']} | "
-            f"{npf} | {tpf} | {r['tokens_per_s']:.1f} | {sp} |"
+            f"{npf} | {tpf} | {r['tokens_per_s']:.1f} | {sp} | {split} |"
         )
         for model in whatif_models:
             m = modelled(records, r, model)

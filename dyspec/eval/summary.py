@@ -20,8 +20,8 @@ def _row_order(dataset: str, policy: str, budget: int | str, temperature: float)
 
 def summarize(records: list[dict]) -> list[dict]:
     """One row per (dataset, policy with its options, budget, temperature): tokens and verified tree
-    nodes per target forward, and the speedup over `ar` on the same prompts, as total tokens / total
-    seconds of each, measured in the same run."""
+    nodes per target forward, the speedup over `ar` on the same prompts, as total tokens / total
+    seconds of each, measured in the same run, and where a step's time went (`step_ms`)."""
     groups = defaultdict(list)
     for r in records:
         groups[r["dataset"], policy_label(r), r["budget"], r["temperature"]].append(r)
@@ -44,9 +44,22 @@ def summarize(records: list[dict]) -> list[dict]:
                 "nodes_per_forward": sum(nodes) / forwards if forwards and None not in nodes else None,
                 "tokens_per_s": sum(r["new_tokens"] for r in rs) / sum(r["wall_s"] for r in rs),
                 "speedup": speed / ar_speed if paired else None,
+                "step_ms": step_ms(rs),
             }
         )
     return rows
+
+
+STEP_PARTS = ("target", "draft", "overhead")  # a step's seconds: `<part>_s` in a record
+
+
+def step_ms(records: list[dict]) -> dict[str, float] | None:
+    """Milliseconds of an average step (one target forward) in the target's forward, the drafts'
+    forwards and everything else (building the tree, verifying, committing), over the records that
+    time them (not the peers'); None if none does."""
+    timed = [r for r in records if r.get("target_s") is not None and r["target_forwards"]]
+    steps = sum(r["target_forwards"] for r in timed)
+    return {part: 1e3 * sum(r[f"{part}_s"] for r in timed) / steps for part in STEP_PARTS} if steps else None
 
 
 MIN_PAIRS = 10
