@@ -7,6 +7,7 @@ import sys
 import pytest
 
 from dyspec.auto.profile import DEFAULT_SIZES, LONG_CONTEXT, LONG_SIZES, weight_bytes
+from dyspec.defaults import defaults_for
 from dyspec.forward.quant import quantize_int8
 
 from .tiny import tiny_model, tiny_tokenizer
@@ -86,8 +87,12 @@ def test_profile_table_puts_the_baseline_under_its_sizes_and_saves_the_profile(t
     model = tiny_model(0)  # target and draft, int8 where the CLI's precision is
     int8 = json.loads(saved.read_text())["precision"] == "int8"
     mb = weight_bytes(quantize_int8(model) if int8 else model) / 1e6
-    assert [line.split(":")[0].strip() for line in lines[floor + 1 :]] == ["target", "draft"]
-    assert all(f"({mb:.3g} MB)" in line for line in lines[floor + 1 :])
+    assert [line.split(":")[0].strip() for line in lines[floor + 1 : -1]] == ["target", "draft"]
+    assert all(f"({mb:.3g} MB)" in line for line in lines[floor + 1 : -1])
+    # where a step of the default policy went, beside ar's
+    default = defaults_for("cpu")
+    assert lines[-1].startswith(f"a step on an MT-Bench question, {default.policy} at budget {default.budget} (the")
+    assert "ms in the target's forward" in lines[-1] and "ar's step:" in lines[-1]
     for column, sizes in ((1, LONG_SIZES), (3, LONG_SIZES), (4, (1, 8))):  # the long context's, HF's, fp32's
         cells = {n: row[10 * column : 10 * (column + 1)].strip() for n, row in rows.items()}
         assert all((float(cells[n]) > 0) if int(n) in sizes else cells[n] == "" for n in cells)

@@ -2,6 +2,7 @@
 on a CPU: ratios from one run, never a wall-clock time."""
 
 import json
+from dataclasses import replace
 
 import pytest
 import torch
@@ -19,7 +20,14 @@ from dyspec.auto.whatif import (
 from dyspec.core.events import StepVerified
 from dyspec.defaults import defaults_for
 from dyspec.errors import DyspecError
-from dyspec.eval.speedup import MIN_TOKENS, ar_steps, measured_speedup, running_speedup, speedup_text
+from dyspec.eval.speedup import (
+    MIN_TOKENS,
+    ar_steps,
+    measured_speedup,
+    running_speedup,
+    speedup_text,
+    step_split_text,
+)
 
 from .conftest import PROMPTS
 
@@ -103,6 +111,16 @@ def test_the_views_speedup_waits_then_streams_then_gives_its_interval():
     assert speedup_text(steps, ar, final=True) == str(measured_speedup(steps, ar)) and "interval" in str(
         measured_speedup(steps, ar)
     )
+
+
+def test_the_views_say_where_a_step_went_beside_ars_step():
+    ar = [fake_step(1, 1, 0, 0.01)] * 4
+    steps = [replace(fake_step(2, 3, 2, 0.012), draft_s=0.003, overhead_s=0.001), fake_step(1, 3, 4, 0.014)]
+    assert step_split_text(steps, ar) == (
+        "An average step: 13.0 ms in the target's forward + 1.5 ms drafting (3.0 draft forwards) + 0.5 ms "
+        "building, verifying and committing, for 1.50 tokens; ar's step: 10.0 ms for 1 token"
+    )
+    assert step_split_text(steps).endswith("for 1.50 tokens") and step_split_text([], ar) == ""
 
 
 def test_running_speedup_waits_for_enough_tokens():

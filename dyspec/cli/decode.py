@@ -58,6 +58,8 @@ def cmd_profile(args: argparse.Namespace) -> None:
     from dyspec.auto.profile import CONTEXT, LONG_SIZES, measure_profile, profile_path, profile_table
     from dyspec.cache import write_cache
     from dyspec.eval.peers import llamacpp_forward_ms
+    from dyspec.eval.prompts import load_prompts
+    from dyspec.eval.speedup import default_step_text
 
     pair = pair_of(args)
     profile = measure_profile(pair)
@@ -70,7 +72,12 @@ def cmd_profile(args: argparse.Namespace) -> None:
     # busy misleads it until measured again
     write_cache(profile_path(pair), json.dumps(profile))
     print(f"saved for --budget auto: {profile_path(pair)}", file=sys.stderr)
-    print(json.dumps(profile) if args.json else profile_table(profile))
+    if args.json:
+        print(json.dumps(profile))
+        return
+    print(profile_table(profile))
+    ((_, prompt),) = load_prompts("mtbench", 1)
+    print(f"a step on an MT-Bench question, {default_step_text(pair, prompt)}")
 
 
 def add_profile(sub) -> None:

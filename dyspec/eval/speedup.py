@@ -24,6 +24,7 @@ from dataclasses import dataclass
 
 from dyspec.core.events import StepVerified
 from dyspec.decode.engine import generate
+from dyspec.defaults import defaults_for
 from dyspec.load import ModelPair
 
 MIN_TOKENS = 16
@@ -75,6 +76,27 @@ def speedup_text(steps: Sequence[StepVerified], ar: Sequence[StepVerified], fina
     return str(measured_speedup(steps, ar)) if final else f"{decode_rate(steps) / decode_rate(ar):.2f}x"
 
 
+def step_split_text(steps: Sequence[StepVerified], ar: Sequence[StepVerified] = ()) -> str:
+    """Where an average step's time went (the target's forward, the drafts' forwards, the rest:
+    building the tree, verifying, committing) beside the tokens it made, and `ar`'s step beside it:
+    a step pays when its time over its tokens is below ar's time for one."""
+    if not steps:
+        return ""
+    n = len(steps)
+
+    def ms(run: Sequence[StepVerified], part: str) -> float:
+        return 1e3 * sum(getattr(s, f"{part}_s") for s in run) / len(run)
+
+    text = (
+        f"An average step: {ms(steps, 'target'):.1f} ms in the target's forward + {ms(steps, 'draft'):.1f} ms "
+        f"drafting ({sum(s.draft_forwards for s in steps) / n:.1f} draft forwards) + {ms(steps, 'overhead'):.1f} ms "
+        f"building, verifying and committing, for {sum(len(s.emitted) for s in steps) / n:.2f} tokens"
+    )
+    if ar:
+        text += f"; ar's step: {ms(ar, 'target') + ms(ar, 'overhead'):.1f} ms for 1 token"
+    return text
+
+
 def running_speedup(steps: Sequence[StepVerified], ar_tokens_per_s: float) -> list[float | None]:
     """Per step, the speedup so far (tokens so far over time so far, over ar's rate), None until
     MIN_TOKENS tokens are in."""
@@ -104,15 +126,22 @@ def ar_steps(
     key = (prompt, temperature, seed, max_new_tokens)
     if key not in cache:
         warm_up(pair, "ar", 1, cache)
-        steps: list[StepVerified] = []
-        generate(
-            pair,
-            prompt,
-            policy="ar",
-            temperature=temperature,
-            seed=seed,
-            max_new_tokens=max_new_tokens,
-            hooks=[lambda e: steps.append(e) if isinstance(e, StepVerified) else None],
-        )
-        cache[key] = steps
+        cache[key] = steps_of(pair, prompt, "ar", 1, temperature=temperature, seed=seed, max_new_tokens=max_new_tokens)
     return cache[key]
+
+
+def steps_of(pair: ModelPair, prompt: str, policy: str, budget: int | str, **kwargs) -> list[StepVerified]:
+    """The steps of one generation (`generate`'s keyword arguments)."""
+    steps: list[StepVerified] = []
+    hook = lambda e: steps.append(e) if isinstance(e, StepVerified) else None  # noqa: E731
+    generate(pair, prompt, policy=policy, budget=budget, hooks=[hook], **kwargs)
+    return steps
+
+
+def default_step_text(pair: ModelPair, prompt: str, max_new_tokens: int = 64) -> str:
+    """Where a step of the device's default policy went on `prompt`, beside ar's step, both warm."""
+    default = defaults_for(pair.device)
+    warm_up(pair, default.policy, default.budget, {})
+    ar = steps_of(pair, prompt, "ar", 1, max_new_tokens=max_new_tokens)
+    steps = steps_of(pair, prompt, default.policy, default.budget, max_new_tokens=max_new_tokens)
+    return f"{default.policy} at budget {default.budget} (the default here): {step_split_text(steps, ar)}"

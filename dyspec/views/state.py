@@ -175,6 +175,8 @@ class ViewModel:
             f"<b>{tokens} tokens in {len(steps)} target forwards</b> ({tokens / max(len(steps), 1):.2f} tokens "
             f"per forward), {speedup.decode_rate(steps):.1f} tokens/s while decoding"
         ]
+        if steps:
+            lines.append(speedup.step_split_text(steps, live.ar))
         if live.ar:
             shown = speedup.speedup_text(steps, live.ar, live.finished is not None)
             lines.append(
