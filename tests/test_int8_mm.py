@@ -6,7 +6,7 @@ import torch
 
 from dyspec.kernels import int8_mm as kernel
 
-needs_kernel = pytest.mark.skipif(not kernel.kernel_available(), reason="the CPU lacks AVX-512 VNNI")
+needs_kernel = pytest.mark.skipif(not kernel.kernel_available(), reason="the CPU lacks AVX2")
 
 
 @needs_kernel
@@ -17,23 +17,21 @@ def test_the_kernel_is_torch_int_mm_bit_for_bit(rows, n, k):
     g = torch.Generator().manual_seed(rows * n + k)
     weight = torch.randint(-128, 128, (n, k), dtype=torch.int8, generator=g)
     x = torch.randint(-128, 128, (rows, k), dtype=torch.int8, generator=g)
-    packed, comp = kernel.int8_operands(weight)
+    packed, comp, plain = kernel.int8_operands(weight)
     assert comp is not None and packed.shape == (n // kernel.PANEL, k // 4, kernel.PANEL, 4)
-    assert torch.equal(kernel.int8_mm(x, packed, comp), torch._int_mm(x, weight.t()))
+    assert torch.equal(kernel.int8_mm(x, packed, comp, plain), torch._int_mm(x, weight.t()))
 
 
 @needs_kernel
-@pytest.mark.parametrize("amx", [True, False])
-def test_amx_and_vnni_each_give_torch_int_mm_bit_for_bit(amx):
-    """Forced either way (AMX runs only where the CPU has it and Linux lends it): 1 to 33 rows, the
-    shapes of the default target's layers and of its output layer, and a row alone equals itself in
-    a batch."""
-    if amx and not kernel.use_amx(True):
-        pytest.skip("no AMX here")
+@pytest.mark.parametrize("path", kernel.PATHS)
+def test_each_path_gives_torch_int_mm_bit_for_bit(path):
+    """Forced to each path the CPU has (AMX only where Linux lends it too): 1 to 33 rows, the shapes
+    of the default target's layers and of its output layer, and a row alone equals itself in a batch."""
     try:
-        assert kernel.use_amx(amx) is amx
+        if kernel.use_path(path) != path:
+            pytest.skip(f"this CPU has no {path}")
         g = torch.Generator().manual_seed(7)
-        for n, k in [(960, 576), (3072, 576), (576, 1536), (49152, 576)]:
+        for n, k in [(960, 576), (3072, 576), (576, 1536), (49152, 576), (64, 36)]:
             weight = torch.randint(-128, 128, (n, k), dtype=torch.int8, generator=g)
             ops = kernel.int8_operands(weight)
             for rows in (1, 2, 5, 16, 17, 33):
@@ -42,7 +40,12 @@ def test_amx_and_vnni_each_give_torch_int_mm_bit_for_bit(amx):
                 assert torch.equal(together, torch._int_mm(x, weight.t())), (n, k, rows)
                 assert torch.equal(together[-1:], kernel.int8_mm(x[-1:], *ops))
     finally:
-        kernel.use_amx(True)
+        kernel.use_path(kernel.PATHS[0])
+
+
+def test_a_path_is_named():
+    with pytest.raises(ValueError, match="amx, vnni, avx2"):
+        kernel.use_path("sse")
 
 
 @needs_kernel
@@ -66,11 +69,11 @@ def test_shapes_the_kernel_does_not_pack_run_torch_int_mm():
 @needs_kernel
 def test_the_kernel_names_what_it_was_given():
     weight = torch.randint(-128, 128, (64, 32), dtype=torch.int8)
-    packed, comp = kernel.int8_operands(weight)
+    packed, comp, plain = kernel.int8_operands(weight)
     with pytest.raises(RuntimeError, match="x: a contiguous int8"):
-        kernel.int8_mm(torch.zeros(2, 32), packed, comp)
+        kernel.int8_mm(torch.zeros(2, 32), packed, comp, plain)
     with pytest.raises(RuntimeError, match="w: packed int8"):
-        kernel.int8_mm(torch.zeros(2, 16, dtype=torch.int8), packed, comp)
+        kernel.int8_mm(torch.zeros(2, 16, dtype=torch.int8), packed, comp, plain)
 
 
 @needs_kernel

@@ -61,10 +61,9 @@ def linear_operands(linear: Int8Linear) -> tuple:
     (dyspec.kernels.int8_mm), per-channel scales / 127, the bias, and the int8 weight transposed
     for `torch._int_mm` (a prompt's products)."""
     weight = torch.ops.quantized.linear_unpack(linear._packed)[0]
-    plain = weight.int_repr()
-    packed, comp = int8_operands(plain)
+    packed, comp, plain = int8_operands(weight.int_repr())
     scale = weight.q_per_channel_scales().float() / 127
-    return packed, comp, scale, linear.bias, packed if comp is None else plain.t()  # packed: the transpose already
+    return packed, comp, scale, linear.bias, plain
 
 
 def int8_linear(x: torch.Tensor, operands: tuple, prompt: bool = False) -> torch.Tensor:
@@ -74,7 +73,7 @@ def int8_linear(x: torch.Tensor, operands: tuple, prompt: bool = False) -> torch
     weight, comp, scale, bias, plain = operands
     amax = x.abs().amax(dim=1, keepdim=True).clamp_min(1e-12)
     xq = torch.round(x * (127 / amax)).to(torch.int8)
-    y = (torch._int_mm(xq, plain) if prompt else int8_mm(xq, weight, comp)).float() * amax * scale
+    y = (torch._int_mm(xq, plain) if prompt else int8_mm(xq, weight, comp, plain)).float() * amax * scale
     return y if bias is None else y + bias
 
 

@@ -1,15 +1,22 @@
 // dyspec::int8_mm: x [M, K] int8 times packed int8 weights -> int32 [M, N], exact.
-// One pass over the weights serves up to ROWS rows: a decoding forward (1 to 16 rows) is bound by
-// reading weights, so a tree of 8 costs about what one row costs. Where the CPU has AMX (built with
-// -mamx-int8 and lent by Linux) a forward of AMX_ROWS rows or more runs on its tiles, 16 rows a
-// pass: VNNI's arithmetic, not the weights' reading, bounds a tree of 8 to 16. See int8_mm.py.
+// A decoding forward (1 to 16 rows) is bound by reading weights: each path reads a panel of weights
+// from memory once for all its rows. Three paths, the fastest the build and the CPU allow:
+// - AMX (built with -mamx-int8, lent by Linux): AMX_ROWS rows or more on its tiles, 16 rows a pass;
+//   at 8 to 16 rows VNNI's arithmetic, not the weights' reading, would be the bound.
+// - AVX-512 VNNI (built with -mavx512vnni): up to ROWS rows a pass.
+// - AVX2 (any x86-64 since 2013): bytes widened to int16 and multiplied in pairs (vpmaddwd), a row
+//   at a time over a panel the first row brought into the cache; beyond AVX2_ROWS rows, where that
+//   arithmetic costs more than oneDNN's, torch._int_mm on the plain weights.
+// Every path sums the same products in int32 exactly, so all give torch._int_mm's result. See int8_mm.py.
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <immintrin.h>
 #include <torch/library.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cstring>
+#include <string>
 #include <utility>
 #ifdef __AMX_INT8__
 #include <sys/syscall.h>
@@ -18,13 +25,36 @@
 
 namespace {
 
-constexpr int PANEL = 32;  // outputs per panel: two 16-lane int32 accumulators per row
-constexpr int ROWS = 8;    // rows per pass: 2 * ROWS accumulators + 2 weight registers of 32
-constexpr int AHEAD = 4;   // prefetch distance in K steps
+constexpr int PANEL = 32;  // outputs per panel; weights packed [N / PANEL][K / 4][PANEL][4]
+constexpr int AVX2_ROWS = 4;
 
-// rows r of x over one panel. Weights: [K / 4][PANEL][4] int8 (VNNI: four k for each output);
-// vpdpbusd multiplies unsigned by signed bytes, so x ^ 0x80 = x + 128 goes in and `comp` (128 *
-// sum_k w, per output) comes off: every sum is exact in int32.
+// AVX2: row x over one panel. A 16-byte piece of a k-group (4 outputs x 4 k) widened to int16 and
+// multiplied by x's 4 values in pairs gives each output's two pair sums; they are added at the end.
+void panel_avx2(const int8_t* x, int64_t K, const int8_t* w, int32_t* out) {
+  __m256i acc[PANEL / 4];
+  for (auto& a : acc) a = _mm256_setzero_si256();
+  for (int64_t k = 0; k < K / 4; ++k) {
+    int64_t four;  // x's 4 values as int16, repeated over the register
+    const int16_t values[4] = {x[4 * k], x[4 * k + 1], x[4 * k + 2], x[4 * k + 3]};
+    std::memcpy(&four, values, 8);
+    const __m256i a = _mm256_set1_epi64x(four);
+    const int8_t* b = w + k * 4 * PANEL;
+    for (int c = 0; c < PANEL / 4; ++c) {
+      const __m256i piece = _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(b + 16 * c)));
+      acc[c] = _mm256_add_epi32(acc[c], _mm256_madd_epi16(piece, a));
+    }
+  }
+  int32_t pairs[2 * PANEL];
+  for (int c = 0; c < PANEL / 4; ++c) _mm256_storeu_si256(reinterpret_cast<__m256i*>(pairs + 8 * c), acc[c]);
+  for (int o = 0; o < PANEL; ++o) out[o] = pairs[2 * o] + pairs[2 * o + 1];
+}
+
+#ifdef __AVX512VNNI__
+constexpr int ROWS = 8;   // rows per pass: 2 * ROWS accumulators + 2 weight registers of 32
+constexpr int AHEAD = 4;  // prefetch distance in K steps
+
+// VNNI: rows r of x over one panel. vpdpbusd multiplies unsigned by signed bytes, so x ^ 0x80 =
+// x + 128 goes in and `comp` (128 * sum_k w, per output) comes off.
 template <int R>
 void panel(const int8_t* x, int64_t K, const int8_t* w, const int32_t* comp, int32_t* out, int64_t N) {
   __m512i acc[R][2];
@@ -55,9 +85,10 @@ void rows(int r, const int8_t* x, int64_t K, const int8_t* w, const int32_t* com
           std::integer_sequence<int, R...>) {
   ((r == R + 1 ? panel<R + 1>(x, K, w, comp, out, N) : void()), ...);
 }
+#endif
 
 #ifdef __AMX_INT8__
-constexpr int AMX_ROWS = 2;  // fewer rows stream the weights on VNNI as fast
+constexpr int AMX_ROWS = 2;    // fewer rows stream the weights on VNNI as fast
 constexpr int64_t AMX_K = 64;  // k per tile row: K must be a multiple
 
 // Linux lends a process AMX's tile registers when it asks (ARCH_REQ_XCOMP_PERM for XTILEDATA); a
@@ -98,23 +129,30 @@ void panel_amx(const int8_t* x, int64_t K, const int8_t* w, int32_t* out, int64_
 }
 #endif
 
-std::atomic<bool> amx_allowed{true};  // tests and benchmarks turn AMX off to run the VNNI path
+enum Path { AVX2, VNNI, AMX };
+const char* const NAMES[] = {"avx2", "vnni", "amx"};
+std::atomic<int> allowed{AMX};  // tests and benchmarks force a slower path (all give the same sums)
 
-bool amx_in_use() {
-#ifdef __AMX_INT8__
-  return amx_allowed && amx_granted();
-#else
-  return false;
+Path path_in_use() {
+  int best = AVX2;
+#ifdef __AVX512VNNI__
+  best = VNNI;
 #endif
+#ifdef __AMX_INT8__
+  if (amx_granted()) best = AMX;
+#endif
+  return static_cast<Path>(std::min(best, allowed.load()));
 }
 
-// whether products of AMX_ROWS rows or more run on AMX, after allowing it or not
-bool int8_mm_amx(bool allow) {
-  amx_allowed = allow;
-  return amx_in_use();
+// the path products run on after allowing `path` ("amx", "vnni" or "avx2") at most
+std::string int8_mm_path(const std::string& path) {
+  const auto named = std::find(std::begin(NAMES), std::end(NAMES), path);
+  TORCH_CHECK(named != std::end(NAMES), "int8_mm_path: amx, vnni or avx2, not ", path);
+  allowed = static_cast<int>(named - std::begin(NAMES));
+  return NAMES[path_in_use()];
 }
 
-at::Tensor int8_mm(const at::Tensor& x, const at::Tensor& w, const at::Tensor& comp) {
+at::Tensor int8_mm(const at::Tensor& x, const at::Tensor& w, const at::Tensor& comp, const at::Tensor& plain) {
   TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kChar && x.is_contiguous(), "x: a contiguous int8 [M, K]");
   TORCH_CHECK(w.dim() == 4 && w.scalar_type() == at::kChar && w.is_contiguous() && w.size(2) == PANEL &&
                   w.size(3) == 4 && w.size(1) * 4 == x.size(1),
@@ -123,10 +161,10 @@ at::Tensor int8_mm(const at::Tensor& x, const at::Tensor& w, const at::Tensor& c
   const int64_t M = x.size(0), K = x.size(1), N = comp.numel();
   auto out = at::empty({M, N}, x.options().dtype(at::kInt));
   const int8_t *xp = x.data_ptr<int8_t>(), *wp = w.data_ptr<int8_t>();
-  const int32_t* cp = comp.data_ptr<int32_t>();
   int32_t* op = out.data_ptr<int32_t>();
+  const Path path = path_in_use();
 #ifdef __AMX_INT8__
-  if (M >= AMX_ROWS && K % AMX_K == 0 && amx_in_use()) {
+  if (path == AMX && M >= AMX_ROWS && K % AMX_K == 0) {
     at::parallel_for(0, N / PANEL, 1, [&](int64_t first, int64_t last) {
       int configured = 0;  // tiles are configured per thread, and again only for a shorter last block
       for (int64_t p = first; p < last; ++p)
@@ -140,13 +178,24 @@ at::Tensor int8_mm(const at::Tensor& x, const at::Tensor& w, const at::Tensor& c
     return out;
   }
 #endif
+#ifdef __AVX512VNNI__
+  if (path >= VNNI) {
+    const int32_t* cp = comp.data_ptr<int32_t>();
+    at::parallel_for(0, N / PANEL, 1, [&](int64_t first, int64_t last) {
+      for (int64_t p = first; p < last; ++p)
+        for (int64_t m = 0; m < M; m += ROWS) {
+          const int r = static_cast<int>(std::min<int64_t>(ROWS, M - m));
+          rows(r, xp + m * K, K, wp + p * PANEL * K, cp + p * PANEL, op + m * N + p * PANEL, N,
+               std::make_integer_sequence<int, ROWS>{});
+        }
+    });
+    return out;
+  }
+#endif
+  if (M > AVX2_ROWS) return at::_int_mm(x, plain);
   at::parallel_for(0, N / PANEL, 1, [&](int64_t first, int64_t last) {
     for (int64_t p = first; p < last; ++p)
-      for (int64_t m = 0; m < M; m += ROWS) {
-        const int r = static_cast<int>(std::min<int64_t>(ROWS, M - m));
-        rows(r, xp + m * K, K, wp + p * PANEL * K, cp + p * PANEL, op + m * N + p * PANEL, N,
-             std::make_integer_sequence<int, ROWS>{});
-      }
+      for (int64_t m = 0; m < M; ++m) panel_avx2(xp + m * K, K, wp + p * PANEL * K, op + m * N + p * PANEL);
   });
   return out;
 }
@@ -155,4 +204,4 @@ at::Tensor int8_mm(const at::Tensor& x, const at::Tensor& w, const at::Tensor& c
 
 // the op is declared in int8_mm.py, with its shape function for torch.compile
 TORCH_LIBRARY_IMPL(dyspec, CPU, m) { m.impl("int8_mm", &int8_mm); }
-TORCH_LIBRARY_FRAGMENT(dyspec, m) { m.def("int8_mm_amx(bool allow) -> bool", &int8_mm_amx); }
+TORCH_LIBRARY_FRAGMENT(dyspec, m) { m.def("int8_mm_path(str path) -> str", &int8_mm_path); }
