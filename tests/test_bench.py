@@ -1,5 +1,8 @@
 import json
+import operator
+import os
 import re
+import signal
 from pathlib import Path
 
 import jsonschema
@@ -247,6 +250,39 @@ def test_llamacpp_baselines_fail_clearly_before_a_bench_starts(pair, tmp_path, m
             pair, BenchConfig(num_prompts=1, policies=("llamacpp-lookup",), max_new_tokens=4), out, progress=False
         )
     assert not out.exists()
+
+
+def crash(*_) -> None:
+    """A peer that dies of SIGILL, as a llama.cpp built for another CPU does (called in its child)."""
+    signal.raise_signal(signal.SIGILL)
+
+
+def test_a_peers_child_returns_results_and_errors():
+    from dyspec.eval import peers
+
+    child = peers.Child("test")
+    try:
+        assert child.call(os.getpid) not in (os.getpid(), None)
+        with pytest.raises(DyspecError, match="ZeroDivisionError"):
+            child.call(operator.truediv, 1, 0)
+        assert child.call(operator.add, 2, 3) == 5  # an error leaves the child serving
+    finally:
+        child.close()
+    assert child.process.exitcode == 0
+
+
+def test_a_crashing_peer_costs_its_rows_not_the_bench(pair, tmp_path, monkeypatch, capsys):
+    """llama.cpp runs in a child process: its death (SIGILL here) leaves its rows out, says so once
+    with what to do, and every other row is kept."""
+    from dyspec.eval import bench, peers
+
+    monkeypatch.setattr(bench, "check_llamacpp", lambda pair: None)  # no llama-cpp-python needed
+    monkeypatch.setattr(bench, "LlamaCpp", lambda: peers.LlamaCpp(crash))
+    config = BenchConfig(num_prompts=2, policies=("ar", "llamacpp", "chain"), budgets=(2,), max_new_tokens=4)
+    records = run_bench(pair, config, tmp_path / "r.jsonl", progress=False)
+    assert sorted(r["policy"] for r in records) == ["ar", "ar", "chain", "chain"]
+    err = capsys.readouterr().err
+    assert err.count("llama.cpp's process died of SIGILL") == 1 and "rebuild llama-cpp-python" in err
 
 
 def test_llamacpp_baselines_run_beside_the_engine(pair, tmp_path):

@@ -17,6 +17,7 @@ import json
 import math
 import os
 import platform
+import sys
 import time
 from collections import Counter
 from collections.abc import Sequence
@@ -38,7 +39,7 @@ from dyspec.core.kv import sync
 from dyspec.decode.engine import check_settings, encode_prompt, stream
 from dyspec.errors import DyspecError
 from dyspec.eval import summary
-from dyspec.eval.peers import LLAMACPP_POLICIES, check_llamacpp, llamacpp_run
+from dyspec.eval.peers import LLAMACPP_POLICIES, LlamaCpp, PeerCrashed, check_llamacpp
 from dyspec.eval.prompts import load_prompts
 from dyspec.load import ModelPair
 from dyspec.policies import parse_option
@@ -282,6 +283,7 @@ def run_bench(
     }
     auto_states: dict[tuple, AutoState] = {}
     stamp = host_stamp(pair, command)
+    llama, left_out = LlamaCpp(), 0
     for pid, prompt, temperature, seed, policy, opts, budget in tqdm(jobs, desc="bench", disable=not progress):
         base = {
             "dataset": config.dataset,
@@ -296,8 +298,14 @@ def run_bench(
         if record_key(base) in done:
             continue
         if policy in PEERS:
-            peer = _hf_run if policy in HF_POLICIES else llamacpp_run
-            stats = _peer_stats(*peer(pair, prompt, policy, budget, temperature, seed, config.max_new_tokens))
+            peer = _hf_run if policy in HF_POLICIES else llama.run
+            try:
+                stats = _peer_stats(*peer(pair, prompt, policy, budget, temperature, seed, config.max_new_tokens))
+            except PeerCrashed as e:  # its rows are left out, said once; the others go on
+                if not left_out:
+                    tqdm.write(f"{e}; its runs are left out", file=sys.stderr)
+                left_out += 1
+                continue
         else:
             # `auto` learns across the run's generations of one policy, temperature and options
             learnt = auto_states.setdefault((policy, temperature, json.dumps(opts, sort_keys=True)), AutoState())
@@ -315,6 +323,7 @@ def run_bench(
         }
         append_record(out, record)
         records.append(record)
+    llama.close()
     return records
 
 

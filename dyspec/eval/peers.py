@@ -4,13 +4,18 @@ speculation (`llamacpp-lookup`, `budget` tokens proposed after a match of up to 
 llama-cpp-python, an optional extra (`pip install -e ".[llamacpp]"`; it compiles llama.cpp).
 
 llama.cpp runs the GGUF's quantized weights with its own kernels, so its tokens are its own: these
-rows compare speed, not outputs."""
+rows compare speed, not outputs. It runs in a child process (`LlamaCpp`): a llama.cpp built for
+instructions this CPU lacks dies of SIGILL on its first forward, and that costs its rows, with a
+one-line reason, not the bench."""
 
 from __future__ import annotations
 
 import functools
 import importlib.util
+import multiprocessing
+import signal
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -59,15 +64,13 @@ def load_llama(path: Path, lookup_tokens: int = 0):
     return Llama(str(path), n_ctx=2048, n_threads=torch.get_num_threads(), draft_model=draft, verbose=False)
 
 
-def llamacpp_run(
-    pair: ModelPair, prompt: str, policy: str, budget: int | str, temperature: float, seed: int, max_new_tokens: int
+def llamacpp_generate(
+    gguf: str, ids: list[int], lookup: int, temperature: float, seed: int, max_new_tokens: int
 ) -> tuple[int, float]:
     """New tokens and wall seconds (prefill included, as for every other row) of llama.cpp's
-    generation from the prompt's token ids as dyspec encodes them, sampling plainly at
-    `temperature` (no top-k/top-p/min-p, no repetition penalty)."""
-    ids = encode_prompt(pair, prompt)
-    lookup = 0 if policy == "llamacpp" else LOOKUP_AUTO if budget == "auto" else int(budget)
-    llm = load_llama(gguf_path(pair), lookup)
+    generation from the prompt's token ids, sampling plainly at `temperature` (no top-k/top-p/min-p,
+    no repetition penalty), with prompt lookup of `lookup` tokens where > 0."""
+    llm = load_llama(Path(gguf), lookup)
     llm.reset()  # no prompt reuse from the previous run: each prefills its whole prompt like the others
     t = time.perf_counter()
     out = llm.create_completion(
@@ -81,6 +84,101 @@ def llamacpp_run(
         seed=seed,
     )
     return out["usage"]["completion_tokens"], time.perf_counter() - t
+
+
+class PeerCrashed(DyspecError):
+    """The child process running a peer died."""
+
+
+REBUILD = 'rebuild llama-cpp-python without "native" instructions (docs/guide/bench.md, "Peers: llama.cpp")'
+
+
+def _serve(conn, threads: int) -> None:
+    """The child's loop: run each call it is sent, (function, arguments), and send back whether it
+    returned and its result or its error's text, until it is sent None."""
+    torch.set_num_threads(threads)
+    while (call := conn.recv()) is not None:
+        function, args = call
+        try:
+            conn.send((True, function(*args)))
+        except Exception as e:  # noqa: BLE001 (the parent raises it with its text)
+            conn.send((False, f"{type(e).__name__}: {e}"))
+
+
+class Child:
+    """A child process (spawned, on as many threads as torch uses here) that runs `name`'s calls of
+    module-level functions; one that dies raises PeerCrashed saying of what."""
+
+    def __init__(self, name: str):
+        self.name = name
+        context = multiprocessing.get_context("spawn")
+        self.conn, child_end = context.Pipe()
+        self.process = context.Process(target=_serve, args=(child_end, torch.get_num_threads()), daemon=True)
+        self.process.start()
+        child_end.close()
+
+    def call(self, function: Callable, *args):
+        self.conn.send((function, args))
+        try:
+            returned, value = self.conn.recv()
+        except EOFError:
+            self.process.join()
+            code = self.process.exitcode
+            death = f"died of {signal.Signals(-code).name}" if code and code < 0 else f"exited with {code}"
+            hint = f" (an instruction this CPU lacks): {REBUILD}" if code == -signal.SIGILL else ""
+            raise PeerCrashed(f"{self.name}'s process {death}{hint}") from None
+        if not returned:
+            raise DyspecError(value)
+        return value
+
+    def close(self) -> None:
+        if self.process.is_alive():
+            self.conn.send(None)
+        self.process.join()
+
+
+class LlamaCpp:
+    """The llamacpp rows of a bench, run in one child process, started at the first: the GGUF stays
+    loaded between runs. After a crash every later call raises PeerCrashed at once."""
+
+    def __init__(self, generate: Callable = llamacpp_generate):
+        self.generate = generate  # a module-level function, as the child imports it
+        self.child: Child | None = None
+        self.crashed: PeerCrashed | None = None
+
+    def run(
+        self,
+        pair: ModelPair,
+        prompt: str,
+        policy: str,
+        budget: int | str,
+        temperature: float,
+        seed: int,
+        max_new_tokens: int,
+    ) -> tuple[int, float]:
+        """New tokens and wall seconds of llama.cpp's generation from the prompt's token ids as
+        dyspec encodes them (`llamacpp_generate`)."""
+        if self.crashed is not None:
+            raise self.crashed
+        lookup = 0 if policy == "llamacpp" else LOOKUP_AUTO if budget == "auto" else int(budget)
+        self.child = self.child or Child("llama.cpp")
+        try:
+            return self.child.call(
+                self.generate,
+                str(gguf_path(pair)),
+                encode_prompt(pair, prompt),
+                lookup,
+                temperature,
+                seed,
+                max_new_tokens,
+            )
+        except PeerCrashed as e:
+            self.crashed = e
+            raise
+
+    def close(self) -> None:
+        if self.child is not None:
+            self.child.close()
 
 
 def llamacpp_forward_ms(pair: ModelPair, sizes, context: int, repeats: int = 9) -> dict[int, float]:
