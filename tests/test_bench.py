@@ -22,6 +22,7 @@ from dyspec.eval.bench import (
 from dyspec.eval.prompts import load_prompts
 from dyspec.eval.report import results_page
 from dyspec.eval.summary import summarize
+from dyspec.kernels.int8_mm import kernel_path
 from dyspec.load import load_pair
 
 
@@ -86,6 +87,8 @@ def test_bench_smoke_and_resume(int8_draft_pair, tmp_path):
 
     # a results page is made from the records alone, stamped with how they were made
     assert {r["command"] for r in resumed} == {None} and all(r["date"] and r["host"] for r in resumed)
+    if pair.precision == "int8":  # a CPU's int8 products: the kernel path they ran on
+        assert all(r["host"].endswith(f", int8 kernel {kernel_path()}") for r in resumed)
     page = results_page([out], "Smoke", [h100])
     first = resumed[0]
     assert page.startswith("# Smoke\n") and f"Host: {first['host']}; date: {first['date']}" in page

@@ -30,6 +30,7 @@ def test_each_path_gives_torch_int_mm_bit_for_bit(path):
     try:
         if kernel.use_path(path) != path:
             pytest.skip(f"this CPU has no {path}")
+        assert kernel.kernel_path() == path  # what profiles and bench records name
         g = torch.Generator().manual_seed(7)
         for n, k in [(960, 576), (3072, 576), (576, 1536), (49152, 576), (64, 36)]:
             weight = torch.randint(-128, 128, (n, k), dtype=torch.int8, generator=g)

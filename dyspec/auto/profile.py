@@ -20,6 +20,7 @@ from dyspec.core.kv import bucket, sync
 from dyspec.drafts.feature import FeatureDraft
 from dyspec.forward.choose import Forward, ModelForward
 from dyspec.forward.quant import Int8Linear
+from dyspec.kernels.int8_mm import kernel_path
 from dyspec.load import load_model
 
 # Every n up to 16: fp32 forwards of a few rows on a CPU are lumpy, not smooth between powers of
@@ -142,6 +143,11 @@ def floor_text(profile: dict) -> str:
     return "\n".join(lines)
 
 
+def int8_kernel(pair) -> dict[str, str]:
+    """What the pair's int8 products run on, for a CPU int8 pair (dyspec.kernels.int8_mm)."""
+    return {"int8_kernel": kernel_path()} if pair.precision == "int8" and pair.device.type == "cpu" else {}
+
+
 def measure_profile(pair, baseline: bool = True, draft: bool = True) -> dict:
     """t(n) of the pair's target and (with `draft`) its draft as they run (precision included); with
     `baseline`, also the Hugging Face forward of the same target (where the pair runs another one)
@@ -152,6 +158,7 @@ def measure_profile(pair, baseline: bool = True, draft: bool = True) -> dict:
         "dtype": str(pair.dtype).removeprefix("torch."),
         "precision": pair.precision,
         "fast_path": pair.fast_path,
+        **int8_kernel(pair),
         "target": {str(n): ms for n, ms in forward_ms(pair.target, forward=target).items()},
         f"target_at_{LONG_CONTEXT}": {
             str(n): ms for n, ms in forward_ms(pair.target, LONG_SIZES, LONG_CONTEXT, forward=target).items()
@@ -170,10 +177,11 @@ def measure_profile(pair, baseline: bool = True, draft: bool = True) -> dict:
 
 
 def profile_path(pair) -> Path:
-    """Where the pair's profile is cached: one file per target, draft, device, precision and fast path,
-    dyspec and torch version (a new kernel makes an old profile lie) and way of measuring (`METHOD`)."""
+    """Where the pair's profile is cached: one file per target, draft, device, precision, fast path and
+    int8 kernel path (`DYSPEC_INT8_PATH` forces a slower one), dyspec and torch version (a new kernel
+    makes an old profile lie) and way of measuring (`METHOD`)."""
     key = (pair.target_name, pair.drafts_label, pair.device.type, pair.precision, version("dyspec"), version("torch"))
-    key = (*key, pair.fast_path)
+    key = (*key, pair.fast_path, *int8_kernel(pair).values())
     return cache_dir() / "profiles" / ("__".join(str(x).replace("/", "_") for x in (*key, f"m{METHOD}")) + ".json")
 
 
@@ -205,9 +213,10 @@ def profile_table(profile: dict) -> str:
         "baseline_hf_fp32_eager": "fp32 HF",
     }
     columns = [name for name in labels if name in profile]
+    kernel = f", int8 kernel {profile['int8_kernel']}" if "int8_kernel" in profile else ""
     lines = [
         f"forward latency, ms (median) on {profile['device']}, {profile['precision']} ({profile['dtype']}), "
-        f"fast path {profile['fast_path']}",
+        f"fast path {profile['fast_path']}{kernel}",
         f"behind {CONTEXT} cached tokens; @{LONG_CONTEXT}: the target behind {LONG_CONTEXT}"
         + ("; HF: the same target on the Hugging Face forward" if "target_hf" in profile else ""),
         f"{'n':>4}" + "".join(f"{labels[c]:>10}" for c in columns),

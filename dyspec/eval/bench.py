@@ -32,7 +32,7 @@ from tqdm.auto import tqdm
 from dyspec import figures
 from dyspec.auto import whatif
 from dyspec.auto.budget import AutoState
-from dyspec.auto.profile import floor_text
+from dyspec.auto.profile import floor_text, int8_kernel
 from dyspec.core.draft_model import draft_model
 from dyspec.core.events import GenerationFinished, StepVerified
 from dyspec.core.kv import sync
@@ -214,7 +214,7 @@ def host_stamp(pair: ModelPair, command: str | None) -> dict:
         "target": pair.target_name,
         "draft": pair.drafts_label,
         "versions": {m: version(m) for m in ("dyspec", "torch", "transformers")},
-        "host": host(pair.device),
+        "host": host(pair.device) + "".join(f", int8 kernel {path}" for path in int8_kernel(pair).values()),
         "date": datetime.date.today().isoformat(),
         "command": command,
     }

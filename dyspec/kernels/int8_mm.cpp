@@ -144,11 +144,13 @@ Path path_in_use() {
   return static_cast<Path>(std::min(best, allowed.load()));
 }
 
-// the path products run on after allowing `path` ("amx", "vnni" or "avx2") at most
+// the path products run on after allowing `path` ("amx", "vnni" or "avx2") at most; "" asks only
 std::string int8_mm_path(const std::string& path) {
-  const auto named = std::find(std::begin(NAMES), std::end(NAMES), path);
-  TORCH_CHECK(named != std::end(NAMES), "int8_mm_path: amx, vnni or avx2, not ", path);
-  allowed = static_cast<int>(named - std::begin(NAMES));
+  if (!path.empty()) {
+    const auto named = std::find(std::begin(NAMES), std::end(NAMES), path);
+    TORCH_CHECK(named != std::end(NAMES), "int8_mm_path: amx, vnni or avx2, not ", path);
+    allowed = static_cast<int>(named - std::begin(NAMES));
+  }
   return NAMES[path_in_use()];
 }
 

@@ -67,6 +67,12 @@ def use_path(path: str) -> str | None:
     return torch.ops.dyspec.int8_mm_path(path) if kernel_available() else None
 
 
+def kernel_path() -> str:
+    """What a decoding forward's int8 products run on here: "amx", "vnni", "avx2", or
+    "torch._int_mm" without the kernel."""
+    return torch.ops.dyspec.int8_mm_path("") if kernel_available() else "torch._int_mm"
+
+
 def packable(weight: torch.Tensor) -> bool:
     out_features, in_features = weight.shape
     return out_features % PANEL == 0 and in_features % 4 == 0
