@@ -99,14 +99,17 @@ def test_a_copying_draft_mixes_each_nodes_copy_into_its_distribution(temperature
     for session in (plain, copying):
         session.set_prompt_features(hidden)
     got = [(plain.logits(tree, nodes), copying.logits(tree, nodes)) for nodes in calls]
-    # root: [0] repeats, and 3 followed it (outside the draft's vocabulary); a = 3: [0, 3] repeats, 1
-    # followed; c = 4 repeats nothing; b = 1 after a: [0, 3, 1] repeats, 2 followed
-    torch.testing.assert_close(got[0][1][0], mix(got[0][0][0], 3, 0.3, temperature))
+    # root: [0] repeats, and 3 followed it (outside the draft's vocabulary [0, 1, 2, 4]: that call
+    # spans the target's); a = 3: [0, 3] repeats, 1 followed; c = 4 repeats nothing; b = 1 after a:
+    # [0, 3, 1] repeats, 2 followed (columns 1 and 2 of the draft's vocabulary)
+    assert plain.vocab.ids.tolist() == [0, 1, 2, 4] and [g[0].shape[-1] for g in got] == [4, 4, 4]
+    assert [g[1].shape[-1] for g in got] == [5, 4, 4]
+    widened = plain.vocab.widen(got[0][0][0], float("-inf"))
+    torch.testing.assert_close(got[0][1][0], mix(widened, 3, 0.3, temperature))
     torch.testing.assert_close(got[1][1][0], mix(got[1][0][0], 1, 0.4, temperature))
     torch.testing.assert_close(got[1][1][1], got[1][0][1])
     torch.testing.assert_close(got[2][1][0], mix(got[2][0][0], 2, 0.5, temperature))
     assert to_probs(got[0][1], temperature or 1.0)[0, 3] == pytest.approx(0.3)  # all the copy's weight
-    assert to_probs(got[0][0], 1.0)[0, 3] == 0
 
 
 @pytest.mark.parametrize("policy,budget", [("chain", 4), ("dyspec", 8), ("specinfer", 6), ("lookup", 2)])

@@ -62,19 +62,25 @@ def test_draft_session_feeds_target_features_then_its_own(kind):
     session.set_prompt_features(target_hidden(pair, PROMPT)[:-1])
     tree = Tree.root(PROMPT[-1])
     root_logits = session.logits(tree, [0])[0]
+    assert root_logits.shape == (4,) and session.vocab.ids.tolist() == [0, 1, 2, 4]  # its own vocabulary
+
+    def full(logits):  # over the target's vocabulary, as the reference
+        return session.vocab.widen(logits, float("-inf"))
+
+    root_logits = full(root_logits)
     real = torch.cat([zeros, target_hidden(pair, PROMPT)[:-1]])
     assert torch.allclose(root_logits, reference_logits(pair, PROMPT, real), atol=1e-5)
     # Inside the tree, a node reads the draft's own predicted feature at its parent.
     child = tree.add(0, 2, 0.5)
     own = session.hidden[-1]
-    child_logits = session.logits(tree, [child])[0]
+    child_logits = full(session.logits(tree, [child])[0])
     own_path = torch.cat([pair.draft.fused(real), own[None]])  # fused: the width of its own features
     assert torch.allclose(child_logits, reference_logits(pair, PROMPT + [2], own_path), atol=1e-5)
     assert torch.isinf(child_logits[3]) and child_logits[3] < 0  # token 3 is outside the draft's vocabulary
     # After verification, the accepted path is read again with the target's real features.
     seq = PROMPT + [2]
     session.commit(tree, [child], 4, target_hidden(pair, seq)[-2:])
-    next_logits = session.logits(Tree.root(4), [0])[0]
+    next_logits = full(session.logits(Tree.root(4), [0])[0])
     expected = reference_logits(pair, seq + [4], torch.cat([zeros, target_hidden(pair, seq)]))
     assert torch.allclose(next_logits, expected, atol=1e-5)
 

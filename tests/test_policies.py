@@ -17,7 +17,9 @@ V = 4
 
 class SyntheticDraft:
     """Fixed next-token logits for every path: a deterministic function of the path's tokens (and
-    of `salt`, which makes another draft)."""
+    of `salt`, which makes another draft), over the whole vocabulary."""
+
+    vocab = None
 
     def __init__(self, salt: int = 0):
         self.forwards, self.salt, self.seen = 0, salt, []

@@ -54,7 +54,7 @@ def slot_keys(tree: Tree) -> list[float]:
         out.append(max(0.0, sums[source] - taken.get(u, 0.0)))
         if tree.tokens[s] not in seen.setdefault(u, set()):
             seen[u].add(tree.tokens[s])
-            taken[u] = taken.get(u, 0.0) + float(q[tree.tokens[s]]) ** 2
+            taken[u] = taken.get(u, 0.0) + tree.prob(q, tree.tokens[s]) ** 2
     return out
 
 

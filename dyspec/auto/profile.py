@@ -32,7 +32,7 @@ CONTEXT = 100  # cached tokens behind the profile's forwards
 # keys apart, a tree token costs more behind a longer context, and `--budget auto` reads t(n) at
 # each step's context (`cost.profile_at`)
 LONG_CONTEXT, LONG_SIZES = 400, (1, 2, 4, 8, 16, 32, 64)
-METHOD = 5  # how `forward_ms` measures: a change makes saved profiles stale (`profile_path`)
+METHOD = 6  # how `forward_ms` measures: a change makes saved profiles stale (`profile_path`)
 
 
 def forward_ms(
@@ -48,7 +48,9 @@ def forward_ms(
     g = torch.Generator().manual_seed(0)
     vocab = model.config.vocab_size
     run = forward or ModelForward(model)
-    kv = run.session("profile", context + bucket(max(sizes)), sorted({bucket(n) for n in sizes}), last_only=(False,))
+    # a draft as the engine runs it: its logits over its own vocabulary (dyspec.core.vocab)
+    sizes_run = sorted({bucket(n) for n in sizes})
+    kv = run.session("profile", context + bucket(max(sizes)), sizes_run, last_only=(False,), draft_vocab=True)
     kv.append(torch.randint(vocab, (context,), generator=g).tolist())
 
     def forward(tokens: list[int]) -> None:

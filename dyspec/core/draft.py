@@ -12,6 +12,9 @@ nodes and reads the accepted path again with the target's real features (as EAGL
 
 A draft with `copy_weights` (a feature draft fitted by `dyspec distill`) copies: each node's
 distribution gets the token that followed the latest repeat of its context (dyspec.core.copying).
+
+A draft with a reduced vocabulary (`vocab`, dyspec.core.vocab) returns logits over it alone, except
+for a call in which a copy is a token outside it: that call's logits span the target's vocabulary.
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ from dyspec.core.copying import copy_token, mix
 from dyspec.core.draft_model import PLAIN, draft_model
 from dyspec.core.kv import KVSession, sync
 from dyspec.core.tree import Tree
+from dyspec.core.vocab import DraftVocab
 
 
 class DraftSession:
@@ -38,9 +42,11 @@ class DraftSession:
     ):
         """`kv`: the session that runs `model` (the engine's, on its fast path), else a plain one."""
         if kv is None and model is not None:
-            kv = KVSession(model, keep_hidden=True)
+            kv = KVSession(model, keep_hidden=True, draft_vocab=True)
         self.kv = kv
         declared = draft_model(model) if model is not None else PLAIN
+        # the columns of its logits, where it reads out fewer tokens than the target has
+        self.vocab = DraftVocab.of(declared.vocab, model.config.vocab_size) if kv and kv.draft_vocab else None
         self.needs_features = declared.needs_features
         self.feature_layers = declared.feature_layers  # the target layers it reads
         self.copy_weights = declared.copy_weights
@@ -81,14 +87,27 @@ class DraftSession:
             raise RuntimeError("this policy needs a draft model, and none is loaded")
         t = time.perf_counter()
         logits = self.kv.forward(*args, **kwargs)
-        for i, node in enumerate(nodes if self.copy_weights else []):
-            path = array("i", [tree.tokens[a] for a in tree.path(node)])
-            token, weight = copy_token(self.context + path, self.copy_weights)
-            if weight:
-                logits[i] = mix(logits[i], token, weight, self.temperature)
+        if self.copy_weights:
+            logits = self._mix_copies(tree, nodes, logits)
         sync(self.kv.device)
         self.seconds += time.perf_counter() - t
         self.calls.append((len(tree), len(nodes)))
+        return logits
+
+    def _mix_copies(self, tree: Tree, nodes: list[int], logits: torch.Tensor) -> torch.Tensor:
+        """Each node's logits mixed with its copy (dyspec.core.copying.mix), widened to the target's
+        vocabulary first where a copy is a token outside the draft's."""
+        copies = [
+            copy_token(self.context + array("i", [tree.tokens[a] for a in tree.path(node)]), self.copy_weights)
+            for node in nodes
+        ]
+        vocab = self.vocab
+        if vocab is not None and any(weight and vocab.index[token] < 0 for token, weight in copies):
+            logits = vocab.widen(logits, float("-inf"))
+        for i, (token, weight) in enumerate(copies):
+            if weight:
+                column = token if vocab is None else vocab.column(token, logits.shape[-1])
+                logits[i] = mix(logits[i], column, weight, self.temperature)
         return logits
 
     @property
@@ -97,7 +116,8 @@ class DraftSession:
         return self.kv.hidden
 
     def logits(self, tree: Tree, nodes: list[int]) -> torch.Tensor:
-        """Draft logits [len(nodes), V] after each of `nodes`, in one forward with tree attention.
+        """Draft logits [len(nodes), V] after each of `nodes`, in one forward with tree attention; V is
+        the draft's vocabulary (`vocab`) or, in a call that copies a token outside it, the target's.
         Node 0 (the root) comes alone, first, once per step; every other node's ancestors are the
         root, nodes forwarded earlier this step, or nodes earlier in `nodes`."""
         if nodes == [0]:

@@ -7,6 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Protocol
 
+import torch
 from torch import nn
 from transformers import PreTrainedModel
 
@@ -20,6 +21,7 @@ class DraftModel(Protocol):
     copy_weights: list[float] | None  # per match length: copies repeats of its context (dyspec.core.copying)
     cacheless: bool  # attends to nothing, so keeps no KV cache (Medusa's heads)
     runs_lean: bool  # its own decoder layers can run as the lean forward's (dyspec.forward.lean)
+    vocab: torch.Tensor | None  # the target tokens it reads out, where fewer than all (dyspec.core.vocab)
 
 
 @dataclass(frozen=True)
@@ -32,6 +34,7 @@ class PlainDraft:
     copy_weights: list[float] | None = None
     cacheless: bool = False
     runs_lean: bool = False
+    vocab: torch.Tensor | None = None
 
 
 PLAIN = PlainDraft()

@@ -69,7 +69,8 @@ class KVSession:
     (by default the final ones) [n, len(hidden_layers) x H], one row per new token (what an acceptance
     head or a feature-conditioned draft reads: `target_features`). With `static` (dyspec.forward.static)
     the cache is preallocated and written in place, and forwards run at bucketed sizes; `cache` is
-    the model's own otherwise (a lean forward's, dyspec.forward.lean), else a growing one."""
+    the model's own otherwise (a lean forward's, dyspec.forward.lean), else a growing one. With
+    `draft_vocab`, a draft with a reduced vocabulary (dyspec.core.vocab) returns logits over it alone."""
 
     def __init__(
         self,
@@ -78,6 +79,7 @@ class KVSession:
         hidden_layers: tuple[int, ...] = FINAL,
         static: StaticModel | None = None,
         cache=None,
+        draft_vocab: bool = False,
     ):
         self.model = model
         self.device = model.device
@@ -94,6 +96,7 @@ class KVSession:
         self.keep_hidden = keep_hidden
         self.hidden_layers = hidden_layers
         self.hidden: torch.Tensor | None = None
+        self.draft_vocab = draft_vocab and getattr(draft_model(model), "vocab", None) is not None
 
     def _mask(self, n: int, size: int, visible: torch.Tensor | None) -> torch.Tensor | None:
         """The additive mask [1, 1, size, cache width] of a forward of n tokens padded to `size`: every
@@ -124,7 +127,8 @@ class KVSession:
         features: torch.Tensor | None = None,
         pad_to: int = 0,
     ) -> torch.Tensor:
-        """Append `tokens` to the cache and return their logits [n, V] (fp32).
+        """Append `tokens` to the cache and return their logits [n, V] (fp32; V the draft's
+        vocabulary with `draft_vocab`).
 
         `visible` [n, cached - length + n] (bool) says which uncommitted cache slots and new tokens
         each new token attends to (every token attends to the committed prefix); None means plain
@@ -153,6 +157,8 @@ class KVSession:
             if pad:
                 features = torch.cat([features, features[-1:].expand(pad, -1)])
             extra["input_features"] = features[None].to(self.device)
+        if self.draft_vocab:
+            extra["draft_vocab"] = True
         keep = 1 if last_only else 0
         if last_only and (pad or self.static is not None):
             # the last token's row, not the padding's; as an index, so that a bucket has one shape

@@ -11,6 +11,8 @@ from dataclasses import dataclass, field
 
 import torch
 
+from dyspec.core.vocab import DraftVocab
+
 # How the children of a node were drawn from its draft distribution q; decides the verifier.
 SAMPLINGS = ("iid", "without_replacement", "deterministic")
 
@@ -30,11 +32,12 @@ class Tree:
     # the policy's own data for the views (events' `extra`); a list in it holds one entry per drafted node
     extra: dict = field(default_factory=dict)
     copied_after: int = 0  # nodes copied from the context (`lookup`): the length of the match they follow
+    vocab: DraftVocab | None = None  # the columns of the q's, where they span a draft's reduced vocabulary
 
     @classmethod
-    def root(cls, token: int, sampling: str = "iid") -> Tree:
+    def root(cls, token: int, sampling: str = "iid", vocab: DraftVocab | None = None) -> Tree:
         assert sampling in SAMPLINGS, sampling
-        return cls(tokens=[token], sampling=sampling)
+        return cls(tokens=[token], sampling=sampling, vocab=vocab)
 
     def __len__(self) -> int:
         return len(self.tokens)
@@ -61,6 +64,19 @@ class Tree:
         """The distribution `node`'s token was drawn from."""
         return self.child_q[node] if node in self.child_q else self.q[self.parents[node]]
 
+    def token_ids(self, columns: torch.Tensor, width: int) -> list:
+        """Target token ids (a nested list, as `tolist`) of `columns` of draft distributions `width` wide."""
+        return (columns if self.vocab is None else self.vocab.tokens(columns, width)).tolist()
+
+    def widened(self, q: torch.Tensor) -> torch.Tensor:
+        """A q of this tree over the target's whole vocabulary (zero outside the draft's)."""
+        return q if self.vocab is None else self.vocab.widen(q)
+
+    def prob(self, q: torch.Tensor, token: int) -> float:
+        """q's probability of target token `token`."""
+        column = token if self.vocab is None else self.vocab.column(token, q.shape[-1])
+        return float(q[column]) if column >= 0 else 0.0
+
     def children(self, node: int) -> list[int]:
         return [i for i in range(node + 1, len(self)) if self.parents[i] == node]
 
@@ -77,7 +93,7 @@ class Tree:
         with its growth steps preserved; and the old id of each new node."""
         old_ids = [0, *keep]
         new_id = {old: new for new, old in enumerate(old_ids)}
-        out = Tree.root(self.tokens[0], self.sampling)
+        out = Tree.root(self.tokens[0], self.sampling, self.vocab)
         for old in keep:
             out.add(new_id[self.parents[old]], self.tokens[old], self.draft_probs[old])
         out.q = {new_id[u]: q for u, q in self.q.items() if u in new_id}

@@ -36,13 +36,14 @@ def verify_sampled(tree: Tree, p: torch.Tensor, generator: torch.Generator | Non
       share the tree; duplicates stay separate trials;
     - "without_replacement" (Sequoia / DySpec): q_u with the earlier siblings removed;
     - "deterministic" (chosen, not sampled, e.g. top-k): a one-hot proposal on the child's token.
-    After each rejection the target side becomes the residual norm(max(0, P - D)).
+    After each rejection the target side becomes the residual norm(max(0, P - D)), D widened to the
+    target's vocabulary where the draft's is reduced (dyspec.core.vocab).
     """
     node, path = 0, []
     while True:
         P = p[node]
         kids = tree.children(node)
-        D = tree.q[node].clone() if kids and tree.sampling == "without_replacement" else None
+        D = tree.widened(tree.q[node]).clone() if kids and tree.sampling == "without_replacement" else None
         accepted = None
         for s in kids:
             x = tree.tokens[s]
@@ -55,7 +56,7 @@ def verify_sampled(tree: Tree, p: torch.Tensor, generator: torch.Generator | Non
                 P[x] = 0
                 P = P / P.sum()
                 continue
-            Dk = D if D is not None else tree.proposal(s)
+            Dk = D if D is not None else tree.widened(tree.proposal(s))
             if r * Dk[x] <= P[x]:
                 accepted = s
                 break

@@ -146,15 +146,11 @@ def open_drafts(
     policy; each cache holds `need` tokens where it is preallocated, and forwards of `sizes` tokens
     are ready."""
     models = [pair.draft, *(pair.extra_drafts if spec.multi_draft else [])]
-    return [
-        DraftSession(
-            m,
-            ids,
-            temperature,
-            None if m is None else pair.forward(m).session(f"draft{i}", need, sizes, keep_hidden=True),
-        )
+    kv = [
+        None if m is None else pair.forward(m).session(f"draft{i}", need, sizes, keep_hidden=True, draft_vocab=True)
         for i, m in enumerate(models)
     ]
+    return [DraftSession(m, ids, temperature, session) for m, session in zip(models, kv)]
 
 
 def start(

@@ -217,11 +217,13 @@ class FeatureDraft(nn.Module):
         cache=None,
         input_features: torch.Tensor | None = None,
         logits_to_keep: int | torch.Tensor = 0,
+        draft_vocab: bool = False,
         **_,
     ) -> CausalLMOutputWithPast:
         """The interface KVSession uses (as a Hugging Face causal LM): full-vocabulary logits, -inf
-        outside `vocab`, and the predicted feature as the last hidden state. Without
-        `input_features` (latency profiling) the features are zeros."""
+        outside `vocab` (with `draft_vocab`, over `vocab` alone: dyspec.core.vocab), and the predicted
+        feature as the last hidden state. Without `input_features` (latency profiling) the features
+        are zeros."""
         if input_features is None:
             input_features = torch.zeros(*input_ids.shape, self.feature_size, device=self.device)
         feature = self.predict(input_ids, input_features, position_ids, attention_mask, cache)
@@ -230,8 +232,10 @@ class FeatureDraft(nn.Module):
             kept = feature[:, logits_to_keep]
         elif logits_to_keep:
             kept = feature[:, -logits_to_keep:]
-        logits = torch.full((*kept.shape[:2], self.config.vocab_size), float("-inf"), device=kept.device)
-        logits[..., self.vocab] = self.subset_logits(kept).float()
+        logits = self.subset_logits(kept).float()
+        if not draft_vocab:
+            full = torch.full((*kept.shape[:2], self.config.vocab_size), float("-inf"), device=kept.device)
+            logits = full.index_copy_(-1, self.vocab, logits)
         return CausalLMOutputWithPast(logits=logits, hidden_states=(feature,))
 
 

@@ -61,6 +61,7 @@ class MedusaDraft(nn.Module):
     cacheless = True  # it attends to nothing: KVSession keeps no cache for it
     copy_weights = None
     runs_lean = False
+    vocab = None  # its heads read out every token
 
     def __init__(self, target: PreTrainedModel, heads: int, layers: int):
         super().__init__()

@@ -30,12 +30,9 @@ def top_children(tree: Tree, draft: DraftSession, frontier: list[int], k: int) -
     """Each frontier node's k most probable children under the draft at T = 1, as (value, parent,
     token, q), by frontier node, then by rank: the candidates EAGLE-2 and SGLang expand from."""
     q = to_probs(draft.logits(tree, frontier), 1.0)
-    tokens, probs = ranked_children(q, k, sample=False)
-    return [
-        (tree.values[u] * p, u, y, p)
-        for i, u in enumerate(frontier)
-        for y, p in zip(tokens[i].tolist(), probs[i].tolist())
-    ]
+    columns, probs = ranked_children(q, k, sample=False)
+    tokens = tree.token_ids(columns, q.shape[-1])
+    return [(tree.values[u] * p, u, y, p) for i, u in enumerate(frontier) for y, p in zip(tokens[i], probs[i].tolist())]
 
 
 def rerank(tree: Tree, draft: DraftSession, budget: int) -> Tree:

@@ -167,7 +167,7 @@ def build(
         raise DyspecError(f"batch must be at least 1, got {batch}")
     sample, tau, sampling = child_mode(select, temperature, draft_temperature)
     acceptance_head = _head(score, head)
-    tree = Tree.root(root, sampling)
+    tree = Tree.root(root, sampling, draft.vocab)
     if acceptance_head is not None:
         scorer = HeadScore(tree, sample, acceptance_head)
     elif auto_rates is not None and sample:
@@ -187,11 +187,12 @@ def build(
     while new and tree.size < budget:
         logits = draft.logits(tree, new)
         q = to_probs(logits, tau)
-        tokens, probs = ranked_children(q, budget, sample, generator)
-        scorer.forwarded(draft, new, logits, q, tokens)
+        columns, probs = ranked_children(q, budget, sample, generator)
+        scorer.forwarded(draft, new, logits, q, columns)
+        tokens = tree.token_ids(columns, q.shape[-1])
         for i, node in enumerate(new):
             tree.q[node] = q[i]
-            ranked[node], drawn[node] = (tokens[i].tolist(), probs[i].tolist()), 0
+            ranked[node], drawn[node] = (tokens[i], probs[i].tolist()), 0
             push_slot(node)
         new = []
         for _ in range(batch):

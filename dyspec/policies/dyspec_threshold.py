@@ -38,18 +38,19 @@ def build(
         raise DyspecError(f"threshold must be in (0, 1), got {t}")
     sample, tau, sampling = child_mode(select, temperature, draft_temperature)
     learnt = auto_rates is not None and sample
-    tree = Tree.root(root, sampling)
+    tree = Tree.root(root, sampling, draft.vocab)
     reach: list[float] | dict[int, float] = {0: 1.0} if learnt else tree.values  # node -> chance of reaching it
     frontier = [0]
     while frontier and tree.size < budget:
         q = to_probs(draft.logits(tree, frontier), tau)
-        tokens, probs = ranked_children(q, budget, sample, generator)
+        columns, probs = ranked_children(q, budget, sample, generator)
+        tokens = tree.token_ids(columns, q.shape[-1])
         squares = q.square().sum(-1).tolist() if learnt else None
         next_frontier = []
         for i, u in enumerate(frontier):
             tree.q[u] = q[i]
             left = tree.values[u]  # value of u's next child slot
-            for k, (token, prob) in enumerate(zip(tokens[i].tolist(), probs[i].tolist())):
+            for k, (token, prob) in enumerate(zip(tokens[i], probs[i].tolist())):
                 if learnt:
                     left = reach[u] * slot_rate(auto_rates, squares[i], later=k > 0)
                 # the root's first child comes whatever its value (`1` unless learnt): auto asked

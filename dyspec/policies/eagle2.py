@@ -21,7 +21,7 @@ def build(
     topk: int = 8,
     depth: int = 6,
 ) -> Tree:
-    tree = Tree.root(root, "deterministic")
+    tree = Tree.root(root, "deterministic", draft.vocab)
     frontier = [0]
     for _ in range(depth):
         candidates = sorted(top_children(tree, draft, frontier, topk), key=lambda c: -c[0])

@@ -131,7 +131,7 @@ def build(
     if parents is None:
         parents = optimal_tree(tuple(acceptance), budget, max_depth)[0]
     sample, tau, sampling = child_mode(select, temperature, draft_temperature)
-    tree = Tree.root(root, sampling)
+    tree = Tree.root(root, sampling, draft.vocab)
     children: dict[int, list[int]] = {}
     for i, p in enumerate(parents[1:], start=1):
         children.setdefault(p, []).append(i)
@@ -141,12 +141,13 @@ def build(
     while frontier:
         static = list(frontier)
         q = to_probs(draft.logits(tree, [frontier[s] for s in static]), tau)
-        tokens, probs = ranked_children(q, max(len(children[s]) for s in static), sample, generator)
+        columns, probs = ranked_children(q, max(len(children[s]) for s in static), sample, generator)
+        tokens = tree.token_ids(columns, q.shape[-1])
         next_frontier = {}
         for i, s in enumerate(static):
             u = frontier[s]
             tree.q[u] = q[i]
-            for c, token, prob in zip(children[s], tokens[i].tolist(), probs[i].tolist()):
+            for c, token, prob in zip(children[s], tokens[i], probs[i].tolist()):
                 if prob <= 0:
                     break
                 node = tree.add(u, token, prob)

@@ -25,7 +25,7 @@ def build(
     topk: int = 4,
     steps: int = 5,
 ) -> Tree:
-    tree = Tree.root(root, "deterministic")
+    tree = Tree.root(root, "deterministic", draft.vocab)
     frontier = [0]
     for _ in range(steps):
         added = [tree.add(u, y, p) for _, u, y, p in top_children(tree, draft, frontier, topk)]

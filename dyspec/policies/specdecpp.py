@@ -43,7 +43,7 @@ def build(
     if head is None:
         raise DyspecError("specdecpp needs an acceptance head (the `head` option, or one shipped for the pair)")
     acceptance_head, _ = load_head(head)
-    tree = Tree.root(root, sampling="iid")
+    tree = Tree.root(root, "iid", draft.vocab)
     predicted: list[float | None] = []
     survive = 1.0  # predicted chance that every token drafted so far is accepted
     q_last = torch.ones(())  # the draft's probability (T = 1) of the last drafted token
@@ -54,8 +54,8 @@ def build(
             survive *= predicted[-1]
             if node >= min_k and 1 - survive > h:
                 break
-        extend(tree, node, logits, temperature, generator)
-        q_last = torch.softmax(logits.float(), dim=-1)[tree.tokens[-1]]
+        x = extend(tree, node, logits, temperature, generator)
+        q_last = torch.softmax(logits.float(), dim=-1)[x]
     tree.extra = {"predicted_acceptance": predicted + [None] * (tree.size - len(predicted))}
     return tree
 

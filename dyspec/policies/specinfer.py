@@ -65,7 +65,9 @@ def build(
     if budget < k:
         raise DyspecError(f"a budget of {budget} cannot hold a tree from each of {k} drafts")
     widths = parse_expansion(expansion, budget // k)
-    tree = Tree.root(root, "iid" if temperature > 0 else "deterministic")
+    # merged drafts' q's span the target's whole vocabulary, so that a tree has one set of columns
+    vocab = drafts[0].vocab if k == 1 else None
+    tree = Tree.root(root, "iid" if temperature > 0 else "deterministic", vocab)
     frontiers = [[0] for _ in range(k)]  # per draft: the nodes it grows next
     for width in widths:
         for d, draft in enumerate(drafts[:k]):
@@ -81,18 +83,21 @@ def _expand(
     token another draft already put there is shared, not repeated: the drafts' trees merge. At
     T > 0 each draw stays its own node and is verified against the q of the draft that drew it."""
     q = to_probs(draft.logits(tree, frontier), temperature if temperature > 0 else 1.0)
+    if tree.vocab is None and draft.vocab is not None:
+        q = draft.vocab.widen(q)
     if temperature > 0:
-        tokens = sample_rows(q, width, generator)
+        columns = sample_rows(q, width, generator)
     else:
-        tokens = ranked_children(q, width, sample=False)[0]
+        columns = ranked_children(q, width, sample=False)[0]
+    tokens = tree.token_ids(columns, q.shape[-1])
     children = []
     for i, u in enumerate(frontier):
         if d == 0:
             tree.q[u] = q[i]
-        for y in tokens[i].tolist():
+        for x, y in zip(columns[i].tolist(), tokens[i]):
             shared = next((c for c in tree.children(u) if tree.tokens[c] == y), None) if temperature == 0 else None
             if shared is None:
-                shared = tree.add(u, y, float(q[i, y]))
+                shared = tree.add(u, y, float(q[i, x]))
                 if d > 0:
                     tree.child_q[shared] = q[i]
             children.append(shared)

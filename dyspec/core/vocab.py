@@ -1,0 +1,58 @@
+"""A draft's reduced vocabulary (FR-Spec, Zhao et al. 2025; EAGLE-3's `d2t`): the draft reads out
+only the V most frequent of the target's tokens, and its distributions q are V wide, column c
+standing for target token `ids[c]`. The tree and its policies work on those V columns (a softmax, a
+top-k and a copy's mixture over 8k columns instead of 49k, at every draft forward); verification
+at T > 0 widens q to the target's vocabulary with zeros outside, so the residual max(p - q, 0)
+covers every token and outputs keep the target's distribution.
+
+A q as wide as the target's vocabulary is read as it is: a draft call whose copy (dyspec.core.copying)
+is a token outside the subset returns full-width logits for that call.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from dyspec.errors import DyspecError
+
+
+@dataclass(frozen=True)
+class DraftVocab:
+    ids: torch.Tensor  # [V_d] the target token of each column
+    index: torch.Tensor  # [V] the column of each target token, -1 outside
+
+    @classmethod
+    def of(cls, ids: torch.Tensor, size: int) -> DraftVocab | None:
+        """The vocabulary of a draft reading out target tokens `ids` of a vocabulary of `size`; None
+        where that is every token in order (nothing to map)."""
+        ids = ids.long().cpu()
+        if len(ids) == size and torch.equal(ids, torch.arange(size)):
+            return None
+        if len(ids) >= size or len(set(ids.tolist())) < len(ids) or int(ids.min()) < 0 or int(ids.max()) >= size:
+            raise DyspecError(f"a draft vocabulary is fewer than {size} distinct tokens below {size}, got {len(ids)}")
+        index = torch.full((size,), -1, dtype=torch.long)
+        index[ids] = torch.arange(len(ids))
+        return cls(ids, index)
+
+    @property
+    def size(self) -> int:
+        """The target's vocabulary size."""
+        return len(self.index)
+
+    def tokens(self, columns: torch.Tensor, width: int) -> torch.Tensor:
+        """Target token ids of `columns` of distributions `width` wide."""
+        return columns if width == self.size else self.ids.to(columns.device)[columns]
+
+    def widen(self, q: torch.Tensor, fill: float = 0.0) -> torch.Tensor:
+        """q [..., V_d] over the target's vocabulary [..., V], `fill` outside (0 for probabilities, -inf
+        for logits); a full-width q as it is."""
+        if q.shape[-1] == self.size:
+            return q
+        out = q.new_full((*q.shape[:-1], self.size), fill)
+        return out.index_copy_(-1, self.ids.to(q.device), q)
+
+    def column(self, token: int, width: int) -> int:
+        """The column of target token `token` in distributions `width` wide; -1 outside."""
+        return token if width == self.size else int(self.index[token])
