@@ -24,6 +24,8 @@ from dyspec.core.copying import MATCHES
 from dyspec.core.draft import DraftSession
 from dyspec.core.events import StepVerified
 from dyspec.core.kv import KVSession
+from dyspec.core.tree import Tree
+from dyspec.core.vocab import DraftVocab
 from dyspec.errors import DyspecError
 from dyspec.eval.calibrate import calibrate
 from dyspec.policies import POLICIES, available_policies
@@ -106,6 +108,17 @@ def test_a_copying_draft_samples_target_distribution(exact, policy, options):
     check_distribution(pair, exact, policy, options)
 
 
+def test_a_wrong_vocabulary_map_fails_the_distribution_test(feature_pair, exact, monkeypatch):
+    """The tests above can fail: a verifier that widens the draft's q onto the wrong tokens (its
+    columns shifted by one: dyspec.core.vocab) no longer samples the target's distribution."""
+
+    def shifted(tree, q):
+        return q if tree.vocab is None else DraftVocab(tree.vocab.ids.roll(1), tree.vocab.index).widen(q)
+
+    monkeypatch.setattr(Tree, "widened", shifted)
+    assert distribution_pvalue(feature_pair, exact, "chain", {}) < 1e-4
+
+
 def test_an_eagle_draft_samples_target_distribution(exact, tmp_path):
     """A published EAGLE-1/2 draft's layout (dyspec.drafts.eagle), read as a user's download is,
     under DySpec's tree (children sampled without replacement)."""
@@ -160,6 +173,11 @@ def test_the_compiled_int8_forward_samples_target_distribution():
 
 
 def check_distribution(pair, exact, policy, options, budget=4):
+    assert distribution_pvalue(pair, exact, policy, options, budget) > 1e-4
+
+
+def distribution_pvalue(pair, exact, policy, options, budget=4) -> float:
+    """The chi-square p-value of RUNS generations' first 3 tokens against `exact`."""
     V = pair.target.config.vocab_size
     counts = torch.zeros(V**3)
     for seed in range(RUNS):
@@ -178,7 +196,7 @@ def check_distribution(pair, exact, policy, options, budget=4):
     keep = expected >= 5
     obs = torch.cat([counts[keep], counts[~keep].sum(0, keepdim=True)])
     exp = torch.cat([expected[keep], expected[~keep].sum(0, keepdim=True)])
-    assert chisquare(obs.numpy(), exp.numpy()).pvalue > 1e-4
+    return chisquare(obs.numpy(), exp.numpy()).pvalue
 
 
 @pytest.mark.parametrize("temperature", [0.0, TEMPERATURE])

@@ -19,6 +19,7 @@ from __future__ import annotations
 import json
 import math
 import time
+from collections.abc import Iterable
 from dataclasses import replace
 from pathlib import Path
 
@@ -130,9 +131,14 @@ def load_sequences(paths: list[Path], layers: tuple[int, ...] = FINAL) -> list[t
     return out
 
 
-def choose_vocab(seqs: list[tuple[torch.Tensor, torch.Tensor]], size: int, vocab_size: int) -> torch.Tensor:
-    """The `size` most frequent token ids in the training text: the draft can only propose these."""
-    counts = torch.bincount(torch.cat([tokens for tokens, _ in seqs]), minlength=vocab_size)
+def choose_vocab(
+    seqs: list[tuple[torch.Tensor, torch.Tensor]], size: int, vocab_size: int, always: Iterable[int] = ()
+) -> torch.Tensor:
+    """The `size` most frequent token ids in the training text, with `always` (the stop and special
+    tokens, so that the draft can propose an answer's end) among them: the draft can only propose
+    these (dyspec.core.vocab)."""
+    counts = torch.bincount(torch.cat([tokens for tokens, _ in seqs]), minlength=vocab_size).double()
+    counts[list(always)] = math.inf
     return counts.topk(min(size, vocab_size)).indices.sort().values
 
 
@@ -449,7 +455,9 @@ def distill(
     texts = [corpus_texts(pair, name, count, prompts, max_new_tokens, out) for name, count in zip(corpora, counts)]
     train_sets, test_sets = split_corpora(pair, out, dict(zip(labels, texts)), heldout, features_dtype, feature_layers)
     train_seqs = [s for seqs in train_sets.values() for s in seqs]
-    vocab = base.vocab if base is not None else choose_vocab(train_seqs, vocab_size, pair.target.config.vocab_size)
+    vocab = base.vocab if base is not None else choose_vocab(
+        train_seqs, vocab_size, pair.target.config.vocab_size, {*pair.stop_ids, *pair.tokenizer.all_special_ids}
+    )
     train_w, test_batches, scale = training_windows(pair, train_sets, test_sets, window, batch)
 
     torch.manual_seed(seed)
