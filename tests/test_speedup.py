@@ -2,6 +2,8 @@
 on a CPU: ratios from one run, never a wall-clock time."""
 
 import json
+import subprocess
+import sys
 from dataclasses import replace
 
 import pytest
@@ -23,10 +25,12 @@ from dyspec.errors import DyspecError
 from dyspec.eval.speedup import (
     MIN_TOKENS,
     ar_steps,
+    busy_text,
     measured_speedup,
     running_speedup,
     speedup_text,
     step_split_text,
+    steps_of,
 )
 
 from .conftest import PROMPTS
@@ -111,6 +115,34 @@ def test_the_views_speedup_waits_then_streams_then_gives_its_interval():
     assert speedup_text(steps, ar, final=True) == str(measured_speedup(steps, ar)) and "interval" in str(
         measured_speedup(steps, ar)
     )
+
+
+def test_a_baseline_slower_per_forward_than_the_trees_is_flagged():
+    """A one-token forward never costs more than a tree's: where ar's did (by their medians, a few
+    outliers aside), something else slowed ar and the speedup says so."""
+    steps = [fake_step(2, 3, 1, 0.025), fake_step(1, 3, 1, 0.025)] * 10
+    calm = [fake_step(1, 1, 0, 0.02)] * 18 + [fake_step(1, 1, 0, 0.5)] * 2
+    assert busy_text(steps, calm) == "" and "Unreliable" not in speedup_text(steps, calm, final=True)
+    slowed = [fake_step(1, 1, 0, 1.0)] * 20  # 1 token/s, as when a notebook shared the cores
+    text = speedup_text(steps, slowed, final=True)
+    assert text.startswith("60.00x") and "Unreliable: ar's forwards of one token took 1000.0 ms" in text
+    assert "25.0 ms" in busy_text(steps, slowed) and busy_text([], slowed) == ""
+
+
+def test_a_baseline_measured_while_the_cores_are_busy_is_flagged(default_pair):
+    """The cores loaded (four spinning processes on the two cores) while ar is measured, not while
+    the policy runs: the flag must catch what the interval over steps cannot."""
+    kwargs = {"max_new_tokens": 24, "temperature": 0.0, "seed": 0}
+    steps_of(default_pair, PROMPTS[1], "lookup", 4, **kwargs)  # warm
+    spinners = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(4)]
+    try:
+        ar = ar_steps(default_pair, PROMPTS[1], 0.0, 0, 24, {"warm": {"ar", "lookup"}})
+    finally:
+        for p in spinners:
+            p.kill()
+            p.wait()
+    steps = steps_of(default_pair, PROMPTS[1], "lookup", 4, **kwargs)
+    assert "Unreliable" in busy_text(steps, ar)
 
 
 def test_the_views_say_where_a_step_went_beside_ars_step():

@@ -14,11 +14,16 @@ Rules, each with its reason:
   accepts none is not), so the ratio comes with a bootstrap interval over both runs' steps.
 - A running speedup is shown only once MIN_TOKENS tokens are in: after one step it is that step's
   luck, not the policy's speed.
+- A baseline that something else slowed is flagged (`busy_text`): a forward of a whole tree never
+  costs less than a forward of one token, so where `ar`'s forwards took longer than the run's, the
+  cores were shared while `ar` ran (a notebook beside the app, a build) and the ratio overstates.
+  The interval over steps cannot show it: every `ar` step was slowed alike.
 """
 
 from __future__ import annotations
 
 import random
+import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -28,6 +33,7 @@ from dyspec.defaults import defaults_for
 from dyspec.load import ModelPair
 
 MIN_TOKENS = 16
+BUSY = 1.25  # ar's median forward over the run's beyond which ar was slowed by something else
 METHOD = "decode rates, prefill excluded, both warm; ar measured once per prompt and settings"
 RESAMPLES = 200
 WARM_PROMPT = "Say hello."
@@ -70,10 +76,28 @@ def measured_speedup(steps: Sequence[StepVerified], ar: Sequence[StepVerified], 
 def speedup_text(steps: Sequence[StepVerified], ar: Sequence[StepVerified], final: bool) -> str:
     """The speedup as the views show it: nothing until MIN_TOKENS tokens are in, the ratio while the
     run streams, and with its interval once it is over (the bootstrap costs more than a step: too
-    much to repeat after every step)."""
+    much to repeat after every step); a baseline slowed by something else says so after it."""
     if sum(len(s.emitted) for s in steps) < MIN_TOKENS:
         return f"waiting for {MIN_TOKENS} tokens"
-    return str(measured_speedup(steps, ar)) if final else f"{decode_rate(steps) / decode_rate(ar):.2f}x"
+    shown = str(measured_speedup(steps, ar)) if final else f"{decode_rate(steps) / decode_rate(ar):.2f}x"
+    busy = busy_text(steps, ar)
+    return f"{shown}. {busy}" if busy else shown
+
+
+def busy_text(steps: Sequence[StepVerified], ar: Sequence[StepVerified]) -> str:
+    """A warning where `ar`'s measurement cannot be trusted: its one-token forwards took longer (by
+    their medians) than the run's forwards of whole trees; "" otherwise."""
+    if not steps or not ar:
+        return ""
+    ar_ms = 1e3 * statistics.median(s.target_s for s in ar)
+    run_ms = 1e3 * statistics.median(s.target_s for s in steps)
+    if ar_ms <= BUSY * run_ms:
+        return ""
+    return (
+        f"Unreliable: ar's forwards of one token took {ar_ms:.1f} ms, this run's forwards of whole trees "
+        f"{run_ms:.1f} ms, so something else used the cores while ar ran and this speedup overstates; "
+        "measure again with nothing else running"
+    )
 
 
 def step_split_text(steps: Sequence[StepVerified], ar: Sequence[StepVerified] = ()) -> str:

@@ -455,8 +455,12 @@ def distill(
     texts = [corpus_texts(pair, name, count, prompts, max_new_tokens, out) for name, count in zip(corpora, counts)]
     train_sets, test_sets = split_corpora(pair, out, dict(zip(labels, texts)), heldout, features_dtype, feature_layers)
     train_seqs = [s for seqs in train_sets.values() for s in seqs]
-    vocab = base.vocab if base is not None else choose_vocab(
-        train_seqs, vocab_size, pair.target.config.vocab_size, {*pair.stop_ids, *pair.tokenizer.all_special_ids}
+    vocab = (
+        base.vocab
+        if base is not None
+        else choose_vocab(
+            train_seqs, vocab_size, pair.target.config.vocab_size, {*pair.stop_ids, *pair.tokenizer.all_special_ids}
+        )
     )
     train_w, test_batches, scale = training_windows(pair, train_sets, test_sets, window, batch)
 

@@ -213,7 +213,8 @@ class ViewModel:
             return "Run a generation to price its trees."
         here = speedup.measured_speedup(live.steps, live.ar) if live.ar else None
         if here:
-            measured = f"<b>{here.ratio:.2f}x</b> vs ar"
+            busy = speedup.busy_text(live.steps, live.ar)
+            measured = f"<b>{here.ratio:.2f}x</b> vs ar" + (f" ({busy})" if busy else "")
         elif live.finished is not None and live.finished.policy == "ar":
             measured = "1.00x: this run is ar, plain decoding"
         else:
