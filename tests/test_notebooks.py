@@ -45,7 +45,7 @@ def test_there_are_six_tutorials():
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
-def test_notebook_executes(path):
+def test_notebook_executes(path, request):
     book = nbformat.read(path, as_version=4)
     assert all(not c.get("outputs") and not c.get("execution_count") for c in book.cells if c.cell_type == "code")
     NotebookClient(
@@ -57,3 +57,9 @@ def test_notebook_executes(path):
     ).execute()
     errors = [o for c in book.cells if c.cell_type == "code" for o in c.outputs if o.output_type == "error"]
     assert not errors
+    if path.stem == "06_exactness":  # every policy the pair can run, each identical to ar
+        from dyspec.policies import available_policies
+
+        printed = "".join(o.get("text", "") for c in book.cells if c.cell_type == "code" for o in c.outputs)
+        for policy in available_policies(request.getfixturevalue("default_pair")):
+            assert f"{policy:18} identical to ar: True" in printed
