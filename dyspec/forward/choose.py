@@ -93,10 +93,21 @@ def pick_fast_path(fast_path: str, device: torch.device, precision: str) -> str:
     if fast_path != "auto":
         return fast_path
     chosen = defaults_for(device).fast_path
-    compiles = precision == "int8" and cpp_compiler() and lean_graph.supported()
-    if device.type == "cpu" and chosen == "compiled" and not compiles:
-        return "lean"
-    return chosen
+    if device.type != "cpu" or chosen != "compiled":
+        return chosen
+    why = compile_unavailable() if precision == "int8" else "fp32 layers measured faster eager"
+    if why and precision == "int8":
+        warnings.warn(f"{why}: the int8 forward runs eager (--fast-path lean), slower", stacklevel=3)
+    return "lean" if why else chosen
+
+
+def compile_unavailable() -> str | None:
+    """Why the compiled int8 forward cannot run here, or None."""
+    if not cpp_compiler():
+        return "no C++ compiler found ($CXX, c++, g++ or clang++; install one for the compiled forward)"
+    if not lean_graph.supported():
+        return f"PyTorch {torch.__version__} cannot keep compiled graphs (2.13 can)"
+    return None
 
 
 def check_lean(fast_path: str, asked: str, model: nn.Module, int8: bool) -> str:

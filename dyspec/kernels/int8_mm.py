@@ -56,6 +56,12 @@ def kernel_available() -> bool:
             detail = e.stderr.decode()[-2000:] if isinstance(e, subprocess.CalledProcessError) else str(e)
     if builds:
         warnings.warn(f"dyspec's int8 kernel did not build; int8 products run torch._int_mm:\n{detail}", stacklevel=2)
+    else:
+        warnings.warn(
+            "dyspec's int8 kernel needs an x86-64 CPU with AVX2: int8 products run torch._int_mm, the same "
+            "tokens, slower at several rows",
+            stacklevel=2,
+        )
     return False
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import copy
 import importlib.util
 import shutil
+import warnings
 from pathlib import Path
 
 import torch
@@ -61,6 +62,8 @@ def pick_precision(precision: str, device: torch.device) -> str:
         raise DyspecError("int8 precision is the CPU fast path; on a GPU use native (bf16)")
     if precision == "int8" and not int8_available():
         raise DyspecError("int8 precision needs PyTorch's fbgemm quantized ops, which this build lacks")
+    if precision == "auto" and device.type == "cpu" and not int8_available():
+        warnings.warn("this PyTorch lacks fbgemm's quantized ops: the models run in fp32, slower", stacklevel=3)
     if precision == "auto":
         return "int8" if device.type == "cpu" and int8_available() else "native"
     return precision

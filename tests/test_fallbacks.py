@@ -1,0 +1,64 @@
+"""Each CPU fallback, forced: what runs instead of the fast path, said in one line, and the same tokens
+where the fallback computes the same numbers."""
+
+import pytest
+import torch
+
+from dyspec.errors import DyspecError
+from dyspec.forward import choose
+from dyspec.kernels import int8_mm as kernel
+from dyspec.load import loading
+
+CPU = torch.device("cpu")
+
+
+def one_line(record) -> str:
+    text = str(record[0].message)
+    assert "\n" not in text
+    return text
+
+
+def test_without_a_cpp_compiler_the_int8_forward_runs_eager(monkeypatch):
+    monkeypatch.setattr(choose, "cpp_compiler", lambda: None)
+    with pytest.warns(UserWarning) as record:
+        assert choose.pick_fast_path("auto", CPU, "int8") == "lean"
+    assert one_line(record) == (
+        "no C++ compiler found ($CXX, c++, g++ or clang++; install one for the compiled forward): the int8 "
+        "forward runs eager (--fast-path lean), slower"
+    )
+
+
+def test_without_graphs_that_keep_the_int8_forward_runs_eager(monkeypatch):
+    monkeypatch.setattr(choose.lean_graph, "supported", lambda: False)
+    with pytest.warns(UserWarning, match="cannot keep compiled graphs") as record:
+        assert choose.pick_fast_path("auto", CPU, "int8") == "lean"
+    assert one_line(record).endswith("the int8 forward runs eager (--fast-path lean), slower")
+
+
+def test_without_fbgemm_the_models_run_in_fp32_and_int8_says_why(monkeypatch):
+    """As on a PyTorch build without the quantized ops (fbgemm: x86 only)."""
+    monkeypatch.setattr(loading, "int8_available", lambda: False)
+    with pytest.warns(UserWarning) as record:
+        assert loading.pick_precision("auto", CPU) == "native"
+    assert one_line(record) == "this PyTorch lacks fbgemm's quantized ops: the models run in fp32, slower"
+    with pytest.raises(DyspecError, match="fbgemm"):
+        loading.pick_precision("int8", CPU)
+
+
+def test_without_the_int8_kernel_products_run_torch_int_mm_with_the_same_sums(monkeypatch):
+    """As on an ARM CPU: no build to try; the products run oneDNN's torch._int_mm, exact as the kernel."""
+    g = torch.Generator().manual_seed(0)
+    weight = torch.randint(-128, 128, (64, 32), dtype=torch.int8, generator=g)
+    x = torch.randint(-128, 128, (5, 32), dtype=torch.int8, generator=g)
+    with_kernel = kernel.int8_mm(x, *kernel.int8_operands(weight))
+    monkeypatch.setattr(kernel.platform, "machine", lambda: "aarch64")
+    kernel.kernel_available.cache_clear()
+    try:
+        with pytest.warns(UserWarning) as record:
+            assert not kernel.kernel_available()
+        assert "needs an x86-64 CPU with AVX2: int8 products run torch._int_mm" in one_line(record)
+        assert kernel.kernel_path() == "torch._int_mm"
+        packed, comp, plain = kernel.int8_operands(weight)
+        assert comp is None and torch.equal(kernel.int8_mm(x, packed, comp, plain), with_kernel)
+    finally:
+        kernel.kernel_available.cache_clear()
