@@ -161,7 +161,13 @@ def generate_controls(vm: state.ViewModel) -> list:
     policy = gr.Dropdown(vm.policies, value=vm.default_policy, label="Policy", elem_id="policy")
     with gr.Row():
         budget = gr.Slider(
-            1, vm.limits.budget, value=vm.default_budget, step=1, label="Budget (drafted tokens per step)", scale=3
+            1,
+            vm.limits.budget,
+            value=vm.default_budget,
+            step=1,
+            label="Budget (drafted tokens per step; acts on a running generation too)",
+            scale=3,
+            elem_id="budget",
         )
         auto = gr.Checkbox(
             value=False,
@@ -170,7 +176,14 @@ def generate_controls(vm: state.ViewModel) -> list:
             elem_id="auto",
             scale=1,
         )
-    temperature = gr.Slider(0, vm.limits.temperature, value=0, step=0.05, label="Temperature")
+    temperature = gr.Slider(
+        0,
+        vm.limits.temperature,
+        value=0,
+        step=0.05,
+        label="Temperature (acts on a running generation too)",
+        elem_id="temperature",
+    )
     seed = gr.Number(value=0, precision=0, label="Seed")
     max_new = gr.Slider(1, vm.limits.max_new_tokens, value=64, step=1, label="Max new tokens", elem_id="max-new")
     measure_ar = gr.Checkbox(value=True, label="Measure ar on the same prompt (for the speedup)")
@@ -181,7 +194,8 @@ def generate_controls(vm: state.ViewModel) -> list:
 
 
 def live_handlers(vm: state.ViewModel) -> tuple:
-    """The live tab's handlers: check a request, run it (streaming its views), stop it, show a step."""
+    """The live tab's handlers: check a request, run it (streaming its views), stop it, tune it
+    while it runs, show a step."""
 
     @errors_as_toasts
     def check(prompt, policy, budget, auto, temperature, seed, max_new_tokens, *_):
@@ -189,6 +203,7 @@ def live_handlers(vm: state.ViewModel) -> tuple:
         vm.check_policies([policy])
 
     stops: dict[str, threading.Event] = {}  # per browser session: Stop ends its run after the step
+    tunings: dict[str, state.Knobs] = {}  # per browser session: its running generation's budget and temperature
 
     @errors_as_toasts
     def run(
@@ -206,9 +221,10 @@ def live_handlers(vm: state.ViewModel) -> tuple:
         request: gr.Request,
     ):
         stop = stops[request.session_hash] = threading.Event()
-        settings = (temperature, int(seed), int(max_new_tokens), None, measure_ar, stop.is_set)
+        knobs = tunings[request.session_hash] = vm.knobs(state.budget_of(budget, auto), temperature)
+        settings = (temperature, int(seed), int(max_new_tokens), None, measure_ar, stop.is_set, knobs)
         drawn = 0.0
-        for live in vm.run(prompt, policy, state.budget_of(budget, auto), *settings):
+        for live in vm.run(prompt, policy, knobs.budget, *settings):
             draw = live.steps and (live.finished or time.perf_counter() - drawn >= state.REDRAW_S)
             drawn = time.perf_counter() if draw else drawn
             yield (
@@ -226,6 +242,12 @@ def live_handlers(vm: state.ViewModel) -> tuple:
         if request.session_hash in stops:
             stops[request.session_hash].set()
 
+    @errors_as_toasts
+    def tune(policy, budget, auto, temperature, request: gr.Request) -> None:
+        """The budget, auto and temperature act from the running generation's next step."""
+        if request.session_hash in tunings:
+            vm.tune(tunings[request.session_hash], policy, state.budget_of(budget, auto), temperature)
+
     def show_step(live, index, growth):
         if not live or not live.steps:
             return gr.skip(), gr.skip()
@@ -233,12 +255,12 @@ def live_handlers(vm: state.ViewModel) -> tuple:
         upto = min(int(growth), len(step.tokens))
         return figures.tree_figure(step, upto), slider_update(len(step.tokens), 1, upto)
 
-    return check, run, stop, show_step
+    return check, run, stop, tune, show_step
 
 
 def generate_tab(vm: state.ViewModel, concurrency: int) -> None:
     """A live run measured against `ar`: its text, trees, per-step chart, export and what-if."""
-    check, run, stop, show_step = live_handlers(vm)
+    check, run, stop, tune, show_step = live_handlers(vm)
     gr.Markdown(
         f"A live run on this machine, measured against plain decoding (`ar`) on the same prompt. "
         f"The default, `{vm.default_text}`, is the fastest measured on a {vm.pair.device.type}; on a CPU "
@@ -278,6 +300,10 @@ def generate_tab(vm: state.ViewModel, concurrency: int) -> None:
     # Stop asks the run to end cleanly after its step (no concurrency limit: never behind the run); the
     # run's last state stays on screen, where cancelling the event would replace it with errors
     stop_btn.click(stop, None, None, concurrency_limit=None, api_name=False)
+    # the knobs act on a running generation from its next step (never queued behind the run)
+    policy, budget, auto, temperature = settings[1:5]
+    for control in (budget, auto, temperature):
+        control.change(tune, [policy, budget, auto, temperature], None, concurrency_limit=None, api_name=False)
     for slider in (step_slider, growth_slider):
         slider.release(show_step, [live_state, step_slider, growth_slider], [tree, growth_slider], api_name=False)
     export_btn.click(

@@ -270,7 +270,7 @@ def text_html(steps, hidden_ids: frozenset[int] = frozenset()) -> str:
 def steps_figure(steps, running: list[float | None] | None = None) -> go.Figure:
     """Tokens committed per target forward at each step (left axis), and the running speedup over
     `ar` on the same prompt with a line at ar's own speed (right axis; `dyspec.eval.speedup.running_speedup`:
-    None until enough tokens are in)."""
+    None until enough tokens are in); a dashed line where the budget or temperature changed."""
     fig = go.Figure()
     xs = [s.step for s in steps]
     fig.add_trace(
@@ -303,6 +303,14 @@ def steps_figure(steps, running: list[float | None] | None = None) -> go.Figure:
                 "automargin": True,
             }
         )
+    for before, s in zip(steps, steps[1:]):  # settings changed while the run went on (`Knobs`)
+        if (before.budget, before.temperature) != (s.budget, s.temperature):
+            fig.add_vline(
+                x=s.step - 0.5,
+                line={"color": "#0072B2", "dash": "dash"},
+                annotation_text=f"budget {s.budget}, T {s.temperature:g}",
+                annotation_position="top left",
+            )
     fig.update_layout(
         title="Per step",
         xaxis_title="step",

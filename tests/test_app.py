@@ -251,3 +251,29 @@ def test_browser_run_and_stop(server, page, tmp_path):
     expect(page.locator("#tree .main-svg").first).to_be_visible()
     expect(page.locator("#chart .main-svg").first).to_be_visible()
     expect(page.locator("#text span").first).to_be_visible()
+
+
+@pytest.mark.skipif(not os.path.exists(CHROMIUM), reason="needs Debian's chromium (.ci/run installs it)")
+def test_browser_budget_and_temperature_act_on_a_running_generation(page, tmp_path):
+    """Budget 16 to 2 while a long answer streams: the next trees have at most 2 drafted nodes, the
+    stats say from which step, the chart marks it, and the run ends as asked."""
+    from playwright.sync_api import expect
+
+    page.get_by_role("tab", name="Generate (live, measured)").click()
+    page.locator("#prompt textarea").fill("Write a long story about a dragon who learns to cook.")
+    page.locator("#policy input").click()
+    page.get_by_role("option", name="dyspec", exact=True).click()
+    page.locator("#budget input[type=number]").fill("16")
+    page.locator("#max-new input[type=number]").fill("256")
+    page.get_by_label("Measure ar on the same prompt (for the speedup)").uncheck()
+    page.locator("#run").click()
+    expect(page.locator("#stats")).to_contain_text("dyspec at budget 16, temperature 0", timeout=120_000)
+    page.locator("#budget input[type=number]").fill("2")
+    page.locator("#budget input[type=number]").press("Tab")
+    expect(page.locator("#stats")).to_contain_text("dyspec at budget 2, temperature 0", timeout=60_000)
+    expect(page.locator("#stats")).to_contain_text("changed while it ran, from step")
+    page.locator("#stop").click()
+    expect(page.locator("#stats")).to_contain_text("Done (stopped)", timeout=30_000)
+    expect(page.locator("#chart")).to_contain_text("budget 2, T 0", timeout=30_000)
+    expect(page.locator(".error")).to_have_count(0)
+    screenshot(page, tmp_path, "app-live-knobs.png")

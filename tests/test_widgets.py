@@ -109,3 +109,25 @@ def test_dashboard_examples_and_hardware_whatif(pair):
     # verification and drafts free: the speedup is the tokens per forward
     tokens_per_forward = d.finished.new_tokens / d.finished.target_forwards
     assert f"Modelled on t(n) flat to 256, draft 0% of t(1): <b>{tokens_per_forward:.2f}x</b>" in d.whatif.value
+
+
+def test_dashboard_budget_and_temperature_act_on_a_running_generation(pair):
+    d = Dashboard(pair, prompt="Write a long story about a dragon.")
+    d.max_new_tokens.value, d.measure_ar.value, d.policy.value, d.budget.value = 256, False, "dyspec", 8
+    d.start()
+    while len(d.steps) < 2:
+        time.sleep(0.05)
+    d.budget.value, d.temperature.value = 2, 0.5
+    while not d.steps or d.steps[-1].budget != 2:
+        time.sleep(0.05)
+    d.stop()
+    d._thread.join(60)
+    changed = next(s for s in d.steps if s.budget == 2)
+    assert {(s.budget, s.temperature) for s in d.steps[changed.step :]} == {(2, 0.5)}
+    assert all(len(s.tokens) - 1 <= 2 for s in d.steps[changed.step :])
+    assert all(s.budget == 8 and s.temperature == 0 for s in d.steps[: changed.step])
+    assert f"changed while it ran, from step {changed.step}: budget 2, temperature 0.5" in d.stats.value
+    d._refresh()
+    assert any(a.text == "budget 2, T 0.5" for a in d.steps_fig.layout.annotations)
+    d.budget.value = 500  # past the limit, after the run: nothing to tune, no error
+    assert d.error.value == ""

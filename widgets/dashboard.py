@@ -111,6 +111,7 @@ class Dashboard:
         self.live = Live()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        self._knobs = None  # the running generation's budget and temperature (`tune`)
         limits = self.vm.limits
         self.prompt = W.Textarea(prompt or "", description="Prompt", layout=W.Layout(width="100%", height="90px"))
         self.example, self.expect = _examples(self.prompt, prompt)
@@ -154,6 +155,8 @@ class Dashboard:
         self.growth_slider.observe(lambda _: self.show_step(), names="value")
         self.policy.observe(lambda _: self._show_options(), names="value")
         self.pricing.observe(self.price)
+        for control in (self.budget, self.auto, self.temperature):
+            control.observe(lambda _: self.tune(), names="value")
         self._show_options()
 
     @property
@@ -192,9 +195,10 @@ class Dashboard:
         mistake in the settings is shown, and the last run's results stay."""
         self._stop.clear()
         budget = budget_of(self.budget.value, self.auto.value)
+        self._knobs = knobs = self.vm.knobs(budget, self.temperature.value)
         settings = (self.temperature.value, self.seed.value, self.max_new_tokens.value, self.options())
         runs = self.vm.run(
-            self.prompt.value, self.policy.value, budget, *settings, self.measure_ar.value, self._stop.is_set
+            self.prompt.value, self.policy.value, budget, *settings, self.measure_ar.value, self._stop.is_set, knobs
         )
         drawn = 0.0
         try:
@@ -206,6 +210,8 @@ class Dashboard:
         except dyspec.DyspecError as e:
             self.error.value = f"<span style='color:#D55E00'>{e}</span>"
             return None
+        finally:
+            self._knobs = None
         self._refresh()
         self.price()
         return self.finished
@@ -219,6 +225,16 @@ class Dashboard:
     def stop(self) -> None:
         """End the running generation cleanly after the current step."""
         self._stop.set()
+
+    def tune(self) -> None:
+        """The budget, auto and temperature act on a running generation from its next step."""
+        if self._knobs is None:
+            return
+        budget = budget_of(self.budget.value, self.auto.value)
+        try:
+            self.vm.tune(self._knobs, self.policy.value, budget, self.temperature.value, self.options())
+        except dyspec.DyspecError as e:
+            self.error.value = f"<span style='color:#D55E00'>{e}</span>"
 
     def show_step(self) -> None:
         if not self.steps:

@@ -46,6 +46,8 @@ class StepVerified:
     draft_forwards: int
     extra: dict = field(default_factory=dict)  # policy-specific data, e.g. predicted acceptance
     copied_after: int = 0  # the step's nodes were copied from the context after a match this long (lookup)
+    budget: int | str | None = None  # the settings the step ran with (they may change during a run: `Knobs`)
+    temperature: float | None = None
 
     @property
     def accepted_len(self) -> int:

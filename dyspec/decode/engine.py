@@ -7,7 +7,7 @@ import math
 import time
 import warnings
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import torch
 
@@ -29,6 +29,18 @@ MAX_BUDGET = 256
 MAX_TEMPERATURE = 5.0
 
 Hook = Callable[[Event], None]
+
+
+@dataclass
+class Knobs:
+    """A generation's budget and temperature, which its caller may change while it runs (the app's
+    sliders): each step reads them before it drafts, so a change applies from the next step, and
+    that step is exact for the temperature it runs at. Trees stay within `most` nodes (the largest
+    the run prepares its caches for; the budget at the start by default)."""
+
+    budget: int | str
+    temperature: float
+    most: int | None = None
 
 
 def until_stop(tokens: list[int], stop_ids: frozenset[int]) -> int:
@@ -135,6 +147,8 @@ def step_events(
         draft_forwards=s.draft_forwards,
         extra=tree.extra,
         copied_after=tree.copied_after,
+        budget=s.budget,
+        temperature=s.temperature,
     )
     return [*grown, verified]
 
@@ -182,6 +196,14 @@ def prefill(run: Decoding, ids: list[int]) -> None:
     sync(run.target.device)
 
 
+def check_fits(pair: ModelPair, ids: list[int], max_new_tokens: int, cap: int) -> None:
+    if len(ids) + max_new_tokens + cap + 1 > pair.max_context:
+        raise DyspecError(
+            f"prompt of {len(ids)} tokens + {max_new_tokens} new tokens + a tree of {cap} does not fit "
+            f"the model's context of {pair.max_context} tokens"
+        )
+
+
 def plan(
     pair: ModelPair,
     ids: list[int],
@@ -201,13 +223,32 @@ def plan(
         raise DyspecError(f"policy '{policy}' needs a draft model; none is loaded")
     if not ids:
         raise DyspecError("the prompt is empty")
-    if len(ids) + max_new_tokens + cap + 1 > pair.max_context:
-        raise DyspecError(
-            f"prompt of {len(ids)} tokens + {max_new_tokens} new tokens + a tree of {cap} does not fit "
-            f"the model's context of {pair.max_context} tokens"
-        )
+    check_fits(pair, ids, max_new_tokens, cap)
     options = spec.prepare(pair, temperature, options) if spec.prepare else options
     return spec, options, budget_controller(pair, spec, budget, options, temperature, auto_state)
+
+
+def tuned_steps(run: Decoding, request: tuple, knobs: Knobs, most: int, controller: Budget) -> Callable:
+    """`speculative_step` under `knobs`: where the budget or temperature changed, the request
+    (pair, ids, policy, max_new_tokens, options, auto_state) is planned again before the next step,
+    a budget cut to `most` and "auto" taken only where `most` holds its trees; each Step says the
+    settings it ran with."""
+    pair, ids, policy, max_new_tokens, options, auto_state = request
+    ran = [knobs.budget, knobs.temperature, controller]
+
+    def step(root: int, left: int) -> Step:
+        budget = min(knobs.budget, most) if isinstance(knobs.budget, int) else knobs.budget
+        if tree_cap(budget) <= most and (budget, knobs.temperature) != tuple(ran[:2]):
+            _, run.options, planned = plan(
+                pair, ids, policy, budget, knobs.temperature, max_new_tokens, options, auto_state
+            )
+            run.temperature = knobs.temperature
+            for draft in run.drafts:  # a copying draft mixes its copies at it
+                draft.temperature = knobs.temperature
+            ran[:] = budget, knobs.temperature, planned
+        return replace(speculative_step(run, root, ran[2], left), budget=ran[0], temperature=ran[1])
+
+    return step
 
 
 @dataclass
@@ -263,6 +304,7 @@ def stream(
     chat: bool = True,
     stop: Callable[[], bool] | None = None,
     auto_state: AutoState | None = None,
+    knobs: Knobs | None = None,
 ) -> Iterator[Event]:
     """Generate, yielding `TreeExpanded` and `StepVerified` events per step and a final
     `GenerationFinished`. `policy` and `budget` default to the fastest measured on the pair's
@@ -271,25 +313,26 @@ def stream(
     with acceptance rates learnt in earlier steps, and in earlier generations when the caller
     passes the same `auto_state` (a `dyspec.auto.budget.AutoState`) again: without one, each call
     starts afresh and a seeded call repeats exactly. `stop()` is polled between steps: when it
-    returns True the generation ends cleanly with stop_reason "stopped"."""
+    returns True the generation ends cleanly with stop_reason "stopped". With `knobs`, the budget and
+    temperature are read from it before every step (`Knobs`), and each `StepVerified` says which
+    it ran with; `budget` and `temperature` are then its values at the start."""
     defaults = defaults_for(pair.device)
     policy, budget = policy or defaults.policy, defaults.budget if budget is None else budget
+    knobs = knobs or Knobs(budget, temperature)
+    budget, temperature = knobs.budget, knobs.temperature
     ids = encode_prompt(pair, prompt, chat)
+    user_options = options
     spec, options, controller = plan(pair, ids, policy, budget, temperature, max_new_tokens, options, auto_state)
-    run = start(pair, ids, spec, options, temperature, seed, tree_cap(budget), max_new_tokens)
+    most = max(tree_cap(budget), knobs.most or 0)
+    check_fits(pair, ids, max_new_tokens, most)  # the largest tree a change may ask for
+    run = start(pair, ids, spec, options, temperature, seed, most, max_new_tokens)
     t_start = time.perf_counter()
     prefill(run, ids)
     prefill_s = time.perf_counter() - t_start
     done = Progress()
-    yield from decode_steps(
-        pair,
-        ids[-1],
-        max_new_tokens,
-        lambda root, left: speculative_step(run, root, controller, left),
-        done,
-        hooks,
-        stop,
-    )
+    request = (pair, ids, policy, max_new_tokens, user_options, auto_state)
+    step = tuned_steps(run, request, knobs, most, controller)
+    yield from decode_steps(pair, ids[-1], max_new_tokens, step, done, hooks, stop)
     wall_s = time.perf_counter() - t_start
     yield _emit(
         GenerationFinished(

@@ -44,6 +44,8 @@ class Step:
     build_s: float  # building the tree beyond the draft's forwards
     target_s: float
     draft_forwards: int
+    budget: int | str | None = None  # the settings it ran with, where a run's may change (`engine.Knobs`)
+    temperature: float | None = None
 
 
 def draft_tree(run: Decoding, root: int, budget: Budget, context: int, left: int) -> tuple[Tree, Plan, float, int]:

@@ -11,8 +11,9 @@ from dataclasses import dataclass, field
 
 from dyspec import figures
 from dyspec.auto import whatif
+from dyspec.auto.budget import AUTO_CAP
 from dyspec.core.events import GenerationFinished, StepVerified
-from dyspec.decode.engine import MAX_BUDGET, MAX_TEMPERATURE, stream
+from dyspec.decode.engine import MAX_BUDGET, MAX_TEMPERATURE, Knobs, check_settings, stream
 from dyspec.decode.replay import ReplayRun, Trace, record_trace, replay
 from dyspec.defaults import defaults_for
 from dyspec.errors import DyspecError
@@ -65,6 +66,20 @@ class Live:
     ar: list[StepVerified] = field(default_factory=list)
     finished: GenerationFinished | None = None
     repeats: list[float] = field(default_factory=list)  # the speedups measured so far with these settings
+    policy: str = ""
+
+
+def settings_text(live: Live) -> str:
+    """Which policy, budget and temperature made what is on screen, and the steps where a change
+    made while it ran took effect."""
+    last = live.steps[-1]
+    text = f"<b>{live.policy}</b> at budget {last.budget}, temperature {last.temperature:g}"
+    changes = [
+        f"step {s.step}: budget {s.budget}, temperature {s.temperature:g}"
+        for before, s in zip(live.steps, live.steps[1:])
+        if (before.budget, before.temperature) != (s.budget, s.temperature)
+    ]
+    return text + (f" (changed while it ran, from {'; '.join(changes)})" if changes else "")
 
 
 def at_position(steps: Sequence[StepVerified], position: int) -> StepVerified:
@@ -147,17 +162,22 @@ class ViewModel:
         options: dict | None = None,
         measure_ar: bool = True,
         stop: Callable[[], bool] | None = None,
+        knobs: Knobs | None = None,
     ) -> Iterator[Live]:
         """A live run, the state after each step and once at its end; `ar` measured first on the
-        same prompt and settings (once per prompt and settings) when `measure_ar`."""
+        same prompt and settings (once per prompt and settings) when `measure_ar`. With `knobs`
+        (`self.knobs`), `budget` and `temperature` are its values, and `tune` changes them while
+        the run goes on."""
+        if knobs is not None:
+            budget, temperature = knobs.budget, knobs.temperature
         self.check(prompt, budget, temperature, max_new_tokens)
         self.check_policies([policy])
-        live = Live()
+        live = Live(policy=policy)
         if measure_ar and policy != "ar":
             live.ar = speedup.ar_steps(self.pair, prompt, temperature, seed, max_new_tokens, self.ar_cache)
             self.warm_up(policy, budget)
         kwargs = {"temperature": temperature, "seed": seed, "max_new_tokens": max_new_tokens, "options": options}
-        for event in stream(self.pair, prompt, policy, budget, stop=stop, **kwargs):
+        for event in stream(self.pair, prompt, policy, budget, stop=stop, knobs=knobs, **kwargs):
             if isinstance(event, StepVerified):
                 live.steps.append(event)
             elif isinstance(event, GenerationFinished):
@@ -168,10 +188,25 @@ class ViewModel:
                     live.repeats.append(speedup.decode_rate(live.steps) / speedup.decode_rate(live.ar))
             yield live
 
+    def knobs(self, budget: int | str, temperature: float) -> Knobs:
+        """A live run's settings that `tune` may change while it runs, up to this machine's limit."""
+        return Knobs(budget, temperature, most=max(self.limits.budget, AUTO_CAP))
+
+    def tune(
+        self, knobs: Knobs, policy: str, budget: int | str, temperature: float, options: dict | None = None
+    ) -> None:
+        """A running generation's budget and temperature, from its next step; checked first."""
+        if isinstance(budget, int) and budget > self.limits.budget:
+            raise DyspecError(f"The budget is at most {self.limits.budget} here.")
+        check_settings(policy, budget, temperature, 1, dict(options or {}))
+        knobs.budget, knobs.temperature = budget, temperature
+
     def stats(self, live: Live) -> str:
-        """What a live run did, and its speedup measured against `ar` on this machine."""
+        """What a live run did, with which settings, and its speedup measured against `ar` on this
+        machine."""
         steps, tokens = live.steps, sum(len(s.emitted) for s in live.steps)
-        lines = [
+        lines = [settings_text(live)] if steps else []
+        lines += [
             f"<b>{tokens} tokens in {len(steps)} target forwards</b> ({tokens / max(len(steps), 1):.2f} tokens "
             f"per forward), {speedup.decode_rate(steps):.1f} tokens/s while decoding"
         ]
