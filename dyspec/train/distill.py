@@ -142,6 +142,12 @@ def choose_vocab(
     return counts.topk(min(size, vocab_size)).indices.sort().values
 
 
+def draft_vocab(pair: ModelPair, seqs: list[tuple[torch.Tensor, torch.Tensor]], size: int) -> torch.Tensor:
+    """A new draft's vocabulary for `pair`'s target: `choose_vocab` with its stop and special tokens."""
+    always = {*pair.stop_ids, *pair.tokenizer.all_special_ids}
+    return choose_vocab(seqs, size, pair.target.config.vocab_size, always)
+
+
 def windows(
     seqs: list[tuple[torch.Tensor, torch.Tensor]], length: int, hidden_size: int
 ) -> list[tuple[torch.Tensor, ...]]:
@@ -455,13 +461,7 @@ def distill(
     texts = [corpus_texts(pair, name, count, prompts, max_new_tokens, out) for name, count in zip(corpora, counts)]
     train_sets, test_sets = split_corpora(pair, out, dict(zip(labels, texts)), heldout, features_dtype, feature_layers)
     train_seqs = [s for seqs in train_sets.values() for s in seqs]
-    vocab = (
-        base.vocab
-        if base is not None
-        else choose_vocab(
-            train_seqs, vocab_size, pair.target.config.vocab_size, {*pair.stop_ids, *pair.tokenizer.all_special_ids}
-        )
-    )
+    vocab = base.vocab if base is not None else draft_vocab(pair, train_seqs, vocab_size)
     train_w, test_batches, scale = training_windows(pair, train_sets, test_sets, window, batch)
 
     torch.manual_seed(seed)
