@@ -87,7 +87,7 @@ def side_by_side_tab(vm: state.ViewModel, concurrency: int) -> None:
     def trees(runs, position):
         shown = vm.position_trees(runs, int(position))
         hidden = [gr.update(visible=False)] * (state.MAX_SIDE_BY_SIDE - len(shown))
-        return [gr.update(value=f, visible=True) for f in shown] + hidden
+        return [vm.position_text(runs, int(position)), *(gr.update(value=f, visible=True) for f in shown), *hidden]
 
     @errors_as_toasts
     def replay(prompt, policies, budget, max_new_tokens, choice, width, fraction):
@@ -95,7 +95,7 @@ def side_by_side_tab(vm: state.ViewModel, concurrency: int) -> None:
         table = vm.replay_table(runs, vm.replay_models(choice, width, fraction))
         yield table, runs, slider_update(runs[0].tokens - 1, 0, 0), *trees(runs, 0), gr.skip()
         _, sweep = vm.sweep(prompt, policies, int(max_new_tokens))
-        yield gr.skip(), gr.skip(), gr.skip(), *[gr.skip()] * state.MAX_SIDE_BY_SIDE, sweep
+        yield gr.skip(), gr.skip(), gr.skip(), gr.skip(), *[gr.skip()] * state.MAX_SIDE_BY_SIDE, sweep
 
     gr.Markdown(LOOK_FOR)
     with gr.Row():
@@ -122,34 +122,39 @@ def side_by_side_tab(vm: state.ViewModel, concurrency: int) -> None:
             button = gr.Button("Replay side by side", variant="primary", elem_id="sbs-run")
         with gr.Column(scale=3):
             table = gr.Markdown("Replay to see each policy's tree on the same answer.", elem_id="sbs-table")
+            answer = gr.HTML(elem_id="sbs-answer")
             position = gr.Slider(
                 0,
                 1,
                 value=0,
                 step=1,
-                label="Answer token (each tree shown is the one that drafted it)",
+                label="Answer token: drag, or type its position; each tree shown is the one that drafted "
+                "the outlined token",
                 elem_id="sbs-position",
             )
-            with gr.Column():
-                tree_plots = [
-                    gr.Plot(label=f"Tree {i + 1}", elem_id=f"sbs-tree-{i}", visible=False)
-                    for i in range(state.MAX_SIDE_BY_SIDE)
-                ]
+            with gr.Row():  # a grid of two columns, so that a projector shows two trees side by side
+                columns = [gr.Column(min_width=300), gr.Column(min_width=300)]
+            tree_plots = []
+            for i in range(state.MAX_SIDE_BY_SIDE):
+                with columns[i % 2]:
+                    tree_plots.append(gr.Plot(label=f"Tree {i + 1}", elem_id=f"sbs-tree-{i}", visible=False))
             sweep = gr.Plot(label="Tokens per forward against budget", elem_id="sbs-sweep")
     runs = gr.State(None)
     inputs = [prompt, policies, budget, max_new, *pricing]
     button.click(check, inputs, None, api_name=False).success(
         replay,
         inputs,
-        [table, runs, position, *tree_plots, sweep],
+        [table, runs, position, answer, *tree_plots, sweep],
         api_name="side_by_side",
         concurrency_limit=concurrency,
     )
-    position.release(
-        lambda r, pos: trees(r, pos) if r else [gr.skip()] * state.MAX_SIDE_BY_SIDE,
+    # `input`: a drag and a typed position alike (`release` misses typing); the latest one wins
+    position.input(
+        lambda r, pos: trees(r, pos) if r else [gr.skip()] * (1 + state.MAX_SIDE_BY_SIDE),
         [runs, position],
-        tree_plots,
+        [answer, *tree_plots],
         api_name=False,
+        trigger_mode="always_last",
     )
 
 
@@ -302,10 +307,17 @@ def generate_tab(vm: state.ViewModel, concurrency: int) -> None:
     stop_btn.click(stop, None, None, concurrency_limit=None, api_name=False)
     # the knobs act on a running generation from its next step (never queued behind the run)
     policy, budget, auto, temperature = settings[1:5]
+    auto.change(lambda a: gr.update(interactive=not a), auto, budget, api_name=False)  # auto sizes the trees
     for control in (budget, auto, temperature):
         control.change(tune, [policy, budget, auto, temperature], None, concurrency_limit=None, api_name=False)
-    for slider in (step_slider, growth_slider):
-        slider.release(show_step, [live_state, step_slider, growth_slider], [tree, growth_slider], api_name=False)
+    for slider in (step_slider, growth_slider):  # dragged or typed (`input`), the latest one wins
+        slider.input(
+            show_step,
+            [live_state, step_slider, growth_slider],
+            [tree, growth_slider],
+            api_name=False,
+            trigger_mode="always_last",
+        )
     export_btn.click(
         lambda live, f: vm.export(live or state.Live(), f), [live_state, fmt], export_code, api_name="export"
     )

@@ -183,8 +183,21 @@ def test_browser_side_by_side(page, tmp_path):
         expect(page.locator(f"#sbs-tree-{i} .main-svg").first).to_be_visible(timeout=60_000)
     expect(page.locator("#sbs-tree-3")).to_be_hidden()
     assert tree_branches(page, "sbs-tree-2") > 0  # dyspec's tree branches
+    # two trees a row, as a projector shows them
+    first, second = (page.locator(f"#sbs-tree-{i}").bounding_box() for i in (0, 1))
+    assert abs(first["y"] - second["y"]) < 5 and second["x"] > first["x"] + first["width"] / 2
+    # a typed position moves every tree to the step that drafted it, and outlines its token in the answer
+    expect(page.locator("#sbs-answer span")).not_to_have_count(0)
+    titles = [page.locator(f"#sbs-tree-{i} .gtitle").inner_text() for i in range(3)]
+    assert all(t.endswith("step 0") for t in titles), titles
+    last = page.locator("#sbs-position input[type=number]").get_attribute("max")
+    page.locator("#sbs-position input[type=number]").fill(last)
+    page.locator("#sbs-position input[type=number]").press("Enter")
+    expect(page.locator("#sbs-tree-2 .gtitle")).not_to_have_text(titles[2], timeout=30_000)
+    expect(page.locator("#sbs-answer span[style*='outline']")).to_have_count(1)
     expect(page.locator("#sbs-sweep .main-svg").first).to_be_visible(timeout=180_000)
     expect(page.locator("#sbs-sweep")).to_contain_text("against budget")
+    page.set_viewport_size({"width": 1280, "height": 720})  # a projector's
     screenshot(page, tmp_path, "app-side-by-side.png")
 
 
@@ -212,6 +225,9 @@ def test_browser_run_and_stop(server, page, tmp_path):
     page.locator("#run").click()
     expect(page.locator("#stats")).to_contain_text("32 tokens", timeout=120_000)
     expect(page.locator("#stats")).to_contain_text("Measured speedup vs ar")
+    expect(page.locator("#stats")).to_contain_text("at budget auto")
+    expect(page.locator("#stats")).to_contain_text("auto drafted")  # which sizes auto chose
+    expect(page.locator("#budget input[type=number]")).to_be_disabled()  # auto sizes the trees
     expect(page.locator("#text span").first).to_be_visible()
     expect(page.locator("#tree .main-svg").first).to_be_visible()
     whatif = page.locator("#whatif")

@@ -12,6 +12,7 @@ import torch
 from dyspec import generate
 from dyspec.auto.whatif import (
     PROFILES,
+    THIS_MACHINE,
     from_profile,
     interpolate,
     load_profile,
@@ -68,8 +69,29 @@ def test_whatif_prices_a_hand_computed_example_exactly():
     shapes = [(5, 2, 3), (3, 2, 1)]
     assert model.target_ms(5) == 14 and model.target_ms(3) == pytest.approx(34 / 3)
     assert modelled_speedup(shapes, model) == pytest.approx(40 / (14 + 3 + 34 / 3 + 2), rel=1e-12)
+    # with what a step costs besides its forwards (this machine's, measured): 1 ms a step, ar's 0.5 ms
+    assert modelled_speedup(shapes, model, 1.0, 0.5) == pytest.approx(4 * 10.5 / (14 + 3 + 34 / 3 + 2 + 2), rel=1e-12)
     steps = [fake_step(3, 5, 2, 0.01), fake_step(1, 3, 2, 0.01)]
     assert step_shapes(steps) == shapes
+
+
+def test_the_whatif_on_this_machine_adds_what_a_step_costs_besides_its_forwards(monkeypatch):
+    """A profile prices forwards; the run measured here also built, verified and committed each step:
+    the what-if for this machine says so and gives the figure with those milliseconds in."""
+    from dyspec.views.state import Live, ViewModel
+
+    from .tiny import tiny_pair
+
+    vm = ViewModel(tiny_pair())
+    model = from_profile({"target": {"1": 10, "4": 12, "8": 20}, "draft": {"1": 1, "2": 1.5}}, THIS_MACHINE)
+    monkeypatch.setattr(vm, "latency_model", lambda *args: model)
+    steps = [replace(fake_step(3, 5, 2, 0.014), overhead_s=0.001), replace(fake_step(1, 3, 2, 0.011), overhead_s=0.001)]
+    ar = [replace(fake_step(1, 1, 0, 0.01), overhead_s=0.0005)] * 4
+    text = vm.whatif(Live(steps=steps, ar=ar), THIS_MACHINE)
+    shapes = step_shapes(steps)
+    assert f"Modelled on this machine: <b>{modelled_speedup(shapes, model):.2f}x</b>" in text
+    assert "with the 1.0 ms a step this run spent building, verifying and committing (ar: 0.5 ms)" in text
+    assert f"the model gives <b>{modelled_speedup(shapes, model, 1.0, 0.5):.2f}x</b>" in text
 
 
 def test_interpolate_is_flat_below_linear_between_and_extrapolated_beyond():

@@ -131,3 +131,15 @@ def test_dashboard_budget_and_temperature_act_on_a_running_generation(pair):
     assert any(a.text == "budget 2, T 0.5" for a in d.steps_fig.layout.annotations)
     d.budget.value = 500  # past the limit, after the run: nothing to tune, no error
     assert d.error.value == ""
+
+
+def test_dashboard_auto_says_what_it_chose(pair):
+    d = Dashboard(pair, prompt="List ten fruits, one per line.")
+    d.max_new_tokens.value, d.measure_ar.value, d.policy.value = 16, False, "dyspec"
+    d.auto.value = True
+    assert d.budget.disabled  # auto sizes the trees
+    d.run()
+    sizes = [len(s.tokens) - 1 for s in d.steps]
+    assert f"auto drafted {sum(sizes) / len(sizes):.1f} tokens a step, {min(sizes)} to {max(sizes)}" in d.stats.value
+    d.auto.value = False
+    assert not d.budget.disabled

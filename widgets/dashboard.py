@@ -157,6 +157,7 @@ class Dashboard:
         self.pricing.observe(self.price)
         for control in (self.budget, self.auto, self.temperature):
             control.observe(lambda _: self.tune(), names="value")
+        self.auto.observe(lambda change: setattr(self.budget, "disabled", change["new"]), names="value")
         self._show_options()
 
     @property

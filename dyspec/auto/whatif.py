@@ -103,12 +103,17 @@ def step_ms(model: LatencyModel, size: int, draft_forwards: int) -> float:
     return model.target_ms(size) + draft_forwards * model.draft_ms(max(width, 1))
 
 
-def modelled_speedup(shapes: Sequence[tuple[int, int, int]], model: LatencyModel) -> float | None:
-    """The run's speedup over `ar` (one token a forward at t(1)) under `model`; None for no steps."""
+def modelled_speedup(
+    shapes: Sequence[tuple[int, int, int]], model: LatencyModel, other_ms: float = 0.0, ar_other_ms: float = 0.0
+) -> float | None:
+    """The run's speedup over `ar` (one token a forward at t(1)) under `model`; None for no steps.
+    `other_ms` and `ar_other_ms`: what a step costs besides its forwards (building the tree,
+    verifying, committing), the run's and `ar`'s, where they were measured (on this machine)."""
     tokens = sum(emitted for _, _, emitted in shapes)
     if not tokens:
         return None
-    return tokens * model.target_ms(1) / sum(step_ms(model, n, f) for n, f, _ in shapes)
+    steps = sum(step_ms(model, n, f) + other_ms for n, f, _ in shapes)
+    return tokens * (model.target_ms(1) + ar_other_ms) / steps
 
 
 THIS_MACHINE, PARAMETRIC = "this machine", "parametric"

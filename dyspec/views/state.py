@@ -74,6 +74,12 @@ def settings_text(live: Live) -> str:
     made while it ran took effect."""
     last = live.steps[-1]
     text = f"<b>{live.policy}</b> at budget {last.budget}, temperature {last.temperature:g}"
+    sizes = [len(s.tokens) - 1 for s in live.steps if s.budget == "auto"]
+    if sizes:  # what auto chose: on a CPU often one node, or none, where a tree does not pay
+        text += (
+            f" (auto drafted {sum(sizes) / len(sizes):.1f} tokens a step, {min(sizes)} to {max(sizes)}, "
+            "as many as pay on this machine)"
+        )
     changes = [
         f"step {s.step}: budget {s.budget}, temperature {s.temperature:g}"
         for before, s in zip(live.steps, live.steps[1:])
@@ -255,11 +261,21 @@ class ViewModel:
         else:
             measured = "not measured (measuring ar on the same prompt was off)"
         model = self.latency_model(choice, width, draft_fraction)
-        modelled = whatif.modelled_speedup(whatif.step_shapes(live.steps), model)
-        return (
+        shapes = whatif.step_shapes(live.steps)
+        modelled = whatif.modelled_speedup(shapes, model)
+        text = (
             f"Measured on this machine: {measured}.<br>Modelled on {model.name}: <b>{modelled:.2f}x</b> vs ar, "
             f"from this run's trees with a latency profile (not run there); {BELOW_ONE}."
         )
+        if model.name == whatif.THIS_MACHINE and live.ar:  # the profile prices forwards, a step is more
+            other, ar_other = (1e3 * sum(s.overhead_s for s in r) / len(r) for r in (live.steps, live.ar))
+            whole = whatif.modelled_speedup(shapes, model, other, ar_other)
+            text += (
+                f" The profile prices forwards only: with the {other:.1f} ms a step this run spent building, "
+                f"verifying and committing (ar: {ar_other:.1f} ms), the model gives <b>{whole:.2f}x</b>; "
+                "the rest of the gap to the measured figure is forwards that ran slower in the run than alone."
+            )
+        return text
 
     def text(self, steps: Sequence[StepVerified]) -> str:
         return figures.text_html(steps, self.hidden_ids)
@@ -278,8 +294,16 @@ class ViewModel:
 
     @staticmethod
     def position_trees(runs: Sequence[ReplayRun], position: int) -> list:
-        """Each run's tree that drafted the answer's token `position`, titled with its policy."""
-        return [figures.tree_figure(at_position(r.steps, position), title=f"{r.policy} at {r.budget}") for r in runs]
+        """Each run's tree that drafted the answer's token `position`, titled with its policy and step."""
+        return [
+            figures.tree_figure(step, title=f"{r.policy} at {r.budget}: step {step.step}")
+            for r in runs
+            for step in [at_position(r.steps, position)]
+        ]
+
+    def position_text(self, runs: Sequence[ReplayRun], position: int) -> str:
+        """The replayed answer (every run's: the target's own greedy one), its token `position` outlined."""
+        return figures.text_html(runs[0].steps, self.hidden_ids, mark=position) if runs else ""
 
     def sweep(self, prompt: str, policies: Sequence[str], max_new_tokens: int) -> tuple[list[ReplayRun], object]:
         """The policies replayed at every budget of SWEEP_BUDGETS up to SWEEP_MAX, and their chart."""
