@@ -76,6 +76,17 @@ def examples_menu(prompt: gr.Textbox, expect: gr.Textbox, label: str, elem_id: s
     )
 
 
+def tree_grid() -> list[gr.Plot]:
+    """The side-by-side trees, two a row, so that a projector shows two at once; hidden until drawn."""
+    with gr.Row():
+        columns = [gr.Column(min_width=300), gr.Column(min_width=300)]
+    plots = []
+    for i in range(state.MAX_SIDE_BY_SIDE):
+        with columns[i % 2]:
+            plots.append(gr.Plot(label=f"Tree {i + 1}", elem_id=f"sbs-tree-{i}", visible=False))
+    return plots
+
+
 def side_by_side_tab(vm: state.ViewModel, concurrency: int) -> None:
     """Several policies' trees replayed on one answer, a table of what each bought, and the sweep."""
 
@@ -132,12 +143,7 @@ def side_by_side_tab(vm: state.ViewModel, concurrency: int) -> None:
                 "the outlined token",
                 elem_id="sbs-position",
             )
-            with gr.Row():  # a grid of two columns, so that a projector shows two trees side by side
-                columns = [gr.Column(min_width=300), gr.Column(min_width=300)]
-            tree_plots = []
-            for i in range(state.MAX_SIDE_BY_SIDE):
-                with columns[i % 2]:
-                    tree_plots.append(gr.Plot(label=f"Tree {i + 1}", elem_id=f"sbs-tree-{i}", visible=False))
+            tree_plots = tree_grid()
             sweep = gr.Plot(label="Tokens per forward against budget", elem_id="sbs-sweep")
     runs = gr.State(None)
     inputs = [prompt, policies, budget, max_new, *pricing]

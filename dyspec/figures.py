@@ -252,20 +252,21 @@ def tree_figure(step, upto: int | None = None, title: str | None = None) -> go.F
 def text_html(steps, hidden_ids: frozenset[int] = frozenset(), mark: int | None = None) -> str:
     """The generated text, each token marked by the step that produced it: drafted and accepted
     tokens in green, the target's own token of each step (bonus or correction) in blue; tokens in
-    `hidden_ids` (special ones, such as the end of a turn) left out; the answer's token `mark` (its
-    position) outlined."""
+    `hidden_ids` (special ones, such as the end of a turn) left out unless marked; the answer's
+    token `mark` (its position) outlined."""
     parts, position = [], 0
     for s in steps:
         for j, (token, text) in enumerate(zip(s.emitted, s.emitted_texts)):
             position += 1
-            if token in hidden_ids:
+            if token in hidden_ids and position - 1 != mark:
                 continue
+            shown = "⟨end⟩" if token in hidden_ids else text  # the end of the answer, marked: a placeholder
             kind = "drafted" if j < len(s.accepted) else "target"
             what = "drafted and accepted" if kind == "drafted" else "the target's own token"
             outline = ";outline:2px solid #D55E00" if position - 1 == mark else ""
             parts.append(
                 f'<span title="step {s.step}: {what}" style="background:{HIGHLIGHT[kind]};white-space:pre-wrap'
-                f'{outline}">{html.escape(text)}</span>'
+                f'{outline}">{html.escape(shown)}</span>'
             )
     return "<div style='font-family:monospace;line-height:1.6'>" + "".join(parts) + "</div>"
 

@@ -188,7 +188,7 @@ def test_browser_side_by_side(page, tmp_path):
     assert abs(first["y"] - second["y"]) < 5 and second["x"] > first["x"] + first["width"] / 2
     # a typed position moves every tree to the step that drafted it, and outlines its token in the answer
     expect(page.locator("#sbs-answer span")).not_to_have_count(0)
-    titles = [page.locator(f"#sbs-tree-{i} .gtitle").inner_text() for i in range(3)]
+    titles = [page.locator(f"#sbs-tree-{i} .gtitle").text_content() for i in range(3)]
     assert all(t.endswith("step 0") for t in titles), titles
     last = page.locator("#sbs-position input[type=number]").get_attribute("max")
     page.locator("#sbs-position input[type=number]").fill(last)

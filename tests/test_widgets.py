@@ -71,11 +71,13 @@ def test_side_by_side_replays_trees_on_one_answer(pair):
     runs = s.run()
     assert [r.policy for r in runs] == ["chain", "dyspec"] and all(r.budget == 8 for r in runs)
     assert runs[0].tokens == runs[1].tokens == s.position.max + 1
-    assert [f.layout.title.text for f in s.trees] == ["chain at 8", "dyspec at 8"]
+    assert [f.layout.title.text for f in s.trees] == ["chain at 8: step 0", "dyspec at 8: step 0"]
+    assert s.answer.value.count("outline") == 1
     assert "ar (baseline)" in s.table.value and "modelled on H100" in s.table.value
     assert {t.name for t in s.sweep_fig.data} == {"chain", "dyspec"}
     s.position.value = s.position.max  # the last answer token: every tree is each run's last
-    assert [f.layout.title.text for f in s.trees] == ["chain at 8", "dyspec at 8"]
+    last = [f"{r.policy} at 8: step {r.steps[-1].step}" for r in runs]
+    assert [f.layout.title.text for f in s.trees] == last and s.answer.value.count("outline") == 1
     s.policies.value = ()
     assert s.run() == runs and "Pick at least one policy" in s.error.value and len(s.trees) == 2
 

@@ -314,6 +314,7 @@ class SideBySide:
         self.pricing = Pricing(self.vm, self.vm.side_by_side_hardware, "Price on")
         self.run_button = W.Button(description="Replay side by side", button_style="primary")
         self.position = W.IntSlider(0, min=0, max=0, description="Answer token")
+        self.answer = W.HTML()  # the replayed answer, the token at `position` outlined
         self.error = W.HTML()
         self.table = W.HTML()
         self.trees: list[go.Figure] = []
@@ -350,6 +351,7 @@ class SideBySide:
 
     def show_position(self) -> None:
         self.trees = self.vm.position_trees(self.runs, self.position.value)
+        self.answer.value = self.vm.position_text(self.runs, self.position.value)
         for out, fig in zip(self._tree_outs, self.trees):
             _draw(out, fig)
         for out in self._tree_outs[len(self.trees) :]:
@@ -365,8 +367,9 @@ class SideBySide:
                 self.run_button,
                 self.error,
                 self.table,
+                self.answer,
                 self.position,
-                *self._tree_outs,
+                W.GridBox(self._tree_outs, layout=W.Layout(grid_template_columns="1fr 1fr")),
                 self._sweep_out,
             ]
         )
