@@ -108,6 +108,7 @@ def _by(rows, *keys) -> dict:
 # Okabe-Ito, safe for colour-blind readers; the text's highlights use the same two meanings
 COLORS = {"root": "#000000", "accepted": "#009E73", "rejected": "#D55E00", "unreached": "#BBBBBB", "target": "#0072B2"}
 LABEL_ALL = 24  # nodes up to which every node's token is written in the tree
+TICKS = 12  # depth ticks a tree's axis shows at most
 LEGEND = {
     "root": "root: the last committed token",
     "accepted": "drafted, accepted",
@@ -240,7 +241,12 @@ def tree_figure(step, upto: int | None = None, title: str | None = None) -> go.F
     leaves = max(y, default=0) + 1
     fig.update_layout(
         title=title or f"step {step.step}: {len(step.tokens) - 1} {made}, {len(step.accepted)} accepted",
-        xaxis={"title": "depth (tokens after the root)", "dtick": 1, "range": [-0.5, max(x, default=0) + 0.8]},
+        # at most about TICKS depth ticks: a 256-node chain's 257 would print over each other
+        xaxis={
+            "title": "depth (tokens after the root)",
+            "dtick": max(1, math.ceil((max(x, default=0) + 1) / TICKS)),
+            "range": [-0.5, max(x, default=0) + 0.8],
+        },
         yaxis={"visible": False, "range": [leaves - 0.4, -1.0]},  # first leaf at the top; room for its label
         height=max(340, min(900, 190 + 42 * leaves)),
         margin={"l": 20, "r": 20, "t": 60, "b": 100},
