@@ -36,6 +36,9 @@ LOOK_FOR = (
     "(tokens per target forward) and what it cost the draft (draft forwards per step)."
 )
 
+# table headers and policy names on one line: a narrow column otherwise breaks "budget" in two
+CSS = "#sbs-table th, #sbs-table td:first-child { white-space: nowrap; }"
+
 
 def slider_update(last: int, first: int, value: int | None = None):
     """Move a slider's range to [first, last] (a slider needs first < last) and its value to `value`."""
@@ -76,6 +79,21 @@ def examples_menu(prompt: gr.Textbox, expect: gr.Textbox, label: str, elem_id: s
     )
 
 
+def policy_boxes(vm: state.ViewModel) -> gr.CheckboxGroup:
+    """The policies to replay side by side; one too many says so at once, not at Replay."""
+    boxes = gr.CheckboxGroup(
+        vm.replay_policies,
+        value=vm.side_by_side,
+        label=f"Policies (up to {state.MAX_SIDE_BY_SIDE})",
+        info="ar is the table's baseline row; recycling learns from the target's own outputs, which a replay "
+        "does not run",
+        elem_id="sbs-policies",
+    )
+    too_many = errors_as_toasts(lambda chosen: vm.check_policies(chosen, state.MAX_SIDE_BY_SIDE))
+    boxes.input(too_many, boxes, None, api_name=False)
+    return boxes
+
+
 def tree_grid() -> list[gr.Plot]:
     """The side-by-side trees, two a row, so that a projector shows two at once; hidden until drawn."""
     with gr.Row():
@@ -114,12 +132,7 @@ def side_by_side_tab(vm: state.ViewModel, concurrency: int) -> None:
             prompt = gr.Textbox(label="Prompt", value=EXAMPLES[0].prompt, lines=4, elem_id="sbs-prompt")
             expect = gr.Textbox(label="What to expect", value=EXAMPLES[0].expect, lines=2, interactive=False)
             examples_menu(prompt, expect, "Examples", "sbs-examples")
-            policies = gr.CheckboxGroup(
-                vm.replay_policies,
-                value=vm.side_by_side,
-                label=f"Policies (up to {state.MAX_SIDE_BY_SIDE})",
-                elem_id="sbs-policies",
-            )
+            policies = policy_boxes(vm)
             budget = gr.Slider(
                 1,
                 vm.limits.replay_budget,
@@ -377,7 +390,7 @@ def main() -> None:
         demo = build_app(pair, args.concurrency, profiles)
     except DyspecError as e:
         parser.exit(2, f"app.py: error: {e}\n")
-    demo.launch(server_name=args.host, server_port=args.port, show_error=True)
+    demo.launch(server_name=args.host, server_port=args.port, show_error=True, css=CSS)
 
 
 if __name__ == "__main__":

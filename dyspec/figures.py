@@ -323,7 +323,7 @@ def steps_figure(steps, running: list[float | None] | None = None) -> go.Figure:
             )
     fig.update_layout(
         title="Per step",
-        xaxis_title="step",
+        xaxis={"title": "step", "tick0": 0, "dtick": max(1, math.ceil(len(steps) / TICKS))},  # whole steps
         yaxis={"title": "tokens per forward", "automargin": True, "rangemode": "tozero"},
         height=320,
         legend={"orientation": "h", "y": -0.25},

@@ -168,11 +168,16 @@ def test_browser_side_by_side(page, tmp_path):
     boxes = page.locator("#sbs-policies")
     for policy in ("chain", "sequoia", "dyspec", "specinfer"):  # every box unticked, then the three ticked
         boxes.get_by_label(policy, exact=True).uncheck()
-    for policy in ("chain", "sequoia", "dyspec"):
+    for policy in ("chain", "sequoia", "dyspec", "specinfer", "eagle2"):
         boxes.get_by_label(policy, exact=True).check()
+    expect(page.get_by_text("Pick at most 4 policies.").first).to_be_visible(timeout=30_000)  # at once
+    for policy in ("specinfer", "eagle2"):
+        boxes.get_by_label(policy, exact=True).uncheck()
+    page.locator(".toast-close").first.click()
     page.locator("#sbs-run").click()
     table = page.locator("#sbs-table")
     expect(table).to_contain_text("ar (baseline)", timeout=180_000)
+    assert table.locator("th").first.evaluate("e => getComputedStyle(e).whiteSpace") == "nowrap"  # "budget" whole
     cells = [row.locator("td").all_inner_texts() for row in table.locator("tr").all()]
     rows = {c[0].strip(): c[2].strip() for c in cells if c}
     tokens_per_forward = [rows[p] for p in ("chain", "sequoia", "dyspec")]
