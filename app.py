@@ -255,6 +255,7 @@ def live_handlers(vm: state.ViewModel) -> tuple:
                 vm.text(live.steps),
                 figures.tree_figure(live.steps[-1]) if draw else gr.skip(),
                 vm.steps_chart(live) if draw else gr.skip(),
+                vm.depth_chart(live.steps) if draw else gr.skip(),
                 vm.stats(live),
                 live,
                 slider_update(len(live.steps) - 1, 0),
@@ -273,11 +274,13 @@ def live_handlers(vm: state.ViewModel) -> tuple:
             vm.tune(tunings[request.session_hash], policy, state.budget_of(budget, auto), temperature)
 
     def show_step(live, index, growth):
+        """The tree of step `index` grown to `growth` nodes, and the text with that step's tokens outlined."""
         if not live or not live.steps:
-            return gr.skip(), gr.skip()
-        step = live.steps[min(int(index), len(live.steps) - 1)]
+            return gr.skip(), gr.skip(), gr.skip()
+        index = min(int(index), len(live.steps) - 1)
+        step = live.steps[index]
         upto = min(int(growth), len(step.tokens))
-        return figures.tree_figure(step, upto), slider_update(len(step.tokens), 1, upto)
+        return figures.tree_figure(step, upto), slider_update(len(step.tokens), 1, upto), vm.text(live.steps, index)
 
     return check, run, stop, tune, show_step
 
@@ -306,7 +309,9 @@ def generate_tab(vm: state.ViewModel, concurrency: int) -> None:
                     fmt = gr.Dropdown(list(VIEW_FORMATS), value="trtllm", label="Format", elem_id="format")
                     export_btn = gr.Button("Export this tree", elem_id="export")
                 export_code = gr.Code(language="python", label="Paste into your engine's config", elem_id="snippet")
-            chart = gr.Plot(label="Per step", elem_id="chart")
+            with gr.Row():
+                chart = gr.Plot(label="Per step", elem_id="chart")
+                depth = gr.Plot(label="Acceptance by tree depth", elem_id="depth")
             with gr.Accordion("Hardware what-if: this run's trees priced elsewhere", open=True):
                 gr.Markdown(
                     "Tokens per forward belong to the model pair and the text; the speedup is that times "
@@ -317,7 +322,7 @@ def generate_tab(vm: state.ViewModel, concurrency: int) -> None:
                 whatif_md = gr.Markdown("Run a generation to price its trees.", elem_id="whatif")
     live_state = gr.State(None)
     inputs = [*settings, *pricing]
-    outputs = [text, tree, chart, stats, live_state, step_slider, growth_slider, whatif_md]
+    outputs = [text, tree, chart, depth, stats, live_state, step_slider, growth_slider, whatif_md]
     run_btn.click(check, inputs, None, api_name=False).success(
         run, inputs, outputs, api_name="run", concurrency_limit=concurrency
     )
@@ -333,7 +338,7 @@ def generate_tab(vm: state.ViewModel, concurrency: int) -> None:
         slider.input(
             show_step,
             [live_state, step_slider, growth_slider],
-            [tree, growth_slider],
+            [tree, growth_slider, text],
             api_name=False,
             trigger_mode="always_last",
         )

@@ -7,6 +7,7 @@ from __future__ import annotations
 import html
 import math
 from collections import defaultdict
+from collections.abc import Collection
 
 import plotly.graph_objects as go
 
@@ -25,6 +26,50 @@ def calibration_counts(steps) -> tuple[list[int], list[int]]:
                 reached[b] += 1
                 accepted[b] += node in on_path
     return reached, accepted
+
+
+def depth_counts(steps) -> tuple[list[int], list[int]]:
+    """Acceptance by tree depth: per depth d (1, 2, ...), in how many steps the verifier reached
+    depth d (the accepted path got to d - 1 and its node there had children) and in how many of those
+    it accepted a token at d."""
+    reached: list[int] = []
+    accepted: list[int] = []
+    for s in steps:
+        path = [0, *s.accepted]
+        has_children = set(s.parents[1:])
+        for d, node in enumerate(path, start=1):
+            if node not in has_children:
+                break
+            if len(reached) < d:
+                reached.append(0)
+                accepted.append(0)
+            reached[d - 1] += 1
+            accepted[d - 1] += d < len(path)
+    return reached, accepted
+
+
+def depth_figure(reached: list[int], accepted: list[int], title: str = "Acceptance by tree depth") -> go.Figure:
+    """Per depth, the fraction of steps that accepted a token there when the verifier got there, with
+    the count of such steps: where a tree's deep levels stop paying."""
+    depths = list(range(1, len(reached) + 1))
+    fig = go.Figure(
+        go.Bar(
+            x=depths,
+            y=[a / r if r else None for a, r in zip(accepted, reached)],
+            text=[f"{a} of {r}" for a, r in zip(accepted, reached)],
+            textposition="outside",
+            marker_color=COLORS["accepted"],
+            hovertemplate="depth %{x}: %{text} steps accepted a token here<extra></extra>",
+        )
+    )
+    fig.update_layout(
+        title=title,
+        xaxis={"title": "depth (tokens after the root)", "dtick": 1},
+        yaxis={"title": "accepted when reached", "range": [0, 1.15], "tickformat": ".0%"},
+        height=320,
+        margin={"l": 50, "r": 20, "t": 50, "b": 40},
+    )
+    return fig
 
 
 def calibration_figure(reached: list[int], accepted: list[int], title: str = "Draft probability vs acceptance"):
@@ -255,21 +300,21 @@ def tree_figure(step, upto: int | None = None, title: str | None = None) -> go.F
     return fig
 
 
-def text_html(steps, hidden_ids: frozenset[int] = frozenset(), mark: int | None = None) -> str:
+def text_html(steps, hidden_ids: frozenset[int] = frozenset(), mark: Collection[int] = ()) -> str:
     """The generated text, each token marked by the step that produced it: drafted and accepted
     tokens in green, the target's own token of each step (bonus or correction) in blue; tokens in
     `hidden_ids` (special ones, such as the end of a turn) left out unless marked; the answer's
-    token `mark` (its position) outlined."""
+    tokens at the positions `mark` outlined."""
     parts, position = [], 0
     for s in steps:
         for j, (token, text) in enumerate(zip(s.emitted, s.emitted_texts)):
             position += 1
-            if token in hidden_ids and position - 1 != mark:
+            if token in hidden_ids and position - 1 not in mark:
                 continue
             shown = "⟨end⟩" if token in hidden_ids else text  # the end of the answer, marked: a placeholder
             kind = "drafted" if j < len(s.accepted) else "target"
             what = "drafted and accepted" if kind == "drafted" else "the target's own token"
-            outline = ";outline:2px solid #D55E00" if position - 1 == mark else ""
+            outline = ";outline:2px solid #D55E00" if position - 1 in mark else ""
             parts.append(
                 f'<span title="step {s.step}: {what}" style="background:{HIGHLIGHT[kind]};white-space:pre-wrap'
                 f'{outline}">{html.escape(shown)}</span>'

@@ -235,6 +235,7 @@ def test_browser_run_and_stop(server, page, tmp_path):
     expect(page.locator("#budget input[type=number]")).to_be_disabled()  # auto sizes the trees
     expect(page.locator("#text span").first).to_be_visible()
     expect(page.locator("#tree .main-svg").first).to_be_visible()
+    expect(page.locator("#depth")).to_contain_text("Acceptance by tree depth")
     whatif = page.locator("#whatif")
     expect(whatif).to_contain_text("Measured on this machine", timeout=30_000)
     expect(whatif).to_contain_text("Modelled on")

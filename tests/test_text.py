@@ -103,3 +103,20 @@ def replace_depth(step, n: int):
         target_probs=step.target_probs[:n],
         draft_forwards=n - 1,
     )
+
+
+def test_acceptance_by_depth_counts_the_steps_that_reached_each_depth():
+    """A chain accepted to depth 2 of 3, a root with two rejected children, and a step that drafted
+    nothing (it reaches no depth)."""
+    from types import SimpleNamespace
+
+    from dyspec.figures import depth_counts, depth_figure
+
+    steps = [
+        SimpleNamespace(parents=[-1, 0, 1, 2], accepted=[1, 2]),
+        SimpleNamespace(parents=[-1, 0, 0], accepted=[]),
+        SimpleNamespace(parents=[-1], accepted=[]),
+    ]
+    assert depth_counts(steps) == ([2, 1, 1], [1, 1, 0])
+    bars = depth_figure(*depth_counts(steps)).data[0]
+    assert list(bars.y) == [0.5, 1.0, 0.0] and list(bars.text) == ["1 of 2", "1 of 1", "0 of 1"]

@@ -25,6 +25,11 @@ def test_dashboard_run_updates_figures(pair):
     assert "Measured on this machine" in d.whatif.value and "Modelled on" in d.whatif.value
     assert d.text.value.count("<span") == 20
     assert d.step_slider.max == len(d.steps) - 1
+    depths = d.depth_fig.data[0]  # acceptance by depth, one bar a depth the verifier reached
+    reached = [len(s.accepted) + ([0, *s.accepted][-1] in s.parents[1:]) for s in d.steps]
+    assert len(depths.x) == max(reached)
+    d.step_slider.value = 1  # the step's tokens outlined in the text
+    assert d.text.value.count("outline") == len(d.steps[1].emitted)
     first = d.live.repeats[0]
     d.run()  # the same settings again: both measurements, and their spread
     assert d.live.repeats[0] == first and len(d.live.repeats) == 2

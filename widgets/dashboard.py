@@ -147,7 +147,9 @@ class Dashboard:
         self.tree_fig = go.Figure()
         self.steps_fig = go.Figure()
         self.calibration_fig = go.Figure()
+        self.depth_fig = go.Figure()
         self._tree_out, self._steps_out, self._calibration_out = W.Output(), W.Output(), W.Output()
+        self._depth_out = W.Output()
         self.run_button.on_click(lambda _: self.start())
         self.export_button.on_click(lambda _: self.export())
         self.stop_button.on_click(lambda _: self.stop())
@@ -243,6 +245,7 @@ class Dashboard:
         step = self.steps[min(self.step_slider.value, len(self.steps) - 1)]
         self.growth_slider.max = len(step.tokens)
         self.tree_fig = figures.tree_figure(step, self.growth_slider.value)
+        self.text.value = self.vm.text(self.steps, self.steps.index(step))  # the step's tokens outlined
         _draw(self._tree_out, self.tree_fig)
 
     def _refresh(self, figures_too: bool = True) -> None:
@@ -252,6 +255,7 @@ class Dashboard:
             return
         self.steps_fig = self.vm.steps_chart(self.live)
         self.calibration_fig = figures.calibration_figure(*figures.calibration_counts(self.steps))
+        self.depth_fig = self.vm.depth_chart(self.steps)
         last = self.steps[-1]
         with self.step_slider.hold_trait_notifications(), self.growth_slider.hold_trait_notifications():
             self.step_slider.max = len(self.steps) - 1
@@ -262,6 +266,7 @@ class Dashboard:
         _draw(self._tree_out, self.tree_fig)
         _draw(self._steps_out, self.steps_fig)
         _draw(self._calibration_out, self.calibration_fig)
+        _draw(self._depth_out, self.depth_fig)
 
     def widget(self) -> W.Widget:
         controls = W.VBox(
@@ -284,6 +289,7 @@ class Dashboard:
                 W.HBox([self.step_slider, self.growth_play, self.growth_slider]),
                 self._tree_out,
                 W.HBox([self._steps_out, self._calibration_out]),
+                self._depth_out,
                 self.pricing.widget(),
                 self.whatif,
                 W.HBox([self.export_format, self.export_button]),

@@ -277,8 +277,16 @@ class ViewModel:
             )
         return text
 
-    def text(self, steps: Sequence[StepVerified]) -> str:
-        return figures.text_html(steps, self.hidden_ids)
+    def text(self, steps: Sequence[StepVerified], step: int | None = None) -> str:
+        """The run's text, the tokens that step `step` committed outlined."""
+        start = sum(len(s.emitted) for s in steps[:step]) if step is not None else 0
+        marked = range(start, start + len(steps[step].emitted)) if step is not None else ()
+        return figures.text_html(steps, self.hidden_ids, marked)
+
+    @staticmethod
+    def depth_chart(steps: Sequence[StepVerified]):
+        """Acceptance by tree depth over the run's (or a replay's) steps."""
+        return figures.depth_figure(*figures.depth_counts(steps))
 
     def steps_chart(self, live: Live):
         """Tokens per forward at each step, and the running speedup over `ar` where it was measured."""
@@ -303,7 +311,7 @@ class ViewModel:
 
     def position_text(self, runs: Sequence[ReplayRun], position: int) -> str:
         """The replayed answer (every run's: the target's own greedy one), its token `position` outlined."""
-        return figures.text_html(runs[0].steps, self.hidden_ids, mark=position) if runs else ""
+        return figures.text_html(runs[0].steps, self.hidden_ids, mark=(position,)) if runs else ""
 
     def sweep(self, prompt: str, policies: Sequence[str], max_new_tokens: int) -> tuple[list[ReplayRun], object]:
         """The policies replayed at every budget of SWEEP_BUDGETS up to SWEEP_MAX, and their chart."""
