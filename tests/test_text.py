@@ -59,50 +59,13 @@ def test_a_chinese_answer_streams_without_replacement_characters(default_pair):
 
 def test_a_deep_tree_keeps_its_depth_axis_readable():
     """A chain of 256 nodes gets a tick every few depths, not 257 ticks printed over each other."""
-    from dyspec.core.events import StepVerified
     from dyspec.figures import TICKS, tree_figure
 
-    n = 257
-    chain = StepVerified(
-        step=0,
-        tokens=list(range(n)),
-        texts=["x"] * n,
-        parents=[-1, *range(n - 1)],
-        depths=list(range(n)),
-        draft_probs=[0.5] * n,
-        values=[0.5] * n,
-        target_probs=[0.5] * n,
-        accepted=[1, 2],
-        emitted=[1, 2, 7],
-        emitted_texts=["x", "x", "y"],
-        next_token=7,
-        draft_s=0.0,
-        target_s=0.0,
-        overhead_s=0.0,
-        tree_build_s=0.0,
-        draft_forwards=n - 1,
-    )
-    ticks = (n - 1) / tree_figure(chain).layout.xaxis.dtick
+    from .test_speedup import fake_step  # a chain of `size` nodes
+
+    ticks = 256 / tree_figure(fake_step(3, 257, 256, 0.0)).layout.xaxis.dtick
     assert TICKS - 2 <= ticks <= TICKS + 1
-    small = tree_figure(replace_depth(chain, 5))
-    assert small.layout.xaxis.dtick == 1
-
-
-def replace_depth(step, n: int):
-    """The step's first n nodes (the root and n - 1 drafted)."""
-    import dataclasses
-
-    return dataclasses.replace(
-        step,
-        tokens=step.tokens[:n],
-        texts=step.texts[:n],
-        parents=step.parents[:n],
-        depths=step.depths[:n],
-        draft_probs=step.draft_probs[:n],
-        values=step.values[:n],
-        target_probs=step.target_probs[:n],
-        draft_forwards=n - 1,
-    )
+    assert tree_figure(fake_step(3, 5, 4, 0.0)).layout.xaxis.dtick == 1
 
 
 def test_acceptance_by_depth_counts_the_steps_that_reached_each_depth():
