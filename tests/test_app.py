@@ -72,11 +72,11 @@ def test_api_with_gradio_client(server):
     url, _ = server
     client = Client(url, verbose=False)
     whatif = ("h100", 64, 0.1)  # the what-if menu: hardware, parametric width and draft fraction
-    text, tree, chart, stats, *_ = client.predict(
+    text, tree, chart, depth, stats, *_ = client.predict(
         "Name three colors.", "chain", 4, False, 0, 0, 12, False, *whatif, api_name="/run"
     )
     assert "12 tokens" in stats and "per forward" in stats
-    assert "<span" in text
+    assert "<span" in text and "Acceptance by tree depth" in str(depth)
     *_, whatif_line = client.predict("Name three colors.", "dyspec", 4, True, 0, 0, 12, True, *whatif, api_name="/run")
     assert "Measured on this machine" in whatif_line and "Modelled on H100" in whatif_line
     with pytest.raises(Exception, match="maximum value 64"):
