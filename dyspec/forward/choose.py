@@ -95,10 +95,13 @@ def pick_fast_path(fast_path: str, device: torch.device, precision: str) -> str:
     chosen = defaults_for(device).fast_path
     if device.type != "cpu" or chosen != "compiled":
         return chosen
-    why = compile_unavailable() if precision == "int8" else "fp32 layers measured faster eager"
-    if why and precision == "int8":
+    if precision != "int8":  # fp32 layers measured faster eager
+        return "lean"
+    why = compile_unavailable()
+    if why:
         warnings.warn(f"{why}: the int8 forward runs eager (--fast-path lean), slower", stacklevel=3)
-    return "lean" if why else chosen
+        return "lean"
+    return chosen
 
 
 def compile_unavailable() -> str | None:
