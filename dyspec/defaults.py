@@ -6,8 +6,12 @@ here, one row per device type, each the fastest in a bench on that device (docs/
 has the runs and their numbers): on a CPU a forward of n tokens costs more with every n, so small
 trees win, and `lookup` (copies where the context repeats, else one drafted token) at a small
 budget measured fastest, on the compiled int8 forward (dyspec.forward.lean_graph), whose fallback
-is the eager lean forward (`dyspec.forward.choose.pick_fast_path`). On a GPU t(n) is flat up to
-large trees, and the largest tree measured won.
+is the eager lean forward (`dyspec.forward.choose.pick_fast_path`). On a GPU the lean forward
+replayed as CUDA graphs (dyspec.forward.cuda_graph) measured fastest by far (an architecture it
+does not cover runs the Hugging Face forward); t(n) is nearly flat there, but a draft forward and
+a step's host work each cost about as much as a small target's forward, so for the default pair
+the trees lose and `lookup` at a small budget measured closest to plain decoding, the best of the
+speculative settings (docs/results/gpu-check.md).
 """
 
 from __future__ import annotations
@@ -22,14 +26,14 @@ class Defaults:
     policy: str
     budget: int | str
     bench_budgets: tuple[int | str, ...]  # what `dyspec bench` compares without --budgets
-    fast_path: str = "off"  # dyspec.forward.static; "off" wherever the static path has not measured faster
+    fast_path: str = "off"  # dyspec.forward.choose.FAST_PATHS; "off" wherever no other has measured faster
 
 
 BENCH_POLICIES = ("ar", "chain", "dyspec", "lookup")  # what `dyspec bench` compares without --policies
 
 DEFAULTS = {
     "cpu": Defaults("lookup", 4, (1, 2, 4, "auto"), fast_path="compiled"),
-    "cuda": Defaults("dyspec", 64, (4, 16, 64, "auto")),
+    "cuda": Defaults("lookup", 4, (4, 16, 64, "auto"), fast_path="compiled"),
 }
 UNMEASURED = Defaults("dyspec", 8, (2, 8, 32, "auto"))  # a device no bench has run on yet (mps)
 

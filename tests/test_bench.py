@@ -52,6 +52,7 @@ def test_bench_smoke_and_resume(int8_draft_pair, tmp_path):
         assert r["new_tokens"] == 16
         assert r["speedup_vs_ar"] is not None
         if r["policy"] in ("chain", "dyspec"):
+            assert r["same_as_ar"] is True  # greedy: ar's tokens
             assert r["target_forwards"] <= ar[r["prompt_id"]]["target_forwards"]
             assert 0 < r["tree_build_s"] <= r["overhead_s"]
             assert 0 < r["tree_nodes"] <= 4 * r["target_forwards"] and r["draft_forwards"] > 0
@@ -93,6 +94,7 @@ def test_bench_smoke_and_resume(int8_draft_pair, tmp_path):
     first = resumed[0]
     assert page.startswith("# Smoke\n") and f"Host: {first['host']}; date: {first['date']}" in page
     assert "(not recorded)" in page and "| mtbench | dyspec | 4 |" in page and "modelled on H100" in page
+    assert "| chain | 4 | 2 of 2 |" in page and "| dyspec | 4 | 2 of 2 |" in page  # greedy: ar's tokens, always
     with pytest.raises(DyspecError, match="no bench records"):
         results_page([tmp_path / "empty.jsonl"], "Empty")
 

@@ -150,10 +150,10 @@ def int8_kernel(pair) -> dict[str, str]:
     return {"int8_kernel": kernel_path()} if pair.precision == "int8" and pair.device.type == "cpu" else {}
 
 
-def measure_profile(pair, baseline: bool = True, draft: bool = True) -> dict:
-    """t(n) of the pair's target and (with `draft`) its draft as they run (precision included); with
-    `baseline`, also the Hugging Face forward of the same target (where the pair runs another one)
-    and a plain fp32 Hugging Face forward at n = 1 and 8, measured in the same run."""
+def measure_profile(pair, baseline: bool = True, draft: bool = True, sizes=DEFAULT_SIZES) -> dict:
+    """t(n) of the pair's target and (with `draft`) its draft as they run (precision included), at
+    `sizes`; with `baseline`, also the Hugging Face forward of the same target (where the pair runs
+    another one) and a plain fp32 Hugging Face forward at n = 1 and 8, measured in the same run."""
     target = pair.forward(pair.target)
     profile = {
         "device": str(pair.device),
@@ -161,13 +161,15 @@ def measure_profile(pair, baseline: bool = True, draft: bool = True) -> dict:
         "precision": pair.precision,
         "fast_path": pair.fast_path,
         **int8_kernel(pair),
-        "target": {str(n): ms for n, ms in forward_ms(pair.target, forward=target).items()},
+        "target": {str(n): ms for n, ms in forward_ms(pair.target, sizes, forward=target).items()},
         f"target_at_{LONG_CONTEXT}": {
             str(n): ms for n, ms in forward_ms(pair.target, LONG_SIZES, LONG_CONTEXT, forward=target).items()
         },
     }
     if draft and pair.draft is not None:
-        profile["draft"] = {str(n): ms for n, ms in forward_ms(pair.draft, forward=pair.forward(pair.draft)).items()}
+        drafted = [n for n in sizes if n <= max(DEFAULT_SIZES)]
+        draft_ms = forward_ms(pair.draft, drafted, forward=pair.forward(pair.draft))
+        profile["draft"] = {str(n): ms for n, ms in draft_ms.items()}
     measured = {"target": pair.target, **({"draft": pair.draft} if "draft" in profile else {})}
     profile["floor"] = floors(measured, pair.device)
     if baseline and not isinstance(target, ModelForward):  # the reference forward of the same target, beside
@@ -225,4 +227,11 @@ def profile_table(profile: dict) -> str:
     ]
     for n in profile["target"]:  # the others have fewer sizes: blank in the other rows
         lines.append(f"{n:>4}" + "".join(f"{profile[c][n]:10.1f}" if n in profile[c] else " " * 10 for c in columns))
-    return "\n".join([*lines, floor_text(profile)])
+    steps = [
+        f"  {name}: {m['target_ms']:.2f} + {m['draft_ms']:.2f} ({m['draft_forwards']:.0f} forwards) + "
+        f"{m['overhead_ms']:.2f}"
+        for name, m in profile.get("steps", {}).items()
+    ]
+    if steps:
+        steps.insert(0, "ms a step (policy@budget): target + draft + other (building, verifying, committing)")
+    return "\n".join([*lines, floor_text(profile), *steps])

@@ -6,7 +6,7 @@ import argparse
 import json
 import sys
 
-from dyspec.cli.common import add_decoding_args, add_model_args, pair_of
+from dyspec.cli.common import add_decoding_args, add_model_args, command_line, csv, pair_of
 from dyspec.defaults import defaults_for
 from dyspec.errors import DyspecError
 from dyspec.export import FORMATS
@@ -57,10 +57,15 @@ def add_generate(sub) -> None:
 def cmd_profile(args: argparse.Namespace) -> None:
     from dyspec.auto.profile import CONTEXT, LONG_SIZES, measure_profile, profile_path, profile_table
     from dyspec.cache import write_cache
+    from dyspec.eval.bench import profile_stamp
     from dyspec.eval.peers import llamacpp_forward_ms
     from dyspec.eval.prompts import load_prompts
     from dyspec.eval.speedup import default_step_text
 
+    if args.shape:
+        pair, profile = shaped_profile(args)
+        print(json.dumps(profile | profile_stamp(pair, command_line())) if args.json else profile_table(profile))
+        return
     pair = pair_of(args)
     profile = measure_profile(pair)
     if pair.device.type == "cpu":
@@ -73,17 +78,54 @@ def cmd_profile(args: argparse.Namespace) -> None:
     write_cache(profile_path(pair), json.dumps(profile))
     print(f"saved for --budget auto: {profile_path(pair)}", file=sys.stderr)
     if args.json:
-        print(json.dumps(profile))
+        print(json.dumps(profile | profile_stamp(pair, command_line())))
         return
     print(profile_table(profile))
     ((_, prompt),) = load_prompts("mtbench", 1)
     print(f"a step on an MT-Bench question, {default_step_text(pair, prompt)}")
 
 
+SHAPE_STEPS = (("ar", 1), ("chain", 8), ("dyspec", 16), ("dyspec", 64))  # the steps `--shape` times
+PROMPT_TOKENS = 100
+
+
+def shaped_profile(args: argparse.Namespace) -> tuple:
+    """A pair of a published shape with random weights (dyspec.load.shapes), and its profile with
+    the time of a step of a few policies (a random draft is never right: each step drafts its whole
+    budget)."""
+    import torch
+
+    from dyspec.auto.profile import DEFAULT_SIZES, measure_profile
+    from dyspec.eval.speedup import mean_step, steps_of, warm_up
+    from dyspec.forward.choose import pick_fast_path
+    from dyspec.load.loading import pick_device, pick_dtype
+    from dyspec.load.shapes import shaped_pair
+
+    if args.precision not in ("auto", "native"):
+        raise DyspecError("--shape measures the native precision (bf16 on a GPU, fp32 on a CPU)")
+    device = pick_device(args.device)
+    pair = shaped_pair(args.shape, device, pick_dtype(device), pick_fast_path(args.fast_path, device, "native"))
+    profile = {"shape": args.shape, **measure_profile(pair, baseline=False, sizes=args.sizes or DEFAULT_SIZES)}
+    prompt = torch.randint(pair.target.config.vocab_size, (PROMPT_TOKENS,), generator=torch.Generator().manual_seed(0))
+    profile["steps"] = {}
+    for policy, budget in SHAPE_STEPS:
+        warm_up(pair, policy, budget, {})
+        steps = steps_of(pair, prompt.tolist(), policy, budget, max_new_tokens=32)
+        profile["steps"][f"{policy}@{budget}"] = mean_step(steps)
+    return pair, profile
+
+
 def add_profile(sub) -> None:
     pr = sub.add_parser("profile", help="measure forward latency t(n) of target and draft")
     add_model_args(pr)
     pr.add_argument("--json", action="store_true")
+    pr.add_argument(
+        "--shape",
+        help="instead of --target and --draft: a target of this published shape (llama-3.1-8b, smollm2-135m) "
+        "with an EAGLE-3-shaped draft, random weights made on the device (latency depends on shapes, not "
+        "on weights)",
+    )
+    pr.add_argument("--sizes", type=csv(int), help="with --shape: the tree sizes n to time (default: 1-16, ..., 80)")
     pr.set_defaults(func=cmd_profile)
 
 

@@ -159,7 +159,8 @@ class Eagle3Draft(FeatureDraft):
     def subset_logits(self, feature: torch.Tensor) -> torch.Tensor:
         return self.lm_head(self.norm(feature))
 
-    def predict(self, input_ids, features, position_ids, attention_mask=None, cache=None) -> torch.Tensor:
+    def predict(self, input_ids, features, position_ids, attention_mask=None, cache=None, slots=None) -> torch.Tensor:
+        """FeatureDraft's; `slots` is never given (its layer never runs lean)."""
         layer = self.midlayer
         g = self.fused(features)
         embedded = self.borrowed.embed(input_ids).detach().to(self.dtype)

@@ -181,9 +181,10 @@ class FeatureDraft(nn.Module):
         position_ids: torch.Tensor,
         attention_mask: torch.Tensor | None = None,
         cache=None,
+        slots: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """Predicted target hidden states [B, n, H] for inputs (features [B, n, feature_size] from the
-        target or [B, n, H] its own predictions, input_ids [B, n])."""
+        target or [B, n, H] its own predictions, input_ids [B, n]); `slots` as `run_layers` takes them."""
         embedded = self.borrowed.embed(input_ids).detach()  # the target's, frozen
         x = self.fc(torch.cat([self.fused(features), embedded.to(self.dtype)], dim=-1))
         if isinstance(cache, LeanCache):
@@ -193,7 +194,9 @@ class FeatureDraft(nn.Module):
             if self.graph is not None and self.graph.takes(n, start, attention_mask):
                 x = self.graph.forward(x[0], cos, sin, cache, start, attention_mask)[0]
             else:
-                x = run_layers(self.lean_layers, x[0], cos, sin, cache, start, attention_mask, self.dims, exact=False)
+                x = run_layers(
+                    self.lean_layers, x[0], cos, sin, cache, start, attention_mask, self.dims, False, slots=slots
+                )
             cache.length = start + n
             return x[None]
         attention_mask = causal_mask(input_ids.shape[1], cache, x) if attention_mask is None else attention_mask
@@ -218,6 +221,7 @@ class FeatureDraft(nn.Module):
         input_features: torch.Tensor | None = None,
         logits_to_keep: int | torch.Tensor = 0,
         draft_vocab: bool = False,
+        slots: torch.Tensor | None = None,
         **_,
     ) -> CausalLMOutputWithPast:
         """The interface KVSession uses (as a Hugging Face causal LM): full-vocabulary logits, -inf
@@ -226,7 +230,7 @@ class FeatureDraft(nn.Module):
         are zeros."""
         if input_features is None:
             input_features = torch.zeros(*input_ids.shape, self.feature_size, device=self.device)
-        feature = self.predict(input_ids, input_features, position_ids, attention_mask, cache)
+        feature = self.predict(input_ids, input_features, position_ids, attention_mask, cache, slots)
         kept = feature  # `logits_to_keep` as Hugging Face reads it: a count from the end, or indices
         if isinstance(logits_to_keep, torch.Tensor):
             kept = feature[:, logits_to_keep]

@@ -11,6 +11,7 @@ partial last line, which `--resume` ignores); an HTML report with plotly charts 
 from __future__ import annotations
 
 import datetime
+import hashlib
 import html
 import itertools
 import json
@@ -128,6 +129,7 @@ def _engine_run(
         "draft_forwards": finished.draft_forwards,
         "accept_lengths": {str(k): v for k, v in sorted(Counter(s.accepted_len for s in steps).items())},
         "calibration": {"reached": reached, "accepted": accepted},
+        "output_digest": hashlib.sha1(json.dumps(finished.token_ids).encode()).hexdigest()[:16],
     }
 
 
@@ -220,6 +222,14 @@ def host_stamp(pair: ModelPair, command: str | None) -> dict:
     }
 
 
+def profile_stamp(pair: ModelPair, command: str | None) -> dict:
+    """What a results page stamps a latency profile with (`host_stamp`'s machine, versions, date and
+    command, and the pair as it ran)."""
+    stamp = host_stamp(pair, command)
+    pair_text = f"{stamp['target']} + {stamp['draft']}"
+    return {k: stamp[k] for k in ("host", "versions", "date", "command")} | {"pair": pair_text}
+
+
 def plan_bench(pair: ModelPair, config: BenchConfig) -> list[tuple]:
     """The bench's runs, checked before any runs, as (prompt id, prompt, temperature, seed, policy,
     options, budget), in one pass over the prompts per seed. Within each (prompt, temperature, seed),
@@ -278,9 +288,7 @@ def run_bench(
     tmp.write_text("".join(json.dumps(r) + "\n" for r in records))
     tmp.replace(out)
     done = {record_key(r) for r in records}
-    ar_speed = {
-        (r["prompt_id"], r["temperature"], r["seed"]): r["tokens_per_s"] for r in records if r["policy"] == "ar"
-    }
+    ar_runs = {(r["prompt_id"], r["temperature"], r["seed"]): r for r in records if r["policy"] == "ar"}
     auto_states: dict[tuple, AutoState] = {}
     stamp = host_stamp(pair, command)
     llama, left_out = LlamaCpp(), 0
@@ -312,19 +320,27 @@ def run_bench(
             stats = _engine_run(pair, prompt, policy, budget, temperature, seed, config.max_new_tokens, opts, learnt)
         tokens_per_s = stats["new_tokens"] / stats["wall_s"]
         if policy == "ar":
-            ar_speed[pid, temperature, seed] = tokens_per_s
-        reference = ar_speed.get((pid, temperature, seed))
+            ar_runs[pid, temperature, seed] = {"tokens_per_s": tokens_per_s, **stats}
+        ar = ar_runs.get((pid, temperature, seed)) or {}
         record = {
             **base,
             **stats,
             "tokens_per_s": tokens_per_s,
-            "speedup_vs_ar": tokens_per_s / reference if reference else None,
+            "speedup_vs_ar": tokens_per_s / ar["tokens_per_s"] if ar else None,
+            "same_as_ar": same_as_ar(stats, ar, temperature),
             **stamp,
         }
         append_record(out, record)
         records.append(record)
     llama.close()
     return records
+
+
+def same_as_ar(stats: dict, ar: dict, temperature: float) -> bool | None:
+    """Whether a greedy run's tokens are `ar`'s on the same prompt, as exactness promises (None at
+    T > 0, and where either run's tokens are not known: a peer's)."""
+    ours, theirs = stats.get("output_digest"), ar.get("output_digest")
+    return ours == theirs if temperature == 0 and ours and theirs else None
 
 
 def modelled(records: list[dict], row: dict, model: whatif.LatencyModel) -> float | None:
@@ -362,6 +378,20 @@ def markdown_table(
             m = modelled(records, r, model)
             line += f" {m:.2f}x |" if m else " - |"
         lines.append(line)
+    return "\n".join(lines)
+
+
+def identity_table(records: list[dict]) -> str:
+    """At T = 0, per policy and budget, how many runs gave `ar`'s tokens (`same_as_ar`); empty where
+    the records do not say."""
+    runs: dict[tuple, list[bool]] = {}
+    for r in records:
+        if r["policy"] != "ar" and r.get("same_as_ar") is not None:
+            runs.setdefault((summary.policy_label(r), str(r["budget"])), []).append(r["same_as_ar"])
+    if not runs:
+        return ""
+    lines = ["| policy | budget | greedy runs with ar's tokens |", "|---|---|---|"]
+    lines += [f"| {label} | {budget} | {sum(same)} of {len(same)} |" for (label, budget), same in sorted(runs.items())]
     return "\n".join(lines)
 
 

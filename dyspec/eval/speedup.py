@@ -100,21 +100,27 @@ def busy_text(steps: Sequence[StepVerified], ar: Sequence[StepVerified]) -> str:
     )
 
 
+def mean_step(steps: Sequence[StepVerified]) -> dict[str, float]:
+    """An average step: milliseconds in the target's forward, in the drafts' forwards and in the rest
+    (building the tree, verifying, committing), draft forwards, tokens."""
+    n = len(steps)
+    parts = ("target", "draft", "overhead")
+    mean = {f"{part}_ms": 1e3 * sum(getattr(s, f"{part}_s") for s in steps) / n for part in parts}
+    mean["draft_forwards"] = sum(s.draft_forwards for s in steps) / n
+    return mean | {"tokens": sum(len(s.emitted) for s in steps) / n}
+
+
 def step_split_text(steps: Sequence[StepVerified], ar: Sequence[StepVerified] = ()) -> str:
     """Where an average step's time went (the target's forward, the drafts' forwards, the rest:
     building the tree, verifying, committing) beside the tokens it made, and `ar`'s step beside it:
     a step pays when its time over its tokens is below ar's time for one."""
     if not steps:
         return ""
-    n = len(steps)
-
-    def ms(run: Sequence[StepVerified], part: str) -> float:
-        return 1e3 * sum(getattr(s, f"{part}_s") for s in run) / len(run)
-
+    m = mean_step(steps)
     text = (
-        f"An average step: {ms(steps, 'target'):.1f} ms in the target's forward + {ms(steps, 'draft'):.1f} ms "
-        f"drafting ({sum(s.draft_forwards for s in steps) / n:.1f} draft forwards) + {ms(steps, 'overhead'):.1f} ms "
-        f"building, verifying and committing, for {sum(len(s.emitted) for s in steps) / n:.2f} tokens"
+        f"An average step: {m['target_ms']:.1f} ms in the target's forward + {m['draft_ms']:.1f} ms "
+        f"drafting ({m['draft_forwards']:.1f} draft forwards) + {m['overhead_ms']:.1f} ms "
+        f"building, verifying and committing, for {m['tokens']:.2f} tokens"
     )
     if ar:
         text += f"; ar's step: {1e3 * sum(map(step_seconds, ar)) / len(ar):.1f} ms for 1 token"

@@ -16,13 +16,15 @@ from dyspec.core.kv import KVSession
 from dyspec.defaults import defaults_for
 from dyspec.errors import DyspecError
 from dyspec.forward import lean_graph
+from dyspec.forward.cuda_graph import GraphForward
 from dyspec.forward.lean import LeanForward, lean_unsupported
 from dyspec.forward.quant import has_int8
 from dyspec.forward.static import StaticForward
 from dyspec.kernels.build import cpp_compiler
 
 # "off": Hugging Face forwards over a growing cache; "lean": dyspec.forward.lean; "static" and
-# "compiled": dyspec.forward.static (an int8 model compiled: dyspec.forward.lean_graph)
+# "compiled": dyspec.forward.static (an int8 model compiled: dyspec.forward.lean_graph; a lean
+# forward on a GPU replayed as CUDA graphs: dyspec.forward.cuda_graph)
 FAST_PATHS = ("off", "lean", "static", "compiled")
 
 
@@ -63,9 +65,10 @@ class LeanRun:
 def choose_forward(model: nn.Module, fast_path: str) -> Forward:
     """What runs `model`'s forwards on `fast_path`. On "lean" its lean forward where its architecture
     has one; on "compiled" an int8 model runs its lean forward compiled (torch.compile cannot trace
-    int8 layers whole) and any other model the static path compiled. A feature draft runs its own
-    small forward with its layers lean, on "lean", and on "compiled" in int8 with its layers
-    compiled as a target's are. Else the model's own."""
+    int8 layers whole), a model on a GPU its lean forward replayed as CUDA graphs, and any other
+    model the static path compiled. A feature draft runs its own small forward with its layers lean,
+    on "lean", and on "compiled" in int8 with its layers compiled as a target's are, or on a GPU
+    replayed as CUDA graphs. Else the model's own."""
     if fast_path not in FAST_PATHS:
         raise DyspecError(f"fast path must be one of {', '.join(FAST_PATHS)}, got '{fast_path}'")
     declared, int8 = draft_model(model), has_int8(model)
@@ -73,6 +76,11 @@ def choose_forward(model: nn.Module, fast_path: str) -> Forward:
         return ModelForward(model)
     if fast_path == "static":
         return StaticForward(model, compiled=False)
+    lean = declared.runs_lean or lean_unsupported(model) is None
+    if fast_path == "compiled" and lean and not int8 and model.device.type == "cuda":
+        if declared.runs_lean:
+            model.use_lean()
+        return GraphForward(model if declared.runs_lean else LeanForward(model))
     if declared.runs_lean and (fast_path == "lean" or int8):
         model.use_lean()
         return LeanRun(model, compiled=fast_path == "compiled")
@@ -116,8 +124,10 @@ def compile_unavailable() -> str | None:
 def check_lean(fast_path: str, asked: str, model: nn.Module, int8: bool) -> str:
     """The fast path a target runs: "lean", and "compiled" with int8 layers, need an architecture
     the lean forward covers. Asked for by name, another one is an error; as the default, it runs
-    the Hugging Face forward, with a note."""
-    why = lean_unsupported(model) if fast_path == "lean" or (fast_path == "compiled" and int8) else None
+    the Hugging Face forward, with a note. Asked for by name on a GPU, "compiled" runs any other
+    architecture on the static path compiled (`choose_forward`)."""
+    graphs = fast_path == "compiled" and model.device.type == "cuda" and asked == "auto"
+    why = lean_unsupported(model) if fast_path == "lean" or (fast_path == "compiled" and int8) or graphs else None
     if why is None:
         return fast_path
     if asked in ("lean", "compiled"):

@@ -133,8 +133,9 @@ def rotary_table(rotary: nn.Module, size: int, dtype: torch.dtype) -> tuple[torc
 
 def attend(q, keys, values, mask: torch.Tensor | None, start: int, end: int, dims: LeanDims, exact: bool, bias):
     """q [1, H, n, d] over the first `end` slots of the cache's keys, values [1, Hkv, capacity, d];
-    returns [n, H, d]. `exact`: the batch-invariant attention (int8 models); `bias`: `prefix_bias` for
-    a one-token forward on it."""
+    returns [n, H, d]. `mask`: boolean [n, end] (True where visible), or additive [1, 1, n, width >=
+    end] as KVSession sends it. `exact`: the batch-invariant attention (int8 models); `bias`:
+    `prefix_bias` for a one-token forward on it."""
     n, scale = q.shape[2], dims.scale
     if bias is not None:
         return prefix_attention(q, keys, values, bias, scale)
@@ -144,19 +145,27 @@ def attend(q, keys, values, mask: torch.Tensor | None, start: int, end: int, dim
     if mask is None and n > 1 and start:  # causal over a cache that holds tokens already
         mask = torch.ones(n, end, dtype=torch.bool, device=q.device).tril(start)
     elif mask is not None and mask.dtype != torch.bool:
-        mask = mask[0, 0] == 0
+        mask = mask[0, 0, :, :end] == 0  # a static session's mask spans the whole cache
     o = F.scaled_dot_product_attention(
         q, k, v, attn_mask=mask, is_causal=mask is None and n > 1, scale=scale, enable_gqa=True
     )
     return o[0].transpose(0, 1)
 
 
-def run_layers(layers: list[Layer], h, cos, sin, cache, start: int, mask, dims: LeanDims, exact: bool, hidden=None):
+def run_layers(
+    layers: list[Layer], h, cos, sin, cache, start: int, mask, dims: LeanDims, exact: bool, hidden=None, slots=None
+):
     """The layers over h [n, H] of tokens at cache slots start..start + n - 1 (rotary `cos`, `sin`
     [n, 1, d] at their positions), eager: writes their keys and values, returns the last layer's h
-    and appends each layer's to `hidden` (a list) if given."""
+    and appends each layer's to `hidden` (a list) if given. `slots` [n] on the device instead of
+    `start` (a forward replayed as a CUDA graph, dyspec.forward.cuda_graph): write there, and attend
+    over the whole cache through `mask`, so that no shape or index depends on the cache's length."""
     heads, kv_heads, d, eps, _ = dims
     n, end = h.shape[0], start + h.shape[0]
+    if slots is None:
+        slots = slice(start, end)
+    else:
+        end = cache.layers[0].keys.shape[2]
     # one row over the whole prefix (a step of `ar`, a chain's root) reads the cache in place
     bias = prefix_bias(end, kv_heads, h.device) if exact and n == 1 and mask is None else None
     # `.forward`, not the module's call: a call's hook checks cost microseconds, 150 times a forward
@@ -170,8 +179,8 @@ def run_layers(layers: list[Layer], h, cos, sin, cache, start: int, mask, dims: 
         qk = lean_graph.rotate(qk, cos, sin)  # queries and keys in one go: the ops are elementwise
         q, k = qk[:, :heads], qk[:, heads:]
         keys, values = cache.layers[i].keys, cache.layers[i].values
-        keys[0, :, start:end] = k.transpose(0, 1)
-        values[0, :, start:end] = v.transpose(0, 1)
+        keys[0, :, slots] = k.transpose(0, 1)
+        values[0, :, slots] = v.transpose(0, 1)
         o = attend(q.transpose(0, 1)[None], keys, values, mask, start, end, dims, exact, bias)
         h = h + layer.o.forward(o.reshape(n, heads * d))
         x = F.rms_norm(h, h.shape[-1:], layer.mlp_norm, eps)
@@ -275,8 +284,10 @@ class LeanForward(nn.Module):
         cache: LeanCache | None = None,
         logits_to_keep: int | torch.Tensor = 0,
         output_hidden_states: bool = False,
+        slots: torch.Tensor | None = None,
         **_,
     ) -> CausalLMOutputWithPast:
+        """`slots`: run_layers'."""
         n, mask = input_ids.shape[1], attention_mask
         start = cache.length
         cache.reserve(n)
@@ -289,7 +300,7 @@ class LeanForward(nn.Module):
             if hidden is not None:
                 hidden += outputs
         else:
-            h = run_layers(self.layers, h, cos, sin, cache, start, mask, self.dims, self.exact_attention, hidden)
+            h = run_layers(self.layers, h, cos, sin, cache, start, mask, self.dims, self.exact_attention, hidden, slots)
         return self._output(h, cache, end, hidden, logits_to_keep)
 
     def _output(self, h, cache: LeanCache, end: int, hidden: list | None, logits_to_keep) -> CausalLMOutputWithPast:

@@ -20,7 +20,6 @@ from transformers import PreTrainedModel, StaticCache
 from transformers.cache_utils import StaticLayer
 from transformers.utils.output_capturing import maybe_install_capturing_hooks
 
-from dyspec.core.draft_model import draft_model
 from dyspec.core.kv import KVSession, StaticModel
 from dyspec.errors import DyspecError
 
@@ -100,7 +99,7 @@ def compile_forwards(kv: KVSession, sizes, last_only: tuple[bool, ...]) -> None:
             raise RuntimeError("forwards are compiled on an empty cache")
         kv.static.compiled.add((size, last))
         features = None
-        if draft_model(kv.model).needs_features:  # the target's at a root, its own in a tree
+        if getattr(kv.model, "needs_features", False):  # the target's at a root, its own in a tree
             width = kv.model.feature_size if last else kv.model.config.hidden_size
             features = torch.zeros(size, width, dtype=kv.model.dtype, device=kv.device)
         kv.forward([0] * size, last_only=last, features=features)

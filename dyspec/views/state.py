@@ -27,7 +27,7 @@ from dyspec.policies import available_policies, replayable
 # dynamic one, priced on an H100: where DySpec's tree beats a static one of the same size
 SIDE_BY_SIDE = ("chain", "sequoia", "dyspec")
 SIDE_BY_SIDE_BUDGET = 32
-SIDE_BY_SIDE_HARDWARE = "h100"
+SIDE_BY_SIDE_HARDWARE = "h100-8b"
 SWEEP_BUDGETS = (2, 4, 8, 16, 32, 64, 128, 256)
 SWEEP_MAX = 128  # the sweep chart's largest budget: bigger replays take long for one more point
 # the parametric accelerator the what-if menus open on: t(n) flat up to WIDTH tokens, a draft
