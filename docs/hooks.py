@@ -1,14 +1,34 @@
 """mkdocs hooks: the command-line reference is made from dyspec's argparse parser and the bench
 record reference from its JSON schema at build time, so neither can drift from the code; the
-home page is README.md and the changelog page CHANGELOG.md."""
+home page is README.md and the changelog page CHANGELOG.md; the tutorials are the notebooks,
+executed where `make notebooks` (or the test suite) left executed copies in EXECUTED."""
 
 import json
+import shutil
 from pathlib import Path
+
+from mkdocs.plugins import event_priority
+from mkdocs.structure.files import File
 
 from dyspec.cli import build_parser
 from dyspec.eval.bench import SCHEMA
 
 ROOT = Path(__file__).resolve().parents[1]
+EXECUTED = ROOT / "build" / "notebooks"
+STAGED = ROOT / "build" / "docs"
+
+
+@event_priority(100)  # before mkdocs-jupyter's, which turns the notebooks added here into pages
+def on_files(files, config, **kwargs):
+    # staged as real files under STAGED: mkdocs-jupyter reads a page's path from its folder
+    (STAGED / "tutorials").mkdir(parents=True, exist_ok=True)
+    for source in sorted((ROOT / "notebooks").glob("*.ipynb")):
+        executed = EXECUTED / source.name
+        fresh = executed.is_file() and executed.stat().st_mtime >= source.stat().st_mtime
+        shutil.copyfile(executed if fresh else source, STAGED / "tutorials" / source.name)
+        uri = f"tutorials/{source.name}"
+        files.append(File(uri, str(STAGED), config.site_dir, config.use_directory_urls))
+    return files
 
 
 def cli_reference() -> str:

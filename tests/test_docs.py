@@ -42,6 +42,13 @@ def test_reference_covers_every_subcommand_and_public_name(site):
     assert "step_shapes" in records and "tokens_per_forward" in records
 
 
+def test_every_notebook_is_a_tutorial_page(site):
+    """The six notebooks render as pages (executed where the suite or `make notebooks` ran them)."""
+    for notebook in sorted((ROOT / "notebooks").glob("*.ipynb")):
+        page = (site / "tutorials" / notebook.stem / "index.html").read_text()
+        assert "import dyspec" in page, notebook.name
+
+
 def test_home_is_the_readme_and_it_is_short(site):
     readme = (ROOT / "README.md").read_text()
     assert len(readme.splitlines()) <= 150

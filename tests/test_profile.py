@@ -22,25 +22,28 @@ def test_each_size_is_timed_right_after_a_forward_of_its_own_size(monkeypatch):
     assert ms == pytest.approx({1: 1, 2: 2, 8: 8})
 
 
-def test_a_shaped_profile_times_steps_and_makes_a_results_section(tmp_path, capsys):
+def test_a_shaped_profile_times_steps_and_makes_a_results_section(tmp_path, capsys, monkeypatch):
     """`dyspec profile --shape`: a pair of a published shape with random weights, its t(n) and a
     step's split per policy, stamped; `dyspec report` makes a section of it."""
     import json
 
-    from dyspec.cli import main
+    from dyspec.cli import decode, main
     from dyspec.eval.report import results_page
+
+    monkeypatch.setattr(decode, "SHAPE_STEPS", (("ar", 1), ("chain", 4)))  # fewer steps than it times
+    monkeypatch.setattr(decode, "PROMPT_TOKENS", 16)
 
     main(["profile", "--shape", "smollm2-135m", "--device", "cpu", "--fast-path", "lean", "--sizes", "1,2", "--json"])
     profile = json.loads(capsys.readouterr().out)
     assert set(profile["target"]) == {"1", "2"} and profile["shape"] == "smollm2-135m"
     assert profile["pair"] == "shape:smollm2-135m + shape:smollm2-135m-eagle3"
     assert profile["command"].startswith("dyspec")
-    assert set(profile["steps"]) == {"ar@1", "chain@8", "dyspec@16", "dyspec@64"}
-    assert profile["steps"]["chain@8"]["draft_forwards"] == 8  # a random draft: each step drafts its whole chain
+    assert set(profile["steps"]) == {"ar@1", "chain@4"}
+    assert profile["steps"]["chain@4"]["draft_forwards"] == 4  # a random draft: each step drafts its whole chain
     path = tmp_path / "shaped.json"
     path.write_text(json.dumps(profile))
     page = results_page([path], "Shapes")
-    assert "## shaped" in page and f"Host: {profile['host']}" in page and "chain@8:" in page
+    assert "## shaped" in page and f"Host: {profile['host']}" in page and "chain@4:" in page
     path.write_text("{}")
     with pytest.raises(DyspecError, match="not a latency profile"):
         results_page([path], "Bad")
