@@ -13,7 +13,7 @@ and here it is by construction:
 - attention is dyspec.kernels.row_attention's kernel: each row over its own keys, read in place.
 tests/test_lean_graph.py checks tree rows against one-token forwards bit for bit. The compiled
 forward runs other arithmetic than the eager int8 forward (its own activation quantization), so
-its logits differ from eager's in the last bits: it is its own int8 model, exact with itself.
+its logits differ from eager's: it is its own int8 model, exact with itself.
 
 A prompt (a causal forward over an empty cache) runs compiled too, as its own attention kind: its
 rows attend through SDPA (every policy prefills alike, so its loop order is free) and its products
