@@ -96,7 +96,7 @@ def shaped_profile(args: argparse.Namespace) -> tuple:
     import torch
 
     from dyspec.auto.profile import DEFAULT_SIZES, measure_profile
-    from dyspec.eval.speedup import mean_step, steps_of, warm_up
+    from dyspec.eval.speedup import step_splits
     from dyspec.forward.choose import pick_fast_path
     from dyspec.load.loading import pick_device, pick_dtype
     from dyspec.load.shapes import shaped_pair
@@ -107,11 +107,7 @@ def shaped_profile(args: argparse.Namespace) -> tuple:
     pair = shaped_pair(args.shape, device, pick_dtype(device), pick_fast_path(args.fast_path, device, "native"))
     profile = {"shape": args.shape, **measure_profile(pair, baseline=False, sizes=args.sizes or DEFAULT_SIZES)}
     prompt = torch.randint(pair.target.config.vocab_size, (PROMPT_TOKENS,), generator=torch.Generator().manual_seed(0))
-    profile["steps"] = {}
-    for policy, budget in SHAPE_STEPS:
-        warm_up(pair, policy, budget, {})
-        steps = steps_of(pair, prompt.tolist(), policy, budget, max_new_tokens=32)
-        profile["steps"][f"{policy}@{budget}"] = mean_step(steps)
+    profile["steps"] = step_splits(pair, prompt.tolist(), SHAPE_STEPS, max_new_tokens=32)
     return pair, profile
 
 

@@ -110,6 +110,16 @@ def mean_step(steps: Sequence[StepVerified]) -> dict[str, float]:
     return mean | {"tokens": sum(len(s.emitted) for s in steps) / n}
 
 
+def step_splits(pair: ModelPair, prompt, settings, max_new_tokens: int) -> dict[str, dict[str, float]]:
+    """Per (policy, budget) in `settings`, "policy@budget": its average step (`mean_step`) on
+    `prompt`, each measured warm."""
+    splits = {}
+    for policy, budget in settings:
+        warm_up(pair, policy, budget, {})
+        splits[f"{policy}@{budget}"] = mean_step(steps_of(pair, prompt, policy, budget, max_new_tokens=max_new_tokens))
+    return splits
+
+
 def step_split_text(steps: Sequence[StepVerified], ar: Sequence[StepVerified] = ()) -> str:
     """Where an average step's time went (the target's forward, the drafts' forwards, the rest:
     building the tree, verifying, committing) beside the tokens it made, and `ar`'s step beside it:

@@ -76,19 +76,14 @@ def choose_forward(model: nn.Module, fast_path: str) -> Forward:
         return ModelForward(model)
     if fast_path == "static":
         return StaticForward(model, compiled=False)
+    graphs = fast_path == "compiled" and not int8 and model.device.type == "cuda"
     lean = declared.runs_lean or lean_unsupported(model) is None
-    if fast_path == "compiled" and lean and not int8 and model.device.type == "cuda":
-        if declared.runs_lean:
-            model.use_lean()
-        return GraphForward(model if declared.runs_lean else LeanForward(model))
-    if declared.runs_lean and (fast_path == "lean" or int8):
+    if not lean or not (fast_path == "lean" or int8 or graphs):
+        return StaticForward(model, compiled=True) if fast_path == "compiled" and not int8 else ModelForward(model)
+    if declared.runs_lean:
         model.use_lean()
-        return LeanRun(model, compiled=fast_path == "compiled")
-    if not declared.runs_lean and lean_unsupported(model) is None and (fast_path == "lean" or int8):
-        return LeanRun(LeanForward(model), compiled=fast_path == "compiled")
-    if fast_path == "compiled" and not int8:
-        return StaticForward(model, compiled=True)
-    return ModelForward(model)
+    run = model if declared.runs_lean else LeanForward(model)
+    return GraphForward(run) if graphs else LeanRun(run, compiled=fast_path == "compiled")
 
 
 def pick_fast_path(fast_path: str, device: torch.device, precision: str) -> str:

@@ -28,7 +28,7 @@ from torch import nn
 from transformers.modeling_outputs import CausalLMOutputWithPast
 
 from dyspec.core.kv import BUCKETS, KVSession, StaticModel
-from dyspec.forward.lean import ROUND, LeanCache
+from dyspec.forward.lean import ROUND, LeanCache, new_cache
 from dyspec.forward.static import compile_forwards
 
 
@@ -115,9 +115,7 @@ class GraphForward:
         held = self.held.get(role)
         if held is None or held.capacity < need:
             capacity = -(-need // ROUND) * ROUND
-            dims = self.run.dims
-            layers = self.run.lean_layers if hasattr(self.run, "lean_layers") else self.run.layers
-            cache = LeanCache(len(layers), dims.kv_heads, dims.head_dim, self.run.dtype, self.run.device, capacity)
+            cache = new_cache(self.run, capacity)
             held = self.held[role] = StaticModel(cache, capacity, Graphs(self.run, cache))
         held.cache.reset()
         kv = KVSession(self.run, static=held, **kwargs)

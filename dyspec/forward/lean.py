@@ -324,10 +324,16 @@ def role_cache(model: nn.Module, role: str) -> LeanCache:
     does not allocate its cache anew."""
     cache = model._caches.get(role)
     if cache is None:
-        kv_heads, head_dim = model.dims.kv_heads, model.dims.head_dim
-        cache = model._caches[role] = LeanCache(len(model.layers), kv_heads, head_dim, model.dtype, model.device)
+        cache = model._caches[role] = new_cache(model)
     cache.reset()
     return cache
+
+
+def new_cache(model: nn.Module, capacity: int = ROUND) -> LeanCache:
+    """An empty LeanCache of `capacity` slots for a lean model's layers (a LeanForward, or a feature
+    draft in lean mode: `layers` and `dims`)."""
+    dims = model.dims
+    return LeanCache(len(model.layers), dims.kv_heads, dims.head_dim, model.dtype, model.device, capacity)
 
 
 def rotary_rows(model: nn.Module, position_ids: torch.Tensor, end: int) -> tuple[torch.Tensor, torch.Tensor]:
