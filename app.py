@@ -14,9 +14,12 @@ from __future__ import annotations
 
 import argparse
 import functools
+import hashlib
 import inspect
+import tempfile
 import threading
 import time
+from pathlib import Path
 
 import gradio as gr
 
@@ -26,7 +29,7 @@ from dyspec.auto import whatif
 from dyspec.errors import DyspecError
 from dyspec.export import VIEW_FORMATS
 from dyspec.load import DEFAULT_DRAFT, DEFAULT_TARGET, PRECISIONS
-from dyspec.views import state
+from dyspec.views import race, state
 from dyspec.views.examples import EXAMPLES
 
 LOOK_FOR = (
@@ -35,6 +38,18 @@ LOOK_FOR = (
     "shape fixed in advance, `dyspec` where the draft is confident. The table says what each tree bought "
     "(tokens per target forward) and what it cost the draft (draft forwards per step)."
 )
+
+DOWNLOADS = Path(tempfile.mkdtemp(prefix="dyspec-app-"))  # each browser session's last run, as a page
+
+
+def write_download(page: str, live: state.Live, session: str) -> str:
+    """The run's page as a file for the download button, one per browser session (the last run)."""
+    folder = hashlib.sha256(session.encode()).hexdigest()[:16]  # the client names its session: never a path
+    path = DOWNLOADS / folder / f"dyspec-{live.policy}-run.html"
+    path.parent.mkdir(exist_ok=True)
+    path.write_text(page, encoding="utf-8")
+    return str(path)
+
 
 # table headers and policy names on one line: a narrow column otherwise breaks "budget" in two
 CSS = "#sbs-table th, #sbs-table td:first-child { white-space: nowrap; }"
@@ -63,8 +78,23 @@ def errors_as_toasts(fn):
 def pricing_controls(vm: state.ViewModel, label: str, value: str | None, elem_id: str):
     """The hardware menu, and the parametric accelerator's two sliders, shown only when it is chosen."""
     choice = gr.Dropdown(vm.hardware_choices, value=value or vm.hardware_choices[0], label=label, elem_id=elem_id)
-    width = gr.Slider(1, 256, value=state.WIDTH, step=1, label="Parametric: t(n) flat up to width", visible=False)
-    fraction = gr.Slider(0, 1, value=state.DRAFT_FRACTION, step=0.01, label="Parametric: draft / t(1)", visible=False)
+    width = gr.Slider(
+        1,
+        256,
+        value=state.WIDTH,
+        step=1,
+        label="Parametric: tokens a target forward checks at the cost of one",
+        info="a GPU checks dozens of tokens in the time of one; a laptop CPU pays for each",
+        visible=False,
+    )
+    fraction = gr.Slider(
+        0,
+        1,
+        value=state.DRAFT_FRACTION,
+        step=0.01,
+        label="Parametric: a draft forward's cost, as a fraction of the target's",
+        visible=False,
+    )
     choice.change(lambda c: [gr.update(visible=c == whatif.PARAMETRIC)] * 2, choice, [width, fraction], api_name=False)
     return choice, width, fraction
 
@@ -91,6 +121,8 @@ def policy_boxes(vm: state.ViewModel) -> gr.CheckboxGroup:
     )
     too_many = errors_as_toasts(lambda chosen: vm.check_policies(chosen, state.MAX_SIDE_BY_SIDE))
     boxes.input(too_many, boxes, None, api_name=False)
+    with gr.Accordion("What each policy does", open=False):
+        gr.Markdown(vm.policy_lines(vm.replay_policies), elem_id="sbs-policy-lines")
     return boxes
 
 
@@ -105,7 +137,7 @@ def tree_grid() -> list[gr.Plot]:
     return plots
 
 
-def side_by_side_tab(vm: state.ViewModel, concurrency: int) -> None:
+def side_by_side_tab(demo: gr.Blocks, vm: state.ViewModel, concurrency: int) -> None:
     """Several policies' trees replayed on one answer, a table of what each bought, and the sweep."""
 
     @errors_as_toasts
@@ -122,9 +154,10 @@ def side_by_side_tab(vm: state.ViewModel, concurrency: int) -> None:
     def replay(prompt, policies, budget, max_new_tokens, choice, width, fraction):
         runs = vm.replay(prompt, policies, [int(budget)], int(max_new_tokens))
         table = vm.replay_table(runs, vm.replay_models(choice, width, fraction))
-        yield table, runs, slider_update(runs[0].tokens - 1, 0, 0), *trees(runs, 0), gr.skip()
+        waiting = vm.sweep_status(prompt, policies, int(max_new_tokens))
+        yield table, runs, slider_update(runs[0].tokens - 1, 0, 0), *trees(runs, 0), waiting, gr.skip()
         _, sweep = vm.sweep(prompt, policies, int(max_new_tokens))
-        yield gr.skip(), gr.skip(), gr.skip(), gr.skip(), *[gr.skip()] * state.MAX_SIDE_BY_SIDE, sweep
+        yield gr.skip(), gr.skip(), gr.skip(), gr.skip(), *[gr.skip()] * state.MAX_SIDE_BY_SIDE, "", sweep
 
     gr.Markdown(LOOK_FOR)
     with gr.Row():
@@ -145,7 +178,7 @@ def side_by_side_tab(vm: state.ViewModel, concurrency: int) -> None:
             pricing = pricing_controls(vm, "Price the trees on", vm.side_by_side_hardware, "sbs-hardware")
             button = gr.Button("Replay side by side", variant="primary", elem_id="sbs-run")
         with gr.Column(scale=3):
-            table = gr.Markdown("Replay to see each policy's tree on the same answer.", elem_id="sbs-table")
+            table = gr.Markdown("Replaying the opening comparison...", elem_id="sbs-table")
             answer = gr.HTML(elem_id="sbs-answer")
             position = gr.Slider(
                 0,
@@ -157,16 +190,23 @@ def side_by_side_tab(vm: state.ViewModel, concurrency: int) -> None:
                 elem_id="sbs-position",
             )
             tree_plots = tree_grid()
+            sweep_status = gr.Markdown(elem_id="sbs-sweep-status")
             sweep = gr.Plot(label="Tokens per forward against budget", elem_id="sbs-sweep")
     runs = gr.State(None)
     inputs = [prompt, policies, budget, max_new, *pricing]
+    outputs = [table, runs, position, answer, *tree_plots, sweep_status, sweep]
     button.click(check, inputs, None, api_name=False).success(
-        replay,
-        inputs,
-        [table, runs, position, answer, *tree_plots, sweep],
-        api_name="side_by_side",
-        concurrency_limit=concurrency,
+        replay, inputs, outputs, api_name="side_by_side", concurrency_limit=concurrency
     )
+    # the page opens on the opening comparison (replays are kept: after the first, it is instant)
+    demo.load(replay, inputs, outputs, api_name=False, concurrency_limit=concurrency)
+    for control in pricing:  # another accelerator reprices the same trees at once
+        control.change(
+            lambda r, *p: vm.replay_table(r, vm.replay_models(*p)) if r else gr.skip(),
+            [runs, *pricing],
+            table,
+            api_name=False,
+        )
     # `input`: a drag and a typed position alike (`release` misses typing); the latest one wins
     position.input(
         lambda r, pos: trees(r, pos) if r else [gr.skip()] * (1 + state.MAX_SIDE_BY_SIDE),
@@ -182,7 +222,10 @@ def generate_controls(vm: state.ViewModel) -> list:
     prompt = gr.Textbox(label="Prompt", value=EXAMPLES[0].prompt, lines=5, elem_id="prompt")
     expect = gr.Textbox(label="What to expect", value=EXAMPLES[0].expect, lines=2, interactive=False, elem_id="expect")
     examples_menu(prompt, expect, "Examples: where trees pay, and where they pay little", "examples")
-    policy = gr.Dropdown(vm.policies, value=vm.default_policy, label="Policy", elem_id="policy")
+    policy = gr.Dropdown(
+        vm.policies, value=vm.default_policy, label="Policy", info=vm.policy_line(vm.default_policy), elem_id="policy"
+    )
+    policy.change(lambda p: gr.update(info=vm.policy_line(p)), policy, policy, api_name=False)
     with gr.Row():
         budget = gr.Slider(
             1,
@@ -215,6 +258,30 @@ def generate_controls(vm: state.ViewModel) -> list:
         run_btn = gr.Button("Run", variant="primary", elem_id="run")
         stop_btn = gr.Button("Stop", elem_id="stop")
     return [prompt, policy, budget, auto, temperature, seed, max_new, measure_ar, run_btn, stop_btn]
+
+
+def live_views(vm: state.ViewModel, live: state.Live, draw: bool, pricing: tuple, session: str) -> tuple:
+    """Everything the tab shows of a run: a finished one opens on its featured step, with its
+    what-if and its download ready."""
+    if live.finished is None and live.steps:
+        shown = len(live.steps) - 1
+    else:
+        shown = state.featured_step(live.steps)
+    done = live.finished is not None and bool(live.steps)
+    return (
+        vm.text(live.steps, shown if done else None),
+        figures.tree_figure(live.steps[shown]) if draw else gr.skip(),
+        vm.steps_chart(live) if draw else gr.skip(),
+        vm.depth_chart(live.steps) if draw else gr.skip(),
+        vm.stats(live) + (f"<br>{state.FEATURED}" if done else ""),
+        live,
+        slider_update(len(live.steps) - 1, 0, shown),
+        slider_update(len(live.steps[shown].tokens), 1) if live.steps else gr.skip(),
+        vm.whatif(live, *pricing) if done else gr.skip(),
+        gr.update(value=write_download(vm.download(live, *pricing), live, session), interactive=True)
+        if done
+        else gr.skip(),
+    )
 
 
 def live_handlers(vm: state.ViewModel) -> tuple:
@@ -251,17 +318,12 @@ def live_handlers(vm: state.ViewModel) -> tuple:
         for live in vm.run(prompt, policy, knobs.budget, *settings):
             draw = live.steps and (live.finished or time.perf_counter() - drawn >= state.REDRAW_S)
             drawn = time.perf_counter() if draw else drawn
-            yield (
-                vm.text(live.steps),
-                figures.tree_figure(live.steps[-1]) if draw else gr.skip(),
-                vm.steps_chart(live) if draw else gr.skip(),
-                vm.depth_chart(live.steps) if draw else gr.skip(),
-                vm.stats(live),
-                live,
-                slider_update(len(live.steps) - 1, 0),
-                slider_update(len(live.steps[-1].tokens), 1) if live.steps else gr.skip(),
-                vm.whatif(live, choice, width, fraction) if live.finished else gr.skip(),
-            )
+            yield live_views(vm, live, bool(draw), (choice, width, fraction), request.session_hash)
+
+    @errors_as_toasts
+    def load(data: bytes, choice, width, fraction, request: gr.Request):
+        """A downloaded run, shown as it was when it finished."""
+        return live_views(vm, vm.load(data), True, (choice, width, fraction), request.session_hash)
 
     def stop(request: gr.Request) -> None:
         if request.session_hash in stops:
@@ -282,12 +344,12 @@ def live_handlers(vm: state.ViewModel) -> tuple:
         upto = min(int(growth), len(step.tokens))
         return figures.tree_figure(step, upto), slider_update(len(step.tokens), 1, upto), vm.text(live.steps, index)
 
-    return check, run, stop, tune, show_step
+    return check, run, stop, tune, show_step, load
 
 
 def generate_tab(vm: state.ViewModel, concurrency: int) -> None:
     """A live run measured against `ar`: its text, trees, per-step chart, export and what-if."""
-    check, run, stop, tune, show_step = live_handlers(vm)
+    check, run, stop, tune, show_step, load = live_handlers(vm)
     gr.Markdown(
         f"A live run on this machine, measured against plain decoding (`ar`) on the same prompt. "
         f"The default, `{vm.default_text}`, is the fastest measured on a {vm.pair.device.type}; on a CPU "
@@ -304,9 +366,23 @@ def generate_tab(vm: state.ViewModel, concurrency: int) -> None:
             growth_slider = gr.Slider(
                 1, 2, value=1, step=1, label="Nodes shown: the root and the drafted ones, in growth order"
             )
+            with gr.Row():
+                download = gr.DownloadButton(
+                    "Download this run (one HTML file)", interactive=False, elem_id="download", scale=2
+                )
+                upload = gr.UploadButton(
+                    "Load a downloaded run", file_types=[".html", ".json"], type="binary", elem_id="upload", scale=2
+                )
             with gr.Accordion("Export this run's tree to a serving engine", open=False):
                 with gr.Row():
-                    fmt = gr.Dropdown(list(VIEW_FORMATS), value="trtllm", label="Format", elem_id="format")
+                    fmt = gr.Dropdown(
+                        list(VIEW_FORMATS),
+                        value="trtllm",
+                        label="Format",
+                        info=VIEW_FORMATS["trtllm"],
+                        elem_id="format",
+                    )
+                    fmt.change(lambda f: gr.update(info=VIEW_FORMATS[f]), fmt, fmt, api_name=False)
                     export_btn = gr.Button("Export this tree", elem_id="export")
                 export_code = gr.Code(language="python", label="Paste into your engine's config", elem_id="snippet")
             with gr.Row():
@@ -322,7 +398,7 @@ def generate_tab(vm: state.ViewModel, concurrency: int) -> None:
                 whatif_md = gr.Markdown("Run a generation to price its trees.", elem_id="whatif")
     live_state = gr.State(None)
     inputs = [*settings, *pricing]
-    outputs = [text, tree, chart, depth, stats, live_state, step_slider, growth_slider, whatif_md]
+    outputs = [text, tree, chart, depth, stats, live_state, step_slider, growth_slider, whatif_md, download]
     run_btn.click(check, inputs, None, api_name=False).success(
         run, inputs, outputs, api_name="run", concurrency_limit=concurrency
     )
@@ -342,6 +418,7 @@ def generate_tab(vm: state.ViewModel, concurrency: int) -> None:
             api_name=False,
             trigger_mode="always_last",
         )
+    upload.upload(load, [upload, *pricing], outputs, api_name=False)
     export_btn.click(
         lambda live, f: vm.export(live or state.Live(), f), [live_state, fmt], export_code, api_name="export"
     )
@@ -351,11 +428,81 @@ def generate_tab(vm: state.ViewModel, concurrency: int) -> None:
         )
 
 
+def race_controls(vm: state.ViewModel) -> list:
+    """The race's inputs, in the order its handlers take them: prompt, policy, budget, length, pace."""
+    prompt = gr.Textbox(label="Prompt", value=EXAMPLES[1].prompt, lines=4, elem_id="race-prompt")
+    expect = gr.Textbox(label="What to expect", value=EXAMPLES[1].expect, lines=2, interactive=False)
+    examples_menu(prompt, expect, "Examples", "race-examples")
+    racers = [p for p in vm.policies if p != "ar"]
+    first = vm.default_policy if vm.default_policy in racers else racers[0]
+    policy = gr.Dropdown(
+        racers, value=first, label="Policy against ar", info=vm.policy_line(first), elem_id="race-policy"
+    )
+    policy.change(lambda p: gr.update(info=vm.policy_line(p)), policy, policy, api_name=False)
+    budget = gr.Slider(1, vm.limits.budget, value=vm.default_budget, step=1, label="Budget", elem_id="race-budget")
+    max_new = gr.Slider(1, vm.limits.max_new_tokens, value=96, step=1, label="Max new tokens", elem_id="race-max")
+    pace = gr.Radio(
+        [("as measured", 1.0), ("half speed", 0.5), ("quarter speed", 0.25)],
+        value=1.0,
+        label="Replay pace",
+        elem_id="race-pace",
+    )
+    return [prompt, policy, budget, max_new, pace]
+
+
+def race_tab(vm: state.ViewModel, concurrency: int) -> None:
+    """Plain decoding and a policy measured one after the other, then replayed side by side on
+    their measured clocks, with the measured ratio and a modelled one."""
+
+    @errors_as_toasts
+    def check(prompt, policy, budget, max_new_tokens, *_):
+        vm.check(prompt, int(budget), 0.0, int(max_new_tokens))
+        vm.check_policies([policy])
+
+    def replay(run, pace, choice, width, fraction):
+        if run is None:
+            return
+        model = vm.latency_model(choice, width, fraction)
+        for t in race.frame_times(run, float(pace)):
+            yield race.race_frame(vm, run, t, model)
+            time.sleep(race.FRAME_S)
+
+    @errors_as_toasts
+    def run(prompt, policy, budget, max_new_tokens, pace, *pricing):
+        for now in race.run_race(vm, prompt, policy, int(budget), int(max_new_tokens)):
+            yield race.progress_text(now), now
+        for frame in replay(now, pace, *pricing):
+            yield frame, now
+
+    gr.Markdown(
+        "Plain decoding (`ar`) against a policy on the same prompt. Each is measured on its own, one after the "
+        "other, so that they never share the cores; then both are replayed side by side on the clocks they "
+        "measured. Both decode greedily (temperature 0): the texts are the same, only their pace differs."
+    )
+    with gr.Row():
+        with gr.Column(scale=1):
+            controls = race_controls(vm)
+            pricing = pricing_controls(vm, "Model the same trees on", vm.side_by_side_hardware, "race-hardware")
+            with gr.Row():
+                start = gr.Button("Race", variant="primary", elem_id="race-run")
+                again = gr.Button("Replay the race", elem_id="race-again")
+        with gr.Column(scale=3):
+            board = gr.HTML("Press Race: ar runs, then the policy, then both replay side by side.", elem_id="race")
+    raced = gr.State(None)
+    inputs = [*controls, *pricing]
+    start.click(check, inputs, None, api_name=False).success(
+        run, inputs, [board, raced], api_name="race", concurrency_limit=concurrency
+    )
+    # a replay only draws: never queued behind a run
+    again.click(replay, [raced, controls[-1], *pricing], board, api_name=False, concurrency_limit=None)
+
+
 def build_app(pair: dyspec.ModelPair, concurrency: int = 1, profiles: dict | None = None) -> gr.Blocks:
     """`profiles`: latency models the operator loaded for the what-if menu, besides the shipped
     ones, this machine's and a parametric accelerator."""
     vm = state.ViewModel(pair, profiles)
     vm.warm_up()
+    vm.replay(EXAMPLES[0].prompt, vm.side_by_side, [state.SIDE_BY_SIDE_BUDGET])  # the page opens on it
     with gr.Blocks(title="dyspec") as demo:
         gr.Markdown(
             f"# dyspec: speculative decoding with token trees\nTarget `{pair.target_name}` ({pair.precision}), "
@@ -364,9 +511,11 @@ def build_app(pair: dyspec.ModelPair, concurrency: int = 1, profiles: dict | Non
             "of its own, so the answer is exactly the target's."
         )
         with gr.Tab("Trees side by side"):
-            side_by_side_tab(vm, concurrency)
+            side_by_side_tab(demo, vm, concurrency)
         with gr.Tab("Generate (live, measured)"):
             generate_tab(vm, concurrency)
+        with gr.Tab("Race against plain decoding"):
+            race_tab(vm, concurrency)
     demo.queue(default_concurrency_limit=concurrency, max_size=64)
     return demo
 

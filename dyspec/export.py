@@ -210,7 +210,13 @@ def frequent_tree(trees: list[list[int]], budget: int) -> list[int]:
     return tree_parents(ranked[:budget])
 
 
-VIEW_FORMATS = ("trtllm", "medusa", "vllm", "sglang")  # the text formats a view can show
+# the text formats a view can show, each with where its snippet goes
+VIEW_FORMATS = {
+    "trtllm": "TensorRT-LLM: the `eagle_choices` of an EAGLE engine's speculative config",
+    "medusa": "Medusa: the `medusa_choices` of a Medusa engine (TensorRT-LLM's or Medusa's own)",
+    "vllm": "vLLM: the `speculative_token_tree` of `speculative_config`, with its `num_speculative_tokens`",
+    "sglang": "SGLang: the three `--speculative-*` server arguments whose dynamic tree covers this one",
+}
 
 
 def run_snippet(trees: list[list[int]], fmt: str) -> str:

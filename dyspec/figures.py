@@ -153,6 +153,13 @@ def _by(rows, *keys) -> dict:
 # Okabe-Ito, safe for colour-blind readers; the text's highlights use the same two meanings
 COLORS = {"root": "#000000", "accepted": "#009E73", "rejected": "#D55E00", "unreached": "#BBBBBB", "target": "#0072B2"}
 LABEL_ALL = 24  # nodes up to which every node's token is written in the tree
+# A bigger tree labels what the verifier reached, and where it has more rows than a figure has
+# room for labels (a 256-node dynamic tree tries a hundred children of one node), only the
+# accepted path and its LABEL_REJECTED likeliest rejected siblings; the hover names every node.
+LABEL_ROWS, LABEL_REJECTED = 40, 8
+# Markers shrink where columns or rows are denser than this, so that a long chain stays a line of
+# dots and not a smear
+ROOM_COLUMNS, ROOM_ROWS = 40, 30
 TICKS = 12  # depth ticks a tree's axis shows at most
 LEGEND = {
     "root": "root: the last committed token",
@@ -206,6 +213,24 @@ def token_label(text: str) -> str:
     return text.translate(WHITESPACE) or "∅"
 
 
+def sibling_ranks(parents: list[int]) -> tuple[list[int], dict[int, int]]:
+    """Each node's order among its siblings, and each node's number of children."""
+    rank, seen = [0] * len(parents), defaultdict(int)
+    for i in range(1, len(parents)):
+        rank[i] = seen[parents[i]]
+        seen[parents[i]] += 1
+    return rank, seen
+
+
+def shown_labels(outcome: list[str], probs: list[float], rows: float) -> list[bool]:
+    """Which nodes a tree writes the token of (LABEL_ALL, LABEL_ROWS, LABEL_REJECTED)."""
+    if len(outcome) <= LABEL_ALL:
+        return [True] * len(outcome)
+    rejected = sorted((i for i, k in enumerate(outcome) if k == "rejected"), key=lambda i: -probs[i])
+    shown = set(rejected if rows <= LABEL_ROWS else rejected[:LABEL_REJECTED])
+    return [k in ("root", "accepted", "target") or i in shown for i, k in enumerate(outcome)]
+
+
 def tree_edges(parents: list[int], x: list, y: list, outcome: list[str]) -> list[go.Scatter]:
     """A tree's edges: thin grey, then the accepted path thick, last, over the others."""
     traces = []
@@ -230,11 +255,7 @@ def tree_figure(step, upto: int | None = None, title: str | None = None) -> go.F
     n = len(step.tokens) if upto is None else max(1, min(upto, len(step.tokens)))
     parents, x = list(step.parents[:n]), list(step.depths[:n])
     outcome = node_outcomes(step)[:n]
-    rank = [0] * n
-    seen: dict[int, int] = defaultdict(int)
-    for i in range(1, n):
-        rank[i] = seen[step.parents[i]]
-        seen[step.parents[i]] += 1
+    rank, seen = sibling_ranks(step.parents[:n])
     predicted = step.extra.get("predicted_acceptance", [])
     head = [
         f"{predicted[i - 1]:.3f}" if 0 < i <= len(predicted) and predicted[i - 1] is not None else "-" for i in range(n)
@@ -249,8 +270,11 @@ def tree_figure(step, upto: int | None = None, title: str | None = None) -> go.F
         rank.append(seen[last])
         head.append("-")
     y = tree_layout(parents)  # the target's token gets a row of its own
-    size = [9 + 16 * p for p in step.draft_probs[:n]] + [14] * (len(x) - n)
+    leaves = max(y, default=0) + 1
+    room = min(1.0, ROOM_COLUMNS / (max(x, default=0) + 1), ROOM_ROWS / leaves)
+    size = [max(4.0, room * s) for s in [9 + 16 * p for p in step.draft_probs[:n]] + [14] * (len(x) - n)]
     probs = [*step.draft_probs[:n], *[math.nan] * (len(x) - n)]
+    labelled = shown_labels(outcome, [*step.draft_probs[:n], *[1.0] * (len(x) - n)], leaves)
     target_p = [*step.target_probs[:n], *[math.nan] * (len(x) - n)]
     values = [*step.values[:n], *[math.nan] * (len(x) - n)]
     fig = go.Figure(tree_edges(parents, x, y, outcome))
@@ -264,10 +288,10 @@ def tree_figure(step, upto: int | None = None, title: str | None = None) -> go.F
                 y=[y[i] for i in idx],
                 mode="markers+text",
                 name=LEGEND[kind],
-                # a big tree labels what the verifier reached; the hover names every node
-                text=[texts[i] if kind != "unreached" or len(x) <= LABEL_ALL else "" for i in idx],
+                text=[texts[i] if labelled[i] else "" for i in idx],
                 hovertext=[texts[i] for i in idx],
-                textposition="top center",
+                # above at even depths, below at odd ones: neighbours in a row do not overprint
+                textposition=["top center" if x[i] % 2 == 0 else "bottom center" for i in idx],
                 textfont={"family": "monospace", "size": 13, "color": "#222" if kind != "unreached" else "#777"},
                 marker={
                     "color": color,
@@ -283,7 +307,6 @@ def tree_figure(step, upto: int | None = None, title: str | None = None) -> go.F
             )
         )
     made = f"copied after a {step.copied_after}-token match" if step.copied_after else "drafted"
-    leaves = max(y, default=0) + 1
     fig.update_layout(
         title=title or f"step {step.step}: {len(step.tokens) - 1} {made}, {len(step.accepted)} accepted",
         # at most about TICKS depth ticks: a 256-node chain's 257 would print over each other
@@ -295,7 +318,8 @@ def tree_figure(step, upto: int | None = None, title: str | None = None) -> go.F
         yaxis={"visible": False, "range": [leaves - 0.4, -1.0]},  # first leaf at the top; room for its label
         height=max(340, min(900, 190 + 42 * leaves)),
         margin={"l": 20, "r": 20, "t": 60, "b": 100},
-        legend={"orientation": "h", "yref": "container", "y": 0, "yanchor": "bottom"},  # in the bottom margin
+        # in the bottom margin, its symbols at one size however small a dense tree's markers are
+        legend={"orientation": "h", "yref": "container", "y": 0, "yanchor": "bottom", "itemsizing": "constant"},
     )
     return fig
 

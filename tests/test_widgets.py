@@ -3,7 +3,7 @@
 import time
 
 from dyspec.figures import LEGEND
-from widgets import Dashboard, SideBySide
+from widgets import Dashboard, Race, SideBySide
 
 
 def test_dashboard_run_updates_figures(pair):
@@ -150,3 +150,30 @@ def test_dashboard_auto_says_what_it_chose(pair):
     assert f"auto drafted {sum(sizes) / len(sizes):.1f} tokens a step, {min(sizes)} to {max(sizes)}" in d.stats.value
     d.auto.value = False
     assert not d.budget.disabled
+
+
+def test_dashboard_downloads_a_run_and_loads_it_back(pair, tmp_path):
+    d = Dashboard(pair, prompt="Name three rivers.")
+    d.policy.value, d.budget.value, d.max_new_tokens.value = "dyspec", 4, 16
+    d.run()
+    best = max(len(s.accepted) for s in d.steps)
+    assert len(d.steps[d.step_slider.value].accepted) == best  # a finished run opens on its longest path
+    assert "accepted the most" in d.stats.value and "outline" in d.text.value
+    page = d.download(tmp_path / "run.html")
+    e = Dashboard(pair)
+    e.load(page)
+    assert e.steps == d.steps and e.prompt.value == "Name three rivers." and e.text.value == d.text.value
+    assert "on the machine it ran on" in e.stats.value and "Measured on the machine it ran on" in e.whatif.value
+    assert e.tree_fig.layout.title.text == d.tree_fig.layout.title.text
+    assert "DySpec" in d.policy_help.value and "TensorRT-LLM" in d.export_help.value
+
+
+def test_race_widget_measures_and_replays(pair):
+    r = Race(pair, prompt="Count from one to eight.")
+    r.policy.value, r.budget.value, r.max_new_tokens.value = "chain", 4, 12
+    raced = r.run(animate=False)
+    assert raced.ar.finished and raced.run.finished and r.error.value == ""
+    assert r.board.value.count("· done") == 2 and "measured on this machine" in r.board.value
+    r.prompt.value = ""
+    assert r.run(animate=False) is None and "Type a prompt" in r.error.value  # a mistake: said, the race kept
+    assert r.raced is raced

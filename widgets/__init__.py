@@ -1,5 +1,5 @@
 """Jupyter front end: ipywidgets controls and plotly figures over dyspec's view model."""
 
-from widgets.dashboard import Dashboard, SideBySide
+from widgets.dashboard import Dashboard, Race, SideBySide
 
-__all__ = ["Dashboard", "SideBySide"]
+__all__ = ["Dashboard", "Race", "SideBySide"]

@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import threading
 import time
+from pathlib import Path
 
 import ipywidgets as W
 import plotly.graph_objects as go
@@ -22,9 +23,11 @@ from dyspec.core.events import GenerationFinished
 from dyspec.decode.replay import ReplayRun
 from dyspec.export import VIEW_FORMATS
 from dyspec.policies import policy_options
+from dyspec.views import race
 from dyspec.views.examples import EXAMPLES
 from dyspec.views.state import (
     DRAFT_FRACTION,
+    FEATURED,
     MAX_SIDE_BY_SIDE,
     REDRAW_S,
     SIDE_BY_SIDE_BUDGET,
@@ -32,6 +35,7 @@ from dyspec.views.state import (
     Live,
     ViewModel,
     budget_of,
+    featured_step,
 )
 
 # While a generation runs, the figures redraw at most every REDRAW_S (dyspec.views.state). On 2 cores
@@ -54,8 +58,17 @@ class Pricing:
         self.choice = W.Dropdown(
             options=vm.hardware_choices, value=value or vm.hardware_choices[0], description=description
         )
-        self.width = W.IntSlider(WIDTH, min=1, max=256, description="Width W", tooltip="parametric: t(n) flat up to W")
-        self.draft_fraction = W.FloatSlider(DRAFT_FRACTION, min=0, max=1, step=0.01, description="Draft/t(1)")
+        self.width = W.IntSlider(
+            WIDTH, min=1, max=256, description="Flat width", tooltip="tokens a target forward checks at the cost of one"
+        )
+        self.draft_fraction = W.FloatSlider(
+            DRAFT_FRACTION,
+            min=0,
+            max=1,
+            step=0.01,
+            description="Draft cost",
+            tooltip="a draft forward's cost, as a fraction of the target's",
+        )
         self.choice.observe(lambda _: self._show(), names="value")
         self._show()
 
@@ -75,11 +88,11 @@ class Pricing:
         return W.HBox([self.choice, self.width, self.draft_fraction])
 
 
-def _examples(prompt: W.Textarea, own: str | None) -> tuple[W.Dropdown, W.HTML]:
-    """The example menu, filling `prompt` and a line on what to expect."""
+def _examples(prompt: W.Textarea, own: str | None, first: int = 0) -> tuple[W.Dropdown, W.HTML]:
+    """The example menu, filling `prompt` (with example `first` unless `own`) and a line on what to expect."""
     menu = W.Dropdown(
         options=[("(your own prompt)", None), *((e.label, e) for e in EXAMPLES)],
-        value=None if own else EXAMPLES[0],
+        value=None if own else EXAMPLES[first],
         description="Example",
     )
     expect = W.HTML()
@@ -116,6 +129,7 @@ class Dashboard:
         self.prompt = W.Textarea(prompt or "", description="Prompt", layout=W.Layout(width="100%", height="90px"))
         self.example, self.expect = _examples(self.prompt, prompt)
         self.policy = W.Dropdown(options=self.vm.policies, value=self.vm.default_policy, description="Policy")
+        self.policy_help = W.HTML()  # what the chosen policy does, in one line
         self.budget = W.IntSlider(self.vm.default_budget, min=1, max=limits.budget, description="Budget")
         self.auto = W.Checkbox(False, description="auto budget", tooltip="size each tree by its expected gain here")
         self.temperature = W.FloatSlider(0.0, min=0, max=limits.temperature, step=0.05, description="Temperature")
@@ -139,6 +153,8 @@ class Dashboard:
         self.pricing = Pricing(self.vm)
         self.whatif = W.HTML("Run a generation to price its trees.")
         self.export_format = W.Dropdown(options=list(VIEW_FORMATS), value="trtllm", description="Export")
+        self.export_help = W.HTML()  # where the chosen format's snippet goes
+        self.export_format.observe(lambda _: self._show_options(), names="value")
         self.export_button = W.Button(description="Export this tree")
         self.export_text = W.Textarea(layout=W.Layout(width="100%"), rows=3)
         self.error = W.HTML()
@@ -171,6 +187,8 @@ class Dashboard:
         return self.live.finished
 
     def _show_options(self) -> None:
+        self.policy_help.value = f"<i>{self.vm.policy_line(self.policy.value)}</i>"
+        self.export_help.value = f"<i>{VIEW_FORMATS[self.export_format.value]}</i>"
         takes = policy_options(self.policy.value)
         for name, control in self.option_controls.items():
             control.layout.display = None if name in takes else "none"
@@ -192,6 +210,20 @@ class Dashboard:
         """The last run's tree shape in the chosen serving engine's format (also shown)."""
         self.export_text.value = self.vm.export(self.live, self.export_format.value)
         return self.export_text.value
+
+    def download(self, path: str | Path) -> Path:
+        """Write the last run as one HTML page to share (`dyspec.views.share`): it opens offline in
+        any browser, and `load` or the web app's "Load a downloaded run" reads it back."""
+        path = Path(path)
+        path.write_text(self.vm.download(self.live, *self.pricing.values()), encoding="utf-8")
+        return path
+
+    def load(self, path: str | Path) -> None:
+        """Show a run that `download` (or the web app) wrote, as it was when it finished."""
+        self.live = self.vm.load(Path(path).read_bytes())
+        self.prompt.value = self.live.prompt
+        self._refresh()
+        self.price()
 
     def run(self) -> GenerationFinished | None:
         """Generate with the current settings, updating the views after every step (blocking). A
@@ -256,12 +288,17 @@ class Dashboard:
         self.steps_fig = self.vm.steps_chart(self.live)
         self.calibration_fig = figures.calibration_figure(*figures.calibration_counts(self.steps))
         self.depth_fig = self.vm.depth_chart(self.steps)
-        last = self.steps[-1]
+        # while it runs, the last step; once it is over, the step that accepted the most
+        shown = len(self.steps) - 1 if self.finished is None else featured_step(self.steps)
+        last = self.steps[shown]
         with self.step_slider.hold_trait_notifications(), self.growth_slider.hold_trait_notifications():
             self.step_slider.max = len(self.steps) - 1
-            self.step_slider.value = len(self.steps) - 1
+            self.step_slider.value = shown
             self.growth_slider.max = len(last.tokens)
             self.growth_slider.value = len(last.tokens)
+        if self.finished is not None:
+            self.stats.value += f"<br>{FEATURED}"
+            self.text.value = self.vm.text(self.steps, shown)
         self.tree_fig = figures.tree_figure(last)
         _draw(self._tree_out, self.tree_fig)
         _draw(self._steps_out, self.steps_fig)
@@ -274,6 +311,7 @@ class Dashboard:
                 W.HBox([self.example, self.expect]),
                 self.prompt,
                 W.HBox([self.policy, self.budget, self.auto]),
+                self.policy_help,
                 W.HBox([self.temperature, *self.option_controls.values()]),
                 W.HBox([self.seed]),
                 W.HBox([self.max_new_tokens, self.measure_ar, self.live_figures]),
@@ -293,6 +331,7 @@ class Dashboard:
                 self.pricing.widget(),
                 self.whatif,
                 W.HBox([self.export_format, self.export_button]),
+                self.export_help,
                 self.export_text,
             ]
         )
@@ -377,6 +416,70 @@ class SideBySide:
                 self.position,
                 W.GridBox(self._tree_outs, layout=W.Layout(grid_template_columns="1fr 1fr")),
                 self._sweep_out,
+            ]
+        )
+
+    def _ipython_display_(self) -> None:
+        display(self.widget())
+
+
+class Race:
+    """Plain decoding (`ar`) against a policy on one prompt, measured one after the other so that
+    they never share the cores, then replayed side by side on their measured clocks with the
+    measured ratio and one modelled on the chosen hardware (`dyspec.views.race`)."""
+
+    def __init__(self, pair: dyspec.ModelPair, prompt: str | None = None, vm: ViewModel | None = None):
+        self.vm = vm or ViewModel(pair)
+        self.raced: race.Race | None = None  # the last race measured
+        racers = [p for p in self.vm.policies if p != "ar"]
+        self.prompt = W.Textarea(prompt or "", description="Prompt", layout=W.Layout(width="100%", height="90px"))
+        self.example, self.expect = _examples(self.prompt, prompt, first=1)
+        first = self.vm.default_policy if self.vm.default_policy in racers else racers[0]
+        self.policy = W.Dropdown(options=racers, value=first, description="Policy")
+        self.budget = W.IntSlider(self.vm.default_budget, min=1, max=self.vm.limits.budget, description="Budget")
+        self.max_new_tokens = W.IntSlider(96, min=1, max=self.vm.limits.max_new_tokens, description="Max tokens")
+        self.pace = W.Dropdown(
+            options=[("as measured", 1.0), ("half speed", 0.5), ("quarter speed", 0.25)], description="Pace"
+        )
+        self.pricing = Pricing(self.vm, self.vm.side_by_side_hardware, "Model on")
+        self.run_button = W.Button(description="Race", button_style="primary")
+        self.replay_button = W.Button(description="Replay the race")
+        self.board, self.error = W.HTML(), W.HTML()
+        self.run_button.on_click(lambda _: threading.Thread(target=self.run, daemon=True).start())
+        self.replay_button.on_click(lambda _: threading.Thread(target=self.replay, daemon=True).start())
+
+    def run(self, animate: bool = True) -> race.Race | None:
+        """Measure both, then (with `animate`) replay them; blocking."""
+        try:
+            settings = (self.prompt.value, self.policy.value, self.budget.value, self.max_new_tokens.value)
+            for raced in race.run_race(self.vm, *settings):
+                self.raced, self.board.value = raced, race.progress_text(raced)
+        except dyspec.DyspecError as e:
+            self.error.value = f"<span style='color:#D55E00'>{e}</span>"
+            return None
+        self.error.value = ""
+        self.replay(animate)
+        return self.raced
+
+    def replay(self, animate: bool = True) -> None:
+        """The race on its measured clocks, at the chosen pace (`animate=False`: its finish only)."""
+        if self.raced is None:
+            return
+        model = self.vm.latency_model(*self.pricing.values())
+        for t in race.frame_times(self.raced, self.pace.value) if animate else [self.raced.seconds]:
+            self.board.value = race.race_frame(self.vm, self.raced, t, model)
+            time.sleep(race.FRAME_S if animate else 0)
+
+    def widget(self) -> W.Widget:
+        return W.VBox(
+            [
+                W.HBox([self.example, self.expect]),
+                self.prompt,
+                W.HBox([self.policy, self.budget, self.max_new_tokens]),
+                W.HBox([self.pace, self.pricing.widget()]),
+                W.HBox([self.run_button, self.replay_button]),
+                self.error,
+                self.board,
             ]
         )
 

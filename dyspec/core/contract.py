@@ -45,6 +45,7 @@ class Policy:
     # learn(draft, tree, logits): after each verification, what it keeps (in `draft.memo`) of the
     # target's logits over the tree; a replay, which has no target logits, refuses such a policy
     learn: Callable[[DraftSession, Tree, Any], None] | None = None
+    summary: str = ""  # one line for the views' menus, in words a newcomer reads
 
     def __post_init__(self) -> None:
         params = inspect.signature(self.build).parameters

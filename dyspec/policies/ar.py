@@ -11,4 +11,9 @@ def build(draft: DraftSession, root: int, budget: int, temperature: float, gener
     return Tree.root(root)
 
 
-POLICY = Policy("ar", build, needs_draft=False)
+POLICY = Policy(
+    "ar",
+    build,
+    needs_draft=False,
+    summary="plain decoding: one target forward a token, no draft; the baseline every speedup is measured against",
+)

@@ -28,4 +28,9 @@ def build(draft: DraftSession, root: int, budget: int, temperature: float, gener
     return tree
 
 
-POLICY = Policy("chain", build, needs_draft=True)
+POLICY = Policy(
+    "chain",
+    build,
+    needs_draft=True,
+    summary="the draft's top guess, then its top guess after that: one path, no branches",
+)

@@ -217,4 +217,5 @@ POLICY = Policy(
     needs_draft=True,
     prepare=prepare,
     auto=AutoNeeds(rates=True, grows_by_value=True, forwards_for=forwards_for),
+    summary="DySpec: grows the tree one node at a time where the draft is most confident (highest path probability)",
 )

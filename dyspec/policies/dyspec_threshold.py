@@ -71,4 +71,10 @@ def build(
     return tree
 
 
-POLICY = Policy("dyspec-threshold", build, needs_draft=True, auto=AutoNeeds(rates=True, grows_by_value=True))
+POLICY = Policy(
+    "dyspec-threshold",
+    build,
+    needs_draft=True,
+    auto=AutoNeeds(rates=True, grows_by_value=True),
+    summary="DySpec's threshold build: every node keeps children while their path probability is above a threshold",
+)

@@ -30,4 +30,9 @@ def build(
     return rerank(tree, draft, budget)
 
 
-POLICY = Policy("eagle2", build, needs_draft=True)
+POLICY = Policy(
+    "eagle2",
+    build,
+    needs_draft=True,
+    summary="EAGLE-2: expands the likeliest paths for a few rounds, then keeps the budget's best nodes",
+)

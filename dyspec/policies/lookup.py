@@ -53,4 +53,10 @@ def build(
     return tree
 
 
-POLICY = Policy("lookup", build, needs_draft=False, auto=AutoNeeds(free_nodes=True))
+POLICY = Policy(
+    "lookup",
+    build,
+    needs_draft=False,
+    auto=AutoNeeds(free_nodes=True),
+    summary="prompt lookup: no draft model; copies what followed the last words where they occurred before",
+)

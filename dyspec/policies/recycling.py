@@ -72,4 +72,10 @@ def build(
     return tree
 
 
-POLICY = Policy("recycling", build, needs_draft=False, learn=learn)
+POLICY = Policy(
+    "recycling",
+    build,
+    needs_draft=False,
+    learn=learn,
+    summary="token recycling: no draft model; the target's own earlier top candidates, as a tree",
+)

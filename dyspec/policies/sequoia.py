@@ -158,4 +158,11 @@ def build(
     return tree
 
 
-POLICY = Policy("sequoia", build, needs_draft=True, prepare=prepare, available=available)
+POLICY = Policy(
+    "sequoia",
+    build,
+    needs_draft=True,
+    prepare=prepare,
+    available=available,
+    summary="Sequoia: the static tree shape with the most expected accepted tokens for the budget, fixed in advance",
+)

@@ -34,4 +34,9 @@ def build(
     return rerank(tree, draft, budget)
 
 
-POLICY = Policy("sglang", build, needs_draft=True)
+POLICY = Policy(
+    "sglang",
+    build,
+    needs_draft=True,
+    summary="SGLang's EAGLE tree: the top children of the best frontier nodes, the best nodes by path probability kept",
+)

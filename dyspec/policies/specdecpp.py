@@ -60,4 +60,11 @@ def build(
     return tree
 
 
-POLICY = Policy("specdecpp", build, needs_draft=True, prepare=prepare, available=available)
+POLICY = Policy(
+    "specdecpp",
+    build,
+    needs_draft=True,
+    prepare=prepare,
+    available=available,
+    summary="SpecDec++: a chain that stops drafting where a trained head predicts a rejection",
+)

@@ -111,4 +111,5 @@ POLICY = Policy(
     multi_draft=True,
     prepare=prepare,
     auto=AutoNeeds(shape_options=("expansion",)),
+    summary="SpecInfer: a static tree, the same number of children at every depth, fixed in advance",
 )

@@ -89,4 +89,10 @@ def build(
     return tree
 
 
-POLICY = Policy("suffix", build, needs_draft=False, auto=AutoNeeds(free_nodes=True))
+POLICY = Policy(
+    "suffix",
+    build,
+    needs_draft=False,
+    auto=AutoNeeds(free_nodes=True),
+    summary="suffix decoding: no draft model; every earlier continuation of the last words, as a tree",
+)

@@ -6,6 +6,7 @@ which Gradio's Markdown and ipywidgets' HTML both render."""
 
 from __future__ import annotations
 
+import html
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 
@@ -17,11 +18,12 @@ from dyspec.decode.engine import MAX_BUDGET, MAX_TEMPERATURE, Knobs, check_setti
 from dyspec.decode.replay import ReplayRun, Trace, record_trace, replay
 from dyspec.defaults import defaults_for
 from dyspec.errors import DyspecError
-from dyspec.eval import speedup
+from dyspec.eval import bench, speedup
 from dyspec.eval.sweep import REPLAY_NOTE
 from dyspec.export import run_snippet
 from dyspec.load import ModelPair
-from dyspec.policies import available_policies, replayable
+from dyspec.policies import available_policies, get_policy, replayable
+from dyspec.views import share
 
 # the side-by-side view opens on trees of one size from a chain, the optimal static tree and the
 # dynamic one, priced on an H100: where DySpec's tree beats a static one of the same size
@@ -38,7 +40,9 @@ WIDTH, DRAFT_FRACTION = 64, 0.1
 # measures, and a browser that falls behind the run shows (and stops) it late.
 REDRAW_S = 1.0
 MAX_SIDE_BY_SIDE = 4  # trees shown at once
+REPLAYS_KEPT = 512  # replayed runs a view model keeps before it forgets them all
 BELOW_ONE = "below 1x = slower than plain decoding"
+FEATURED = "The tree shown is the step that accepted the most drafted tokens; move Step to see any other."
 
 
 @dataclass(frozen=True)
@@ -67,6 +71,13 @@ class Live:
     finished: GenerationFinished | None = None
     repeats: list[float] = field(default_factory=list)  # the speedups measured so far with these settings
     policy: str = ""
+    prompt: str = ""
+    status: str = ""  # what the run is doing before its first step, in words
+    made_on: str = ""  # the machine a loaded run was measured on; empty: this one
+
+    @property
+    def where(self) -> str:
+        return f"on the machine it ran on ({self.made_on})" if self.made_on else "on this machine"
 
 
 def settings_text(live: Live) -> str:
@@ -98,6 +109,26 @@ def at_position(steps: Sequence[StepVerified], position: int) -> StepVerified:
     return steps[-1]
 
 
+def featured_step(steps: Sequence[StepVerified]) -> int:
+    """The step a finished run shows first: the one that accepted the most drafted tokens (the
+    earliest of those), rather than the last, which is often the end of the turn."""
+    return max(range(len(steps)), key=lambda i: (len(steps[i].accepted), -i)) if steps else 0
+
+
+def identity_text(live: Live) -> str:
+    """Whether a greedy run's text is token for token plain decoding's on the same prompt, the
+    promise of speculative decoding, checked where both were measured at T = 0."""
+    greedy = all(s.temperature == 0 for s in live.steps)
+    if not live.ar or not live.steps or not greedy:
+        return ""
+    ours, plain = ([t for s in run for t in s.emitted] for run in (live.steps, live.ar))
+    n = min(len(ours), len(plain))
+    if ours[:n] == plain[:n]:
+        return f"Same text as plain decoding, token for token ({n} tokens compared)."
+    first = next(i for i in range(n) if ours[i] != plain[i])
+    return f"<b>Differs from plain decoding from token {first}</b>: please report it with the downloaded run."
+
+
 def budget_of(budget: int | float, auto: bool) -> int | str:
     """The budget a front end's slider and `auto` checkbox ask for."""
     return "auto" if auto else int(budget)
@@ -122,8 +153,18 @@ class ViewModel:
         self.side_by_side_hardware = SIDE_BY_SIDE_HARDWARE if SIDE_BY_SIDE_HARDWARE in self.hardware else None
         self.ar_cache: dict = {}  # ar's measured steps per prompt and settings, and which policies ran warm
         self.traces: dict[tuple[str, int], Trace] = {}
+        self.replays: dict[tuple, ReplayRun] = {}  # per prompt, length, policy and budget: replays are exact
         self.speedups: dict[tuple, list[float]] = {}  # measured per prompt and settings: their spread
         self.hidden_ids = frozenset(pair.tokenizer.all_special_ids)  # not printed in the text
+
+    @staticmethod
+    def policy_line(policy: str) -> str:
+        """What a policy does, in one line for a newcomer."""
+        return get_policy(policy).summary
+
+    def policy_lines(self, policies: Sequence[str]) -> str:
+        """A Markdown list of what each policy does."""
+        return "\n".join(f"- `{p}`: {self.policy_line(p)}" for p in policies)
 
     @property
     def default_text(self) -> str:
@@ -178,10 +219,15 @@ class ViewModel:
             budget, temperature = knobs.budget, knobs.temperature
         self.check(prompt, budget, temperature, max_new_tokens)
         self.check_policies([policy])
-        live = Live(policy=policy)
+        live = Live(policy=policy, prompt=prompt)
         if measure_ar and policy != "ar":
+            if (prompt, temperature, seed, max_new_tokens) not in self.ar_cache:
+                live.status = "Measuring ar (plain decoding) on this prompt first, for the speedup: once a prompt."
+                yield live
             live.ar = speedup.ar_steps(self.pair, prompt, temperature, seed, max_new_tokens, self.ar_cache)
             self.warm_up(policy, budget)
+        live.status = f"Running {policy}: the first step comes after the prompt is read."
+        yield live
         kwargs = {"temperature": temperature, "seed": seed, "max_new_tokens": max_new_tokens, "options": options}
         for event in stream(self.pair, prompt, policy, budget, stop=stop, knobs=knobs, **kwargs):
             if isinstance(event, StepVerified):
@@ -211,6 +257,8 @@ class ViewModel:
         """What a live run did, with which settings, and its speedup measured against `ar` on this
         machine."""
         steps, tokens = live.steps, sum(len(s.emitted) for s in live.steps)
+        if not steps and live.finished is None:
+            return live.status
         lines = [settings_text(live)] if steps else []
         lines += [
             f"<b>{tokens} tokens in {len(steps)} target forwards</b> ({tokens / max(len(steps), 1):.2f} tokens "
@@ -221,8 +269,8 @@ class ViewModel:
         if live.ar:
             shown = speedup.speedup_text(steps, live.ar, live.finished is not None)
             lines.append(
-                f"Measured speedup vs ar (plain decoding, {speedup.decode_rate(live.ar):.1f} tokens/s) on this "
-                f"machine: <b>{shown}</b>; {BELOW_ONE}; {speedup.METHOD}."
+                f"Measured speedup vs ar (plain decoding, {speedup.decode_rate(live.ar):.1f} tokens/s) "
+                f"{live.where}: <b>{shown}</b>; {BELOW_ONE}; {speedup.METHOD}."
             )
         if len(live.repeats) > 1:
             runs = ", ".join(f"{r:.2f}x" for r in live.repeats)
@@ -232,6 +280,8 @@ class ViewModel:
             )
         elif live.repeats:
             lines.append("Run it again to see how much repeated measurements differ on this machine.")
+        if identity := identity_text(live):
+            lines.append(identity)
         if live.finished is not None:
             lines.append(f"Done ({live.finished.stop_reason}): {live.finished.wall_s:.2f} s wall, prefill included.")
         return "<br>".join(lines)
@@ -264,10 +314,11 @@ class ViewModel:
         shapes = whatif.step_shapes(live.steps)
         modelled = whatif.modelled_speedup(shapes, model)
         text = (
-            f"Measured on this machine: {measured}.<br>Modelled on {model.name}: <b>{modelled:.2f}x</b> vs ar, "
+            f"Measured {live.where}: {measured}.<br>Modelled on {model.name}: <b>{modelled:.2f}x</b> vs ar, "
             f"from this run's trees with a latency profile (not run there); {BELOW_ONE}."
         )
-        if model.name == whatif.THIS_MACHINE and live.ar:  # the profile prices forwards, a step is more
+        # the profile prices forwards, a step is more; a loaded run's steps ran on another machine
+        if model.name == whatif.THIS_MACHINE and live.ar and not live.made_on:
             other, ar_other = (1e3 * sum(s.overhead_s for s in r) / len(r) for r in (live.steps, live.ar))
             whole = whatif.modelled_speedup(shapes, model, other, ar_other)
             text += (
@@ -276,6 +327,33 @@ class ViewModel:
                 "the rest of the gap to the measured figure is forwards that ran slower in the run than alone."
             )
         return text
+
+    def download(self, live: Live, choice: str, width: int = WIDTH, draft_fraction: float = DRAFT_FRACTION) -> str:
+        """The run as one HTML page to share: its stats, text, what-if and figures, offline, with
+        its record for `load` (dyspec.views.share)."""
+        if not live.steps:
+            raise DyspecError("Run a generation first: there is nothing to download yet.")
+        made_on = live.made_on or bench.host_stamp(self.pair, None)["host"]
+        record = share.run_record(live.policy, live.prompt, live.steps, live.ar, live.finished, made_on)
+        best = live.steps[featured_step(live.steps)]
+        sections = [
+            f"<p><b>Prompt:</b> {html.escape(live.prompt)}</p>",
+            f"<p>{self.stats(live)}</p>",
+            self.text(live.steps),
+            f"<p>{self.whatif(live, choice, width, draft_fraction)}</p>",
+        ]
+        figs = [figures.tree_figure(best), self.steps_chart(live), self.depth_chart(live.steps)]
+        return share.run_page(f"dyspec: {live.policy} on {made_on}", sections, figs, record)
+
+    def load(self, text: str | bytes) -> Live:
+        """A run downloaded by `download` (its page or its bare record), checked, as a finished run."""
+        record = share.parse_record(text)
+        live = Live(policy=record["policy"], prompt=record["prompt"], made_on=str(record["made_on"]))
+        live.steps, live.ar = share.steps_from(record["steps"], "steps"), share.steps_from(record["ar"], "ar")
+        live.finished = share.finished_from(record.get("finished"))
+        if not live.steps:
+            raise DyspecError(f"{share.NOT_A_RUN}: it has no steps.")
+        return live
 
     def text(self, steps: Sequence[StepVerified], step: int | None = None) -> str:
         """The run's text, the tokens that step `step` committed outlined."""
@@ -313,6 +391,17 @@ class ViewModel:
         """The replayed answer (every run's: the target's own greedy one), its token `position` outlined."""
         return figures.text_html(runs[0].steps, self.hidden_ids, mark=(position,)) if runs else ""
 
+    def sweep_status(self, prompt: str, policies: Sequence[str], max_new_tokens: int) -> str:
+        """What the sweep chart waits for, while it is computed; "" once it is kept."""
+        budgets = [b for b in SWEEP_BUDGETS if b <= SWEEP_MAX]
+        left = [(p, b) for p in policies for b in budgets if (prompt, max_new_tokens, p, b) not in self.replays]
+        if not left:
+            return ""
+        return (
+            f"Replaying {len(left)} more trees for the chart below (budgets {budgets[0]} to {budgets[-1]} for "
+            f"{', '.join(policies)}): big trees take a while on a CPU; each is kept, so this happens once."
+        )
+
     def sweep(self, prompt: str, policies: Sequence[str], max_new_tokens: int) -> tuple[list[ReplayRun], object]:
         """The policies replayed at every budget of SWEEP_BUDGETS up to SWEEP_MAX, and their chart."""
         runs = self.replay(prompt, policies, [b for b in SWEEP_BUDGETS if b <= SWEEP_MAX], max_new_tokens)
@@ -334,7 +423,14 @@ class ViewModel:
         self.check_policies(policies, MAX_SIDE_BY_SIDE)
         for budget in budgets:
             self.check(prompt, budget, 0.0, max_new_tokens, replay=True)
-        return replay(self.pair, self.trace(prompt, max_new_tokens), policies, budgets, progress=False)
+        trace = self.trace(prompt, max_new_tokens)
+        if len(self.replays) > REPLAYS_KEPT:
+            self.replays.clear()
+        for p in policies:  # a replay is deterministic: one per settings serves every later view
+            for b in budgets:
+                if (key := (prompt, max_new_tokens, p, b)) not in self.replays:
+                    self.replays[key] = replay(self.pair, trace, [p], [b], progress=False)[0]
+        return [self.replays[prompt, max_new_tokens, p, b] for p in policies for b in budgets]
 
     def replay_table(self, runs: Sequence[ReplayRun], models: Sequence[whatif.LatencyModel]) -> str:
         """Per run: tokens per forward, draft forwards per step and the speedup modelled on each of

@@ -1,0 +1,175 @@
+"""The view model's workshop views, driven as both front ends drive them: a shared run downloaded
+and loaded back, the race, and the words that explain a run."""
+
+import json
+import re
+
+import pytest
+
+from dyspec import figures
+from dyspec.core.events import StepVerified
+from dyspec.errors import DyspecError
+from dyspec.eval import speedup
+from dyspec.policies import POLICIES
+from dyspec.views import race, share
+from dyspec.views.state import FEATURED, ViewModel, featured_step
+
+
+@pytest.fixture(scope="module")
+def vm(pair):
+    return ViewModel(pair)
+
+
+@pytest.fixture(scope="module")
+def finished(vm):
+    """A short greedy dyspec run with ar measured beside it."""
+    *_, live = vm.run("List five fruits, one per line.", "dyspec", 6, max_new_tokens=24)
+    return live
+
+
+def test_download_loads_back_as_the_same_run(vm, finished, tmp_path):
+    page = vm.download(finished, "h100")
+    assert page.count("plotly.js v") == 1 and "<script src=" not in page  # plotly.js inlined once: offline
+    assert page.count("Plotly.newPlot") == 3  # the featured tree, the per-step chart, acceptance by depth
+    assert page.count(share.RECORD_ID) == 1
+    loaded = vm.load(page.encode())
+    assert loaded.steps == finished.steps and loaded.ar == finished.ar and loaded.finished == finished.finished
+    assert loaded.prompt == finished.prompt and loaded.policy == "dyspec"
+    assert loaded.made_on and "on the machine it ran on" in vm.stats(loaded)
+    assert vm.text(loaded.steps) == vm.text(finished.steps)
+    # the bare record loads too, and a loaded run downloads again to the same record
+    record = share.parse_record(page)
+    assert vm.load(json.dumps(record)).steps == finished.steps
+    assert share.parse_record(vm.download(loaded, "h100"))["steps"] == record["steps"]
+
+
+def test_a_prompt_that_closes_the_script_element_survives(vm, finished):
+    live = vm.load(vm.download(finished, "h100"))
+    live.prompt = "</script><script>alert(1)</script>"
+    page = vm.download(live, "h100")
+    assert "<script>alert(1)" not in page
+    assert vm.load(page).prompt == live.prompt
+
+
+@pytest.mark.parametrize(
+    "mangle, message",
+    [
+        (lambda r: "<html>no run here</html>", "no run record"),
+        (lambda r: {**r, "dyspec_run": 99}, "format 1"),
+        (lambda r: {**r, "steps": "many"}, "'steps'"),
+        (lambda r: {**r, "steps": [{**r["steps"][0], "evil": 1}]}, "unknown fields"),
+        (lambda r: {**r, "steps": [{k: v for k, v in r["steps"][0].items() if k != "parents"}]}, "incomplete"),
+        (lambda r: {**r, "steps": [{**r["steps"][0], "parents": [0]}]}, "different lengths"),
+        (lambda r: {**r, "steps": [{**r["steps"][0], "tokens": ["a"] * len(r["steps"][0]["tokens"])}]}, "wrong kind"),
+        (lambda r: {**r, "steps": [{**r["steps"][0], "accepted": [999]}]}, "not a tree"),
+        (lambda r: {**r, "steps": []}, "no steps"),
+    ],
+)
+def test_a_bad_file_gets_a_clear_error(vm, finished, mangle, message):
+    record = share.parse_record(vm.download(finished, "h100"))
+    bad = mangle(record)
+    with pytest.raises(DyspecError, match=re.escape(message)):
+        vm.load(bad if isinstance(bad, str) else json.dumps(bad))
+
+
+def test_nothing_to_download_before_a_run(vm):
+    from dyspec.views.state import Live
+
+    with pytest.raises(DyspecError, match="Run a generation first"):
+        vm.download(Live(), "h100")
+
+
+def test_race_measures_both_then_replays_on_their_clocks(vm):
+    said = []
+    for run in race.run_race(vm, "Count from one to ten.", "chain", 4, 20):  # one Race, filled as it goes
+        said.append(race.progress_text(run))
+    assert said[0].startswith("Measuring ar (plain decoding): 0 tokens") and said[-1].startswith("Measuring chain")
+    assert run.ar.finished and run.run.finished and run.run.ar == run.ar.steps
+    texts = [[t for s in r.steps for t in s.emitted] for r in (run.ar, run.run)]
+    assert texts[0] == texts[1]  # greedy: the same text, only its pace differs
+    ends = race.clock(run.ar.steps)
+    assert ends == sorted(ends) and run.seconds == max(ends[-1], race.clock(run.run.steps)[-1])
+    model = vm.latency_model("h100")
+    start = race.race_frame(vm, run, 0.0, model)
+    assert start.count("0 tokens") == 2 and "measured" not in start  # no ratio before the finish
+    middle = race.race_frame(vm, run, ends[len(ends) // 2], model)
+    assert f"{len(ends) // 2 + 1} tokens" in middle  # ar: one token a step
+    end = race.race_frame(vm, run, run.seconds, model)
+    assert end.count("· done") == 2 and "modelled on H100" in end and "Same text as plain decoding" in end
+    ratio = float(re.search(r"([\d.]+)x</span> measured", end).group(1))
+    rates = [speedup.decode_rate(r.steps) for r in (run.run, run.ar)]
+    assert ratio == pytest.approx(rates[0] / rates[1], abs=0.005)  # the ratio of the clocks replayed
+    times = list(race.frame_times(run, 0.5))
+    assert times[-1] == run.seconds and times[1] == pytest.approx(race.FRAME_S * 0.5)
+
+
+def test_every_policy_says_what_it_does(vm):
+    assert all(p.summary for p in POLICIES.values())
+    lines = vm.policy_lines(vm.replay_policies)
+    assert all(f"`{p}`" in lines for p in vm.replay_policies)
+
+
+def test_a_finished_run_opens_on_its_longest_accepted_path(vm, finished):
+    best = featured_step(finished.steps)
+    assert len(finished.steps[best].accepted) == max(len(s.accepted) for s in finished.steps)
+    assert FEATURED and featured_step([]) == 0
+    assert "Same text as plain decoding, token for token" in vm.stats(finished)
+
+
+def test_a_live_run_says_what_it_waits_for(vm):
+    first = next(iter(vm.run("Name a color you like.", "chain", 2, max_new_tokens=4)))
+    assert vm.stats(first).startswith("Measuring ar (plain decoding)")
+
+
+def test_replays_are_kept_and_the_sweep_says_what_it_waits_for(vm):
+    prompt = "Name two animals."
+    assert "Replaying" in vm.sweep_status(prompt, ["chain"], 8)
+    runs = vm.replay(prompt, ["chain"], [4], 8)
+    assert vm.replay(prompt, ["chain"], [4], 8)[0] is runs[0]
+    vm.sweep(prompt, ["chain"], 8)
+    assert vm.sweep_status(prompt, ["chain"], 8) == ""
+
+
+def star_step(children: int, depth_two: int = 0) -> StepVerified:
+    """A root with `children` drafted children (the first accepted, the others rejected), the first
+    with a chain of `depth_two` unreached nodes below it."""
+    n = 1 + children + depth_two
+    parents = [-1, *[0] * children, *[1] * min(depth_two, 1), *range(children + 1, children + depth_two)]
+    depths = [0, *[1] * children, *range(2, 2 + depth_two)]
+    probs = [1.0, *(1 / (i + 2) for i in range(n - 1))]
+    return StepVerified(
+        step=0,
+        tokens=list(range(n)),
+        texts=[f"t{i}" for i in range(n)],
+        parents=parents,
+        depths=depths,
+        draft_probs=probs,
+        values=probs,
+        target_probs=probs,
+        accepted=[1],
+        emitted=[1, 7],
+        emitted_texts=["t1", "x"],
+        next_token=7,
+        draft_s=0.0,
+        target_s=0.0,
+        overhead_s=0.0,
+        tree_build_s=0.0,
+        draft_forwards=1,
+    )
+
+
+def labels(fig) -> list[str]:
+    return [t for trace in fig.data if trace.mode == "markers+text" for t in trace.text if t]
+
+
+def test_a_big_tree_labels_its_path_and_its_likeliest_rejected_nodes():
+    wide = figures.tree_figure(star_step(120))  # a hundred rows: no room for every label
+    shown = labels(wide)
+    assert {"t0", "t1", "x"} <= set(shown) and len(shown) == 3 + figures.LABEL_REJECTED
+    assert {f"t{i}" for i in range(2, 2 + figures.LABEL_REJECTED)} <= set(shown)  # the likeliest rejected
+    assert len(labels(figures.tree_figure(star_step(30)))) == 32  # rows to spare: every reached node
+    chain = figures.tree_figure(star_step(2, depth_two=254))  # a long chain: small dots, no labels beyond reach
+    sizes = [s for trace in chain.data if trace.mode == "markers+text" for s in trace.marker.size]
+    assert max(sizes) < 9 and len(labels(chain)) == 5  # the root, t1, x and the two rejected the verifier tried
+    positions = [p for trace in chain.data if trace.mode == "markers+text" for p in trace.textposition]
+    assert {"top center", "bottom center"} == set(positions)  # neighbours in a row alternate
