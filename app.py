@@ -63,16 +63,25 @@ def slider_update(last: int, first: int, value: int | None = None):
 def errors_as_toasts(fn):
     """A user's mistake (DyspecError) as a toast, with no traceback in the operator's log."""
 
+    def toast(e: DyspecError) -> gr.Error:
+        return gr.Error(str(e), print_exception=False)
+
+    # two wrappers: a function with `yield` in it is a generator, whose returned value Gradio drops
     @functools.wraps(fn)  # Gradio reads the signature through it (a `gr.Request` parameter)
-    def wrapped(*args):
+    def streamed(*args):
         try:
-            if inspect.isgeneratorfunction(fn):
-                return (yield from fn(*args))
+            return (yield from fn(*args))
+        except DyspecError as e:
+            raise toast(e) from None
+
+    @functools.wraps(fn)
+    def returned(*args):
+        try:
             return fn(*args)
         except DyspecError as e:
-            raise gr.Error(str(e), print_exception=False) from None
+            raise toast(e) from None
 
-    return wrapped
+    return streamed if inspect.isgeneratorfunction(fn) else returned
 
 
 def pricing_controls(vm: state.ViewModel, label: str, value: str | None, elem_id: str):
@@ -260,6 +269,9 @@ def generate_controls(vm: state.ViewModel) -> list:
     return [prompt, policy, budget, auto, temperature, seed, max_new, measure_ar, run_btn, stop_btn]
 
 
+LIVE_OUTPUTS = 10  # what live_views returns: text, tree, chart, depth, stats, run, two sliders, what-if, download
+
+
 def live_views(vm: state.ViewModel, live: state.Live, draw: bool, pricing: tuple, session: str) -> tuple:
     """Everything the tab shows of a run: a finished one opens on its featured step, with its
     what-if and its download ready."""
@@ -320,10 +332,15 @@ def live_handlers(vm: state.ViewModel) -> tuple:
             drawn = time.perf_counter() if draw else drawn
             yield live_views(vm, live, bool(draw), (choice, width, fraction), request.session_hash)
 
-    @errors_as_toasts
     def load(data: bytes, choice, width, fraction, request: gr.Request):
-        """A downloaded run, shown as it was when it finished."""
-        return live_views(vm, vm.load(data), True, (choice, width, fraction), request.session_hash)
+        """A downloaded run, shown as it was when it finished; a file that is not one is said in a
+        toast, and what is on screen stays (an error raised here would mark every output)."""
+        try:
+            live = vm.load(data)
+        except DyspecError as e:
+            gr.Warning(str(e))
+            return (gr.skip(),) * (LIVE_OUTPUTS + 1)
+        return *live_views(vm, live, True, (choice, width, fraction), request.session_hash), live.prompt
 
     def stop(request: gr.Request) -> None:
         if request.session_hash in stops:
@@ -418,7 +435,7 @@ def generate_tab(vm: state.ViewModel, concurrency: int) -> None:
             api_name=False,
             trigger_mode="always_last",
         )
-    upload.upload(load, [upload, *pricing], outputs, api_name=False)
+    upload.upload(load, [upload, *pricing], [*outputs, settings[0]], api_name="load_run")  # and its prompt
     export_btn.click(
         lambda live, f: vm.export(live or state.Live(), f), [live_state, fmt], export_code, api_name="export"
     )

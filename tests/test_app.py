@@ -67,7 +67,7 @@ def test_binds_to_localhost_only(server):
 
 
 def test_api_with_gradio_client(server):
-    from gradio_client import Client
+    from gradio_client import Client, handle_file
 
     url, _ = server
     client = Client(url, verbose=False)
@@ -77,8 +77,18 @@ def test_api_with_gradio_client(server):
     )
     assert "12 tokens" in stats and "per forward" in stats
     assert "<span" in text and "Acceptance by tree depth" in str(depth)
-    *_, whatif_line = client.predict("Name three colors.", "dyspec", 4, True, 0, 0, 12, True, *whatif, api_name="/run")
+    run_text, *_, whatif_line, download = client.predict(
+        "Name three colors.", "dyspec", 4, True, 0, 0, 12, True, *whatif, api_name="/run"
+    )
     assert "Measured on this machine" in whatif_line and "Modelled on H100" in whatif_line
+    page = Path(download["value"] if isinstance(download, dict) else download).read_text()
+    assert "dyspec-run" in page and "Name three colors." in page  # the run to share
+    shared = handle_file(download["value"] if isinstance(download, dict) else download)
+    loaded_text, *_, loaded_stats = client.predict(shared, *whatif, api_name="/load_run")[:5]
+    assert loaded_text == run_text  # the same text, its featured step outlined
+    assert "on the machine it ran on" in loaded_stats
+    board = client.predict("Name three colors.", "chain", 4, 12, 1.0, *whatif, api_name="/race")  # no State
+    assert board.count("· done") == 2 and "modelled on H100" in board
     with pytest.raises(Exception, match="maximum value 64"):
         client.predict("hi", "chain", 999, False, 0, 0, 12, False, *whatif, api_name="/run")
     with pytest.raises(Exception, match="Type a prompt"):
@@ -164,6 +174,9 @@ def test_browser_side_by_side(page, tmp_path):
     from playwright.sync_api import expect
 
     expect(page.locator("#sbs-run")).to_be_visible()
+    # the page opens on the opening comparison, no click needed
+    expect(page.locator("#sbs-table")).to_contain_text("ar (baseline)", timeout=120_000)
+    expect(page.locator("#sbs-tree-0 .main-svg").first).to_be_visible(timeout=60_000)
     page.locator("#sbs-examples").get_by_text("A list", exact=True).click()
     boxes = page.locator("#sbs-policies")
     for policy in ("chain", "sequoia", "dyspec", "specinfer"):  # every box unticked, then the three ticked
@@ -202,6 +215,14 @@ def test_browser_side_by_side(page, tmp_path):
     expect(page.locator("#sbs-answer span[style*='outline']")).to_have_count(1)
     expect(page.locator("#sbs-sweep .main-svg").first).to_be_visible(timeout=180_000)
     expect(page.locator("#sbs-sweep")).to_contain_text("against budget")
+    expect(page.locator("#sbs-sweep-status")).not_to_contain_text("Replaying")  # said while it waited, then gone
+    # another accelerator reprices the same trees at once, without a replay
+    page.locator("#sbs-hardware input").click()
+    page.get_by_role("option", name="this machine", exact=True).click()
+    expect(table).to_contain_text("modelled on this machine", timeout=30_000)
+    expect(table).not_to_contain_text("modelled on H100")
+    page.get_by_text("What each policy does").click()
+    expect(page.locator("#sbs-policy-lines")).to_contain_text("DySpec: grows the tree")
     page.set_viewport_size({"width": 1280, "height": 720})  # a projector's
     screenshot(page, tmp_path, "app-side-by-side.png")
 
@@ -239,8 +260,39 @@ def test_browser_run_and_stop(server, page, tmp_path):
     whatif = page.locator("#whatif")
     expect(whatif).to_contain_text("Measured on this machine", timeout=30_000)
     expect(whatif).to_contain_text("Modelled on")
-    expect(page.get_by_label("Parametric: draft / t(1)")).to_have_count(0)  # shown for the parametric one only
+    expect(page.get_by_label("Parametric: a draft forward's cost, as a fraction of the target's")).to_have_count(0)
+    expect(page.locator("#stats")).to_contain_text("accepted the most")  # it opens on its longest path
     screenshot(page, tmp_path, "app.png")
+
+    # the run downloads as one page that draws offline, and loads back into the tab
+    with page.expect_download() as download:
+        page.locator("#download").click()
+    saved = tmp_path / "run.html"
+    download.value.save_as(saved)
+    offline = page.context.browser.new_page()
+    offline.route(
+        "**/*", lambda route: route.abort() if not route.request.url.startswith("file:") else route.continue_()
+    )
+    offline.goto(saved.as_uri())
+    expect(offline.locator(".main-svg").first).to_be_visible(timeout=30_000)
+    assert offline.locator(".plotly-graph-div").count() == 3
+    offline.close()
+    before = page.locator("#text").inner_text()
+    page.locator("#prompt textarea").fill("Something else entirely.")
+    with page.expect_file_chooser() as chooser:  # as a user picks the file
+        page.locator("#upload").click()
+    chooser.value.set_files(str(saved))
+    expect(page.locator("#stats")).to_contain_text("on the machine it ran on", timeout=30_000)
+    assert page.locator("#text").inner_text() == before
+    expect(page.locator("#prompt textarea")).to_have_value(EXAMPLES[0].prompt)  # the loaded run's own prompt
+    expect(page.locator("#tree .main-svg").first).to_be_visible()
+    screenshot(page, tmp_path, "app-loaded-run.png")
+    with page.expect_file_chooser() as chooser:
+        page.locator("#upload").click()
+    chooser.value.set_files(files=[{"name": "notes.html", "mimeType": "text/html", "buffer": b"<html>my notes</html>"}])
+    expect(page.get_by_text("This file is not a run downloaded from dyspec").first).to_be_visible(timeout=30_000)
+    expect(page.locator(".error")).to_have_count(0)
+    page.locator(".toast-close").first.click()
 
     # the run's tree shape, ready for a serving engine, parses back as TensorRT-LLM's choices
     page.get_by_text("Export this run's tree to a serving engine").click()
@@ -256,6 +308,7 @@ def test_browser_run_and_stop(server, page, tmp_path):
     page.locator("#prompt textarea").fill("Write a long story about a dragon who learns to cook.")
     page.locator("#max-new input[type=number]").fill("256")
     page.locator("#run").click()
+    expect(page.locator("#stats")).to_contain_text("Measuring ar (plain decoding)", timeout=60_000)  # not silent
     page.wait_for_function(
         "([sel, old]) => { const t = document.querySelector(sel)?.innerText ?? ''; "
         "return t.includes('tokens in') && t !== old; }",
@@ -299,3 +352,30 @@ def test_browser_budget_and_temperature_act_on_a_running_generation(page, tmp_pa
     expect(page.locator("#chart")).to_contain_text("budget 2, T 0", timeout=30_000)
     expect(page.locator(".error")).to_have_count(0)
     screenshot(page, tmp_path, "app-live-knobs.png")
+
+
+@pytest.mark.skipif(not os.path.exists(CHROMIUM), reason="needs Debian's chromium (.ci/run installs it)")
+def test_browser_race(page, tmp_path):
+    """ar and a policy measured one after the other, replayed side by side, with both ratios labelled."""
+    from playwright.sync_api import expect
+
+    page.get_by_role("tab", name="Race against plain decoding").click()
+    page.locator("#race-max input[type=number]").fill("48")
+    expect(page.locator("#race-policy")).to_contain_text("no draft model")  # the default policy, in words
+    page.locator("#race-run").click()
+    board = page.locator("#race")
+    expect(board).to_contain_text("Measuring ar", timeout=120_000)
+    expect(board).to_contain_text("· done", timeout=180_000)  # the replay is under way
+    expect(board).to_contain_text("measured on this machine", timeout=60_000)
+    expect(board).to_contain_text("modelled on H100")
+    expect(board).to_contain_text("Same text as plain decoding, token for token")
+    lanes = board.locator("div[style*='flex:1']")
+    assert lanes.count() == 2 and lanes.nth(0).inner_text().split("\n")[-1] == lanes.nth(1).inner_text().split("\n")[-1]
+    first, second = (lanes.nth(i).bounding_box() for i in (0, 1))
+    assert abs(first["y"] - second["y"]) < 5  # side by side
+    page.set_viewport_size({"width": 1280, "height": 720})
+    screenshot(page, tmp_path, "app-race.png")
+    page.locator("#race-again").click()  # replays from the start without measuring again
+    expect(board).not_to_contain_text("measured on this machine", timeout=10_000)
+    expect(board).to_contain_text("measured on this machine", timeout=60_000)
+    expect(page.locator(".error")).to_have_count(0)
