@@ -39,6 +39,9 @@ LOOK_FOR = (
     "(tokens per target forward) and what it cost the draft (draft forwards per step)."
 )
 
+# Every event that may run the models (generations, replays, pricing on this machine, which profiles
+# them once) waits in one queue: two at once would share the pair's caches and compiled forwards
+PAIR = "pair"
 DOWNLOADS = Path(tempfile.mkdtemp(prefix="dyspec-app-"))  # each browser session's last run, as a page
 
 
@@ -205,16 +208,17 @@ def side_by_side_tab(demo: gr.Blocks, vm: state.ViewModel, concurrency: int) -> 
     inputs = [prompt, policies, budget, max_new, *pricing]
     outputs = [table, runs, position, answer, *tree_plots, sweep_status, sweep]
     button.click(check, inputs, None, api_name=False).success(
-        replay, inputs, outputs, api_name="side_by_side", concurrency_limit=concurrency
+        replay, inputs, outputs, api_name="side_by_side", concurrency_limit=concurrency, concurrency_id=PAIR
     )
     # the page opens on the opening comparison (replays are kept: after the first, it is instant)
-    demo.load(replay, inputs, outputs, api_name=False, concurrency_limit=concurrency)
+    demo.load(replay, inputs, outputs, api_name=False, concurrency_limit=concurrency, concurrency_id=PAIR)
     for control in pricing:  # another accelerator reprices the same trees at once
         control.change(
             lambda r, *p: vm.replay_table(r, vm.replay_models(*p)) if r else gr.skip(),
             [runs, *pricing],
             table,
             api_name=False,
+            concurrency_id=PAIR,
         )
     # `input`: a drag and a typed position alike (`release` misses typing); the latest one wins
     position.input(
@@ -417,7 +421,7 @@ def generate_tab(vm: state.ViewModel, concurrency: int) -> None:
     inputs = [*settings, *pricing]
     outputs = [text, tree, chart, depth, stats, live_state, step_slider, growth_slider, whatif_md, download]
     run_btn.click(check, inputs, None, api_name=False).success(
-        run, inputs, outputs, api_name="run", concurrency_limit=concurrency
+        run, inputs, outputs, api_name="run", concurrency_limit=concurrency, concurrency_id=PAIR
     )
     # Stop asks the run to end cleanly after its step (no concurrency limit: never behind the run); the
     # run's last state stays on screen, where cancelling the event would replace it with errors
@@ -435,13 +439,18 @@ def generate_tab(vm: state.ViewModel, concurrency: int) -> None:
             api_name=False,
             trigger_mode="always_last",
         )
-    upload.upload(load, [upload, *pricing], [*outputs, settings[0]], api_name="load_run")  # and its prompt
+    # and its prompt; in the model's queue: pricing on this machine may profile it
+    upload.upload(load, [upload, *pricing], [*outputs, settings[0]], api_name="load_run", concurrency_id=PAIR)
     export_btn.click(
         lambda live, f: vm.export(live or state.Live(), f), [live_state, fmt], export_code, api_name="export"
     )
     for control in pricing:
         control.change(
-            lambda live, *p: vm.whatif(live or state.Live(), *p), [live_state, *pricing], whatif_md, api_name=False
+            lambda live, *p: vm.whatif(live or state.Live(), *p),
+            [live_state, *pricing],
+            whatif_md,
+            api_name=False,
+            concurrency_id=PAIR,
         )
 
 
@@ -508,10 +517,9 @@ def race_tab(vm: state.ViewModel, concurrency: int) -> None:
     raced = gr.State(None)
     inputs = [*controls, *pricing]
     start.click(check, inputs, None, api_name=False).success(
-        run, inputs, [board, raced], api_name="race", concurrency_limit=concurrency
+        run, inputs, [board, raced], api_name="race", concurrency_limit=concurrency, concurrency_id=PAIR
     )
-    # a replay only draws: never queued behind a run
-    again.click(replay, [raced, controls[-1], *pricing], board, api_name=False, concurrency_limit=None)
+    again.click(replay, [raced, controls[-1], *pricing], board, api_name=False, concurrency_id=PAIR)
 
 
 def build_app(pair: dyspec.ModelPair, concurrency: int = 1, profiles: dict | None = None) -> gr.Blocks:
