@@ -368,9 +368,25 @@ def live_handlers(vm: state.ViewModel) -> tuple:
     return check, run, stop, tune, show_step, load
 
 
+def export_panel(vm: state.ViewModel, live_state: gr.State) -> None:
+    """The run's tree shape in a serving engine's format, each format saying where it goes."""
+    with gr.Accordion("Export this run's tree to a serving engine", open=False):
+        with gr.Row():
+            fmt = gr.Dropdown(
+                list(VIEW_FORMATS), value="trtllm", label="Format", info=VIEW_FORMATS["trtllm"], elem_id="format"
+            )
+            fmt.change(lambda f: gr.update(info=VIEW_FORMATS[f]), fmt, fmt, api_name=False)
+            export_btn = gr.Button("Export this tree", elem_id="export")
+        export_code = gr.Code(language="python", label="Paste into your engine's config", elem_id="snippet")
+    export_btn.click(
+        lambda live, f: vm.export(live or state.Live(), f), [live_state, fmt], export_code, api_name="export"
+    )
+
+
 def generate_tab(vm: state.ViewModel, concurrency: int) -> None:
     """A live run measured against `ar`: its text, trees, per-step chart, export and what-if."""
     check, run, stop, tune, show_step, load = live_handlers(vm)
+    live_state = gr.State(None)
     gr.Markdown(
         f"A live run on this machine, measured against plain decoding (`ar`) on the same prompt. "
         f"The default, `{vm.default_text}`, is the fastest measured on a {vm.pair.device.type}; on a CPU "
@@ -394,18 +410,7 @@ def generate_tab(vm: state.ViewModel, concurrency: int) -> None:
                 upload = gr.UploadButton(
                     "Load a downloaded run", file_types=[".html", ".json"], type="binary", elem_id="upload", scale=2
                 )
-            with gr.Accordion("Export this run's tree to a serving engine", open=False):
-                with gr.Row():
-                    fmt = gr.Dropdown(
-                        list(VIEW_FORMATS),
-                        value="trtllm",
-                        label="Format",
-                        info=VIEW_FORMATS["trtllm"],
-                        elem_id="format",
-                    )
-                    fmt.change(lambda f: gr.update(info=VIEW_FORMATS[f]), fmt, fmt, api_name=False)
-                    export_btn = gr.Button("Export this tree", elem_id="export")
-                export_code = gr.Code(language="python", label="Paste into your engine's config", elem_id="snippet")
+            export_panel(vm, live_state)
             with gr.Row():
                 chart = gr.Plot(label="Per step", elem_id="chart")
                 depth = gr.Plot(label="Acceptance by tree depth", elem_id="depth")
@@ -417,7 +422,6 @@ def generate_tab(vm: state.ViewModel, concurrency: int) -> None:
                 with gr.Row():
                     pricing = pricing_controls(vm, "Hardware", None, "hardware")
                 whatif_md = gr.Markdown("Run a generation to price its trees.", elem_id="whatif")
-    live_state = gr.State(None)
     inputs = [*settings, *pricing]
     outputs = [text, tree, chart, depth, stats, live_state, step_slider, growth_slider, whatif_md, download]
     run_btn.click(check, inputs, None, api_name=False).success(
@@ -441,9 +445,6 @@ def generate_tab(vm: state.ViewModel, concurrency: int) -> None:
         )
     # and its prompt; in the model's queue: pricing on this machine may profile it
     upload.upload(load, [upload, *pricing], [*outputs, settings[0]], api_name="load_run", concurrency_id=PAIR)
-    export_btn.click(
-        lambda live, f: vm.export(live or state.Live(), f), [live_state, fmt], export_code, api_name="export"
-    )
     for control in pricing:
         control.change(
             lambda live, *p: vm.whatif(live or state.Live(), *p),

@@ -379,3 +379,19 @@ def test_browser_race(page, tmp_path):
     expect(board).not_to_contain_text("measured on this machine", timeout=10_000)
     expect(board).to_contain_text("measured on this machine", timeout=60_000)
     expect(page.locator(".error")).to_have_count(0)
+
+
+@pytest.mark.skipif(not os.path.exists(CHROMIUM), reason="needs Debian's chromium (.ci/run installs it)")
+def test_browser_chinese_text_streams_whole_characters(page):
+    """Characters split over tokens stream whole: no replacement character in the text or the tree."""
+    from playwright.sync_api import expect
+
+    page.get_by_role("tab", name="Generate (live, measured)").click()
+    page.locator("#prompt textarea").fill("请用中文介绍一下北京。")
+    page.locator("#max-new input[type=number]").fill("24")
+    page.get_by_label("Measure ar on the same prompt (for the speedup)").uncheck()
+    page.locator("#run").click()
+    expect(page.locator("#stats")).to_contain_text("Done", timeout=120_000)
+    text = page.locator("#text").inner_text()
+    assert any("\u4e00" <= c <= "\u9fff" for c in text) and "\ufffd" not in text, text
+    assert "\ufffd" not in page.locator("#tree").inner_text()
