@@ -132,10 +132,22 @@ def policy_boxes(vm: state.ViewModel) -> gr.CheckboxGroup:
         elem_id="sbs-policies",
     )
     too_many = errors_as_toasts(lambda chosen: vm.check_policies(chosen, state.MAX_SIDE_BY_SIDE))
-    boxes.input(too_many, boxes, None, api_name=False)
+    boxes.input(too_many, boxes, None, api_name=False, trigger_mode="always_last")  # the last tick counts
     with gr.Accordion("What each policy does", open=False):
         gr.Markdown(vm.policy_lines(vm.replay_policies), elem_id="sbs-policy-lines")
     return boxes
+
+
+def replay_budget(vm: state.ViewModel) -> gr.Slider:
+    return gr.Slider(
+        1,
+        vm.limits.replay_budget,
+        value=state.SIDE_BY_SIDE_BUDGET,
+        step=1,
+        label="Budget (drafted tokens per step)",
+        info="replayed: even 256-node trees take seconds here",
+        elem_id="sbs-budget",
+    )
 
 
 def tree_grid() -> list[gr.Plot]:
@@ -178,14 +190,7 @@ def side_by_side_tab(demo: gr.Blocks, vm: state.ViewModel, concurrency: int) -> 
             expect = gr.Textbox(label="What to expect", value=EXAMPLES[0].expect, lines=2, interactive=False)
             examples_menu(prompt, expect, "Examples", "sbs-examples")
             policies = policy_boxes(vm)
-            budget = gr.Slider(
-                1,
-                vm.limits.replay_budget,
-                value=state.SIDE_BY_SIDE_BUDGET,
-                step=1,
-                label="Budget (drafted tokens per step)",
-                info="replayed: even 256-node trees take seconds here",
-            )
+            budget = replay_budget(vm)
             max_new = gr.Slider(1, vm.limits.max_new_tokens, value=64, step=1, label="Max new tokens")
             pricing = pricing_controls(vm, "Price the trees on", vm.side_by_side_hardware, "sbs-hardware")
             button = gr.Button("Replay side by side", variant="primary", elem_id="sbs-run")
@@ -207,8 +212,15 @@ def side_by_side_tab(demo: gr.Blocks, vm: state.ViewModel, concurrency: int) -> 
     runs = gr.State(None)
     inputs = [prompt, policies, budget, max_new, *pricing]
     outputs = [table, runs, position, answer, *tree_plots, sweep_status, sweep]
-    button.click(check, inputs, None, api_name=False).success(
-        replay, inputs, outputs, api_name="side_by_side", concurrency_limit=concurrency, concurrency_id=PAIR
+    # a click while a replay runs is kept for after it (by default Gradio drops it: trigger_mode "once")
+    button.click(check, inputs, None, api_name=False, trigger_mode="always_last").success(
+        replay,
+        inputs,
+        outputs,
+        api_name="side_by_side",
+        concurrency_limit=concurrency,
+        concurrency_id=PAIR,
+        trigger_mode="always_last",
     )
     # the page opens on the opening comparison (replays are kept: after the first, it is instant)
     demo.load(replay, inputs, outputs, api_name=False, concurrency_limit=concurrency, concurrency_id=PAIR)

@@ -222,6 +222,17 @@ def sibling_ranks(parents: list[int]) -> tuple[list[int], dict[int, int]]:
     return rank, seen
 
 
+def depth_window(x: list[int], outcome: list[str]) -> int:
+    """The deepest depth a tree's figure opens on: all of it, unless it is deeper than ROOM_COLUMNS,
+    then what the verifier reached and half that many depths more (a 128-node chain's first
+    columns would be two pixels wide); plotly pans to the rest."""
+    deepest = max(x, default=0)
+    if deepest + 1 <= ROOM_COLUMNS:
+        return deepest
+    reached = max((d for d, k in zip(x, outcome) if k != "unreached"), default=0)
+    return min(deepest, reached + ROOM_COLUMNS // 2)
+
+
 def shown_labels(outcome: list[str], probs: list[float], rows: float) -> list[bool]:
     """Which nodes a tree writes the token of (LABEL_ALL, LABEL_ROWS, LABEL_REJECTED)."""
     if len(outcome) <= LABEL_ALL:
@@ -271,7 +282,8 @@ def tree_figure(step, upto: int | None = None, title: str | None = None) -> go.F
         head.append("-")
     y = tree_layout(parents)  # the target's token gets a row of its own
     leaves = max(y, default=0) + 1
-    room = min(1.0, ROOM_COLUMNS / (max(x, default=0) + 1), ROOM_ROWS / leaves)
+    deepest = depth_window(x, outcome)
+    room = min(1.0, ROOM_COLUMNS / (deepest + 1), ROOM_ROWS / leaves)
     size = [max(4.0, room * s) for s in [9 + 16 * p for p in step.draft_probs[:n]] + [14] * (len(x) - n)]
     probs = [*step.draft_probs[:n], *[math.nan] * (len(x) - n)]
     labelled = shown_labels(outcome, [*step.draft_probs[:n], *[1.0] * (len(x) - n)], leaves)
@@ -311,9 +323,9 @@ def tree_figure(step, upto: int | None = None, title: str | None = None) -> go.F
         title=title or f"step {step.step}: {len(step.tokens) - 1} {made}, {len(step.accepted)} accepted",
         # at most about TICKS depth ticks: a 256-node chain's 257 would print over each other
         xaxis={
-            "title": "depth (tokens after the root)",
-            "dtick": max(1, math.ceil((max(x, default=0) + 1) / TICKS)),
-            "range": [-0.5, max(x, default=0) + 0.8],
+            "title": "depth (tokens after the root)" + ("; drag to see deeper" if deepest < max(x) else ""),
+            "dtick": max(1, math.ceil((deepest + 1) / TICKS)),
+            "range": [-0.5, deepest + 0.8],
         },
         yaxis={"visible": False, "range": [leaves - 0.4, -1.0]},  # first leaf at the top; room for its label
         height=max(340, min(900, 190 + 42 * leaves)),

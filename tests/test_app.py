@@ -225,6 +225,33 @@ def test_browser_side_by_side(page, tmp_path):
     expect(page.locator("#sbs-policy-lines")).to_contain_text("DySpec: grows the tree")
     page.set_viewport_size({"width": 1280, "height": 720})  # a projector's
     screenshot(page, tmp_path, "app-side-by-side.png")
+    # big trees stay readable: at budget 128 (kept from the sweep) labels do not print over each other
+    page.locator("#sbs-position input[type=number]").fill("0")
+    page.locator("#sbs-position input[type=number]").press("Enter")
+    page.locator("#sbs-budget input[type=number]").fill("128")
+    page.locator("#sbs-run").click()
+    expect(page.locator("#sbs-tree-2 .gtitle")).to_contain_text("dyspec at 128", timeout=60_000)
+    for i in range(3):
+        assert label_overlaps(page, f"sbs-tree-{i}") == 0, i
+
+
+def label_overlaps(page, elem_id: str) -> int:
+    """Pairs of token labels in a plotted tree whose boxes overlap by more than a third of the smaller."""
+    return page.evaluate(
+        """(id) => {
+            const boxes = [...document.querySelectorAll(`#${id} .textpoint text`)]
+                .filter(t => t.textContent.trim()).map(t => t.getBoundingClientRect());
+            let n = 0;
+            for (let i = 0; i < boxes.length; i++) for (let j = i + 1; j < boxes.length; j++) {
+                const a = boxes[i], b = boxes[j];
+                const w = Math.min(a.right, b.right) - Math.max(a.left, b.left);
+                const h = Math.min(a.bottom, b.bottom) - Math.max(a.top, b.top);
+                if (w > 0 && h > 0 && w * h > Math.min(a.width * a.height, b.width * b.height) / 3) n++;
+            }
+            return n;
+        }""",
+        elem_id,
+    )
 
 
 @pytest.mark.skipif(not os.path.exists(CHROMIUM), reason="needs Debian's chromium (.ci/run installs it)")

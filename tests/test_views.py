@@ -168,8 +168,10 @@ def test_a_big_tree_labels_its_path_and_its_likeliest_rejected_nodes():
     assert {"t0", "t1", "x"} <= set(shown) and len(shown) == 3 + figures.LABEL_REJECTED
     assert {f"t{i}" for i in range(2, 2 + figures.LABEL_REJECTED)} <= set(shown)  # the likeliest rejected
     assert len(labels(figures.tree_figure(star_step(30)))) == 32  # rows to spare: every reached node
-    chain = figures.tree_figure(star_step(2, depth_two=254))  # a long chain: small dots, no labels beyond reach
-    sizes = [s for trace in chain.data if trace.mode == "markers+text" for s in trace.marker.size]
-    assert max(sizes) < 9 and len(labels(chain)) == 5  # the root, t1, x and the two rejected the verifier tried
+    chain = figures.tree_figure(star_step(2, depth_two=254))  # a long chain opens on the depths that matter
+    assert chain.layout.xaxis.range[1] < figures.ROOM_COLUMNS and "drag to see deeper" in chain.layout.xaxis.title.text
+    assert len(labels(chain)) == 5  # the root, t1, x and the two rejected the verifier tried
+    sizes = [s for trace in wide.data if trace.mode == "markers+text" for s in trace.marker.size]
+    assert max(sizes) < 9  # a hundred rows: smaller dots, not a smear
     positions = [p for trace in chain.data if trace.mode == "markers+text" for p in trace.textposition]
     assert {"top center", "bottom center"} == set(positions)  # neighbours in a row alternate
