@@ -58,13 +58,16 @@ def test_a_chinese_answer_streams_without_replacement_characters(default_pair):
 
 
 def test_a_deep_tree_keeps_its_depth_axis_readable():
-    """A chain of 256 nodes gets a tick every few depths, not 257 ticks printed over each other."""
-    from dyspec.figures import TICKS, tree_figure
+    """A chain of 256 nodes gets a tick every few depths, not 257 ticks printed over each other, and
+    one rejected early opens on the depths the verifier reached."""
+    from dyspec.figures import ROOM_COLUMNS, TICKS, tree_figure
 
-    from .test_speedup import fake_step  # a chain of `size` nodes
+    from .test_speedup import fake_step  # a chain of `size` nodes, `emitted` - 1 accepted
 
-    ticks = 256 / tree_figure(fake_step(3, 257, 256, 0.0)).layout.xaxis.dtick
-    assert TICKS - 2 <= ticks <= TICKS + 1
+    deep = tree_figure(fake_step(200, 257, 256, 0.0)).layout.xaxis  # accepted far: most of it on screen
+    assert deep.range[1] > 200 and TICKS - 2 <= (deep.range[1] + 0.5) / deep.dtick <= TICKS + 1
+    early = tree_figure(fake_step(3, 257, 256, 0.0)).layout.xaxis
+    assert early.range[1] < ROOM_COLUMNS and (early.range[1] + 0.5) / early.dtick <= TICKS + 1
     assert tree_figure(fake_step(3, 5, 4, 0.0)).layout.xaxis.dtick == 1
 
 
