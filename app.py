@@ -121,6 +121,13 @@ def examples_menu(prompt: gr.Textbox, expect: gr.Textbox, label: str, elem_id: s
     )
 
 
+def policy_menu(vm: state.ViewModel, policies: list[str], value: str, label: str, elem_id: str) -> gr.Dropdown:
+    """A policy menu that says in a line what the chosen policy does."""
+    menu = gr.Dropdown(policies, value=value, label=label, info=vm.policy_line(value), elem_id=elem_id)
+    menu.change(lambda p: gr.update(info=vm.policy_line(p)), menu, menu, api_name=False)
+    return menu
+
+
 def policy_boxes(vm: state.ViewModel) -> gr.CheckboxGroup:
     """The policies to replay side by side; one too many says so at once, not at Replay."""
     boxes = gr.CheckboxGroup(
@@ -247,10 +254,7 @@ def generate_controls(vm: state.ViewModel) -> list:
     prompt = gr.Textbox(label="Prompt", value=EXAMPLES[0].prompt, lines=5, elem_id="prompt")
     expect = gr.Textbox(label="What to expect", value=EXAMPLES[0].expect, lines=2, interactive=False, elem_id="expect")
     examples_menu(prompt, expect, "Examples: where trees pay, and where they pay little", "examples")
-    policy = gr.Dropdown(
-        vm.policies, value=vm.default_policy, label="Policy", info=vm.policy_line(vm.default_policy), elem_id="policy"
-    )
-    policy.change(lambda p: gr.update(info=vm.policy_line(p)), policy, policy, api_name=False)
+    policy = policy_menu(vm, vm.policies, vm.default_policy, "Policy", "policy")
     with gr.Row():
         budget = gr.Slider(
             1,
@@ -291,17 +295,14 @@ LIVE_OUTPUTS = 10  # what live_views returns: text, tree, chart, depth, stats, r
 def live_views(vm: state.ViewModel, live: state.Live, draw: bool, pricing: tuple, session: str) -> tuple:
     """Everything the tab shows of a run: a finished one opens on its featured step, with its
     what-if and its download ready."""
-    if live.finished is None and live.steps:
-        shown = len(live.steps) - 1
-    else:
-        shown = state.featured_step(live.steps)
+    shown = state.shown_step(live)
     done = live.finished is not None and bool(live.steps)
     return (
         vm.text(live.steps, shown if done else None),
         figures.tree_figure(live.steps[shown]) if draw else gr.skip(),
         vm.steps_chart(live) if draw else gr.skip(),
         vm.depth_chart(live.steps) if draw else gr.skip(),
-        vm.stats(live) + (f"<br>{state.FEATURED}" if done else ""),
+        vm.stats(live),
         live,
         slider_update(len(live.steps) - 1, 0, shown),
         slider_update(len(live.steps[shown].tokens), 1) if live.steps else gr.skip(),
@@ -472,20 +473,10 @@ def race_controls(vm: state.ViewModel) -> list:
     prompt = gr.Textbox(label="Prompt", value=EXAMPLES[1].prompt, lines=4, elem_id="race-prompt")
     expect = gr.Textbox(label="What to expect", value=EXAMPLES[1].expect, lines=2, interactive=False)
     examples_menu(prompt, expect, "Examples", "race-examples")
-    racers = [p for p in vm.policies if p != "ar"]
-    first = vm.default_policy if vm.default_policy in racers else racers[0]
-    policy = gr.Dropdown(
-        racers, value=first, label="Policy against ar", info=vm.policy_line(first), elem_id="race-policy"
-    )
-    policy.change(lambda p: gr.update(info=vm.policy_line(p)), policy, policy, api_name=False)
+    policy = policy_menu(vm, vm.racers, vm.first_racer, "Policy against ar", "race-policy")
     budget = gr.Slider(1, vm.limits.budget, value=vm.default_budget, step=1, label="Budget", elem_id="race-budget")
     max_new = gr.Slider(1, vm.limits.max_new_tokens, value=96, step=1, label="Max new tokens", elem_id="race-max")
-    pace = gr.Radio(
-        [("as measured", 1.0), ("half speed", 0.5), ("quarter speed", 0.25)],
-        value=1.0,
-        label="Replay pace",
-        elem_id="race-pace",
-    )
+    pace = gr.Radio(race.PACES, value=1.0, label="Replay pace", elem_id="race-pace")
     return [prompt, policy, budget, max_new, pace]
 
 

@@ -27,7 +27,6 @@ from dyspec.views import race
 from dyspec.views.examples import EXAMPLES
 from dyspec.views.state import (
     DRAFT_FRACTION,
-    FEATURED,
     MAX_SIDE_BY_SIDE,
     REDRAW_S,
     SIDE_BY_SIDE_BUDGET,
@@ -35,7 +34,7 @@ from dyspec.views.state import (
     Live,
     ViewModel,
     budget_of,
-    featured_step,
+    shown_step,
 )
 
 # While a generation runs, the figures redraw at most every REDRAW_S (dyspec.views.state). On 2 cores
@@ -288,8 +287,7 @@ class Dashboard:
         self.steps_fig = self.vm.steps_chart(self.live)
         self.calibration_fig = figures.calibration_figure(*figures.calibration_counts(self.steps))
         self.depth_fig = self.vm.depth_chart(self.steps)
-        # while it runs, the last step; once it is over, the step that accepted the most
-        shown = len(self.steps) - 1 if self.finished is None else featured_step(self.steps)
+        shown = shown_step(self.live)
         last = self.steps[shown]
         with self.step_slider.hold_trait_notifications(), self.growth_slider.hold_trait_notifications():
             self.step_slider.max = len(self.steps) - 1
@@ -297,7 +295,6 @@ class Dashboard:
             self.growth_slider.max = len(last.tokens)
             self.growth_slider.value = len(last.tokens)
         if self.finished is not None:
-            self.stats.value += f"<br>{FEATURED}"
             self.text.value = self.vm.text(self.steps, shown)
         self.tree_fig = figures.tree_figure(last)
         _draw(self._tree_out, self.tree_fig)
@@ -431,16 +428,12 @@ class Race:
     def __init__(self, pair: dyspec.ModelPair, prompt: str | None = None, vm: ViewModel | None = None):
         self.vm = vm or ViewModel(pair)
         self.raced: race.Race | None = None  # the last race measured
-        racers = [p for p in self.vm.policies if p != "ar"]
         self.prompt = W.Textarea(prompt or "", description="Prompt", layout=W.Layout(width="100%", height="90px"))
         self.example, self.expect = _examples(self.prompt, prompt, first=1)
-        first = self.vm.default_policy if self.vm.default_policy in racers else racers[0]
-        self.policy = W.Dropdown(options=racers, value=first, description="Policy")
+        self.policy = W.Dropdown(options=self.vm.racers, value=self.vm.first_racer, description="Policy")
         self.budget = W.IntSlider(self.vm.default_budget, min=1, max=self.vm.limits.budget, description="Budget")
         self.max_new_tokens = W.IntSlider(96, min=1, max=self.vm.limits.max_new_tokens, description="Max tokens")
-        self.pace = W.Dropdown(
-            options=[("as measured", 1.0), ("half speed", 0.5), ("quarter speed", 0.25)], description="Pace"
-        )
+        self.pace = W.Dropdown(options=race.PACES, description="Pace")
         self.pricing = Pricing(self.vm, self.vm.side_by_side_hardware, "Model on")
         self.run_button = W.Button(description="Race", button_style="primary")
         self.replay_button = W.Button(description="Replay the race")

@@ -158,12 +158,17 @@ def warm_up(pair: ModelPair, policy: str, budget: int | str, cache: dict) -> Non
             warmed.add(name)
 
 
+def ar_key(prompt: str, temperature: float, seed: int, max_new_tokens: int) -> tuple:
+    """Where `ar_steps` keeps `ar`'s steps for these settings in its cache."""
+    return (prompt, temperature, seed, max_new_tokens)
+
+
 def ar_steps(
     pair: ModelPair, prompt: str, temperature: float, seed: int, max_new_tokens: int, cache: dict
 ) -> list[StepVerified]:
     """`ar`'s steps on this prompt and settings, measured warm, once per `cache` (a dict the caller
     keeps: the app and the dashboard keep one per model pair)."""
-    key = (prompt, temperature, seed, max_new_tokens)
+    key = ar_key(prompt, temperature, seed, max_new_tokens)
     if key not in cache:
         warm_up(pair, "ar", 1, cache)
         cache[key] = steps_of(pair, prompt, "ar", 1, temperature=temperature, seed=seed, max_new_tokens=max_new_tokens)

@@ -16,6 +16,7 @@ from dyspec.eval import speedup
 from dyspec.views.state import BELOW_ONE, Live, ViewModel, identity_text
 
 FRAME_S = 0.1  # the replay's clock tick: ten frames a second
+PACES = [("as measured", 1.0), ("half speed", 0.5), ("quarter speed", 0.25)]  # the replay's speeds, labelled
 
 
 @dataclass
@@ -23,10 +24,6 @@ class Race:
     ar: Live = field(default_factory=Live)
     run: Live = field(default_factory=Live)
     budget: int | str = 1
-
-    @property
-    def finished(self) -> bool:
-        return self.run.finished is not None
 
     @property
     def seconds(self) -> float:

@@ -115,6 +115,11 @@ def featured_step(steps: Sequence[StepVerified]) -> int:
     return max(range(len(steps)), key=lambda i: (len(steps[i].accepted), -i)) if steps else 0
 
 
+def shown_step(live: Live) -> int:
+    """The step whose tree a view shows: the last while the run streams, its featured one after."""
+    return len(live.steps) - 1 if live.finished is None and live.steps else featured_step(live.steps)
+
+
 def identity_text(live: Live) -> str:
     """Whether a greedy run's text is token for token plain decoding's on the same prompt, the
     promise of speculative decoding, checked where both were measured at T = 0."""
@@ -147,6 +152,8 @@ class ViewModel:
         self.default_budget = defaults.budget
         self.replay_policies = [p for p in self.policies if p != "ar" and replayable(p)]  # side by side
         self.side_by_side = [p for p in SIDE_BY_SIDE if p in self.policies] or self.policies[:1]
+        self.racers = [p for p in self.policies if p != "ar"]  # what the race runs against ar
+        self.first_racer = self.default_policy if self.default_policy in self.racers else self.racers[0]
         self.hardware = {**whatif.shipped_models(), **(profiles or {})}
         self.hardware_choices = [*self.hardware, whatif.THIS_MACHINE, whatif.PARAMETRIC]
         # the side-by-side view prices its trees on SIDE_BY_SIDE_HARDWARE where it ships, else the first
@@ -221,7 +228,7 @@ class ViewModel:
         self.check_policies([policy])
         live = Live(policy=policy, prompt=prompt)
         if measure_ar and policy != "ar":
-            if (prompt, temperature, seed, max_new_tokens) not in self.ar_cache:
+            if speedup.ar_key(prompt, temperature, seed, max_new_tokens) not in self.ar_cache:
                 live.status = "Measuring ar (plain decoding) on this prompt first, for the speedup: once a prompt."
                 yield live
             live.ar = speedup.ar_steps(self.pair, prompt, temperature, seed, max_new_tokens, self.ar_cache)
@@ -284,6 +291,7 @@ class ViewModel:
             lines.append(identity)
         if live.finished is not None:
             lines.append(f"Done ({live.finished.stop_reason}): {live.finished.wall_s:.2f} s wall, prefill included.")
+            lines += [FEATURED] if steps else []
         return "<br>".join(lines)
 
     def latency_model(
@@ -413,7 +421,7 @@ class ViewModel:
         if key not in self.traces:
             self.warm_up("ar", 1)
             self.traces[key] = record_trace(self.pair, prompt, max_new_tokens)
-            self.ar_cache.setdefault((prompt, 0.0, 0, max_new_tokens), self.traces[key].steps)
+            self.ar_cache.setdefault(speedup.ar_key(prompt, 0.0, 0, max_new_tokens), self.traces[key].steps)
         return self.traces[key]
 
     def replay(
