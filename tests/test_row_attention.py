@@ -8,47 +8,54 @@ from dyspec.kernels.row_attention import load, row_attention, visible_slots
 
 load()
 HKV, G, D, CAPACITY = 3, 3, 64, 256
+# (key heads, query heads per key head, head size): the default pair's; heads taken in several passes
+# (7 at 64, 4 at 128); a head size the kernel has no vector path for
+SHAPES = [(HKV, G, D), (2, 7, 64), (2, 4, 128), (2, 2, 48)]
 
 
-def cache(seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+def cache(seed: int, hkv: int = HKV, d: int = D) -> tuple[torch.Tensor, torch.Tensor]:
     g = torch.Generator().manual_seed(seed)
-    return torch.randn(HKV, CAPACITY, D, generator=g), torch.randn(HKV, CAPACITY, D, generator=g)
+    return torch.randn(hkv, CAPACITY, d, generator=g), torch.randn(hkv, CAPACITY, d, generator=g)
 
 
 def reference(q, keys, values, slots, counts, scale):
     """Each row in float64: gather its keys, softmax, weigh the values."""
     rows = []
+    g = q.shape[1] // keys.shape[0]
     for r in range(len(q)):
         seen = slots[r, : counts[r]]
-        k = keys[:, seen].double().repeat_interleave(G, 0)  # [H, m, d]
-        v = values[:, seen].double().repeat_interleave(G, 0)
+        k = keys[:, seen].double().repeat_interleave(g, 0)  # [H, m, d]
+        v = values[:, seen].double().repeat_interleave(g, 0)
         w = torch.softmax(torch.einsum("hd,hmd->hm", q[r].double(), k) * scale, -1)
         rows.append(torch.einsum("hm,hmd->hd", w, v))
     return torch.stack(rows).float()
 
 
 @pytest.mark.parametrize(("end", "n"), [(1, 1), (2, 1), (100, 1), (130, 2), (200, 7)])
-def test_it_is_attention_over_the_slots_each_row_sees(end, n):
-    keys, values = cache(end)
-    q = torch.randn(n, HKV * G, D, generator=torch.Generator().manual_seed(n))
+@pytest.mark.parametrize(("hkv", "g", "d"), SHAPES)
+def test_it_is_attention_over_the_slots_each_row_sees(end, n, hkv, g, d):
+    keys, values = cache(end, hkv, d)
+    q = torch.randn(n, hkv * g, d, generator=torch.Generator().manual_seed(n))
     tree = torch.ones(n, n, dtype=torch.bool).tril()
     tree[n // 2 :, : n // 2] = False  # rows in two branches
     mask = torch.cat([torch.ones(n, end - n, dtype=torch.bool), tree], 1)[None, None]
     slots, counts = visible_slots(mask, n, end)
     assert slots.shape[1] >= 2 and counts.tolist() == mask[0, 0].sum(1).tolist()
-    got = row_attention(q, keys, values, slots, counts, D**-0.5)
-    assert (got - reference(q, keys, values, slots, counts, D**-0.5)).abs().max() < 1e-5
+    got = row_attention(q, keys, values, slots, counts, d**-0.5)
+    assert (got - reference(q, keys, values, slots, counts, d**-0.5)).abs().max() < 1e-5
 
 
-def test_a_row_depends_on_its_own_keys_only():
+@pytest.mark.parametrize(("hkv", "g", "d"), SHAPES)
+def test_a_row_depends_on_its_own_keys_only(hkv, g, d):
     """Bit for bit: alone, beside other rows, with more slot columns than it reads, and with its keys
-    copied to other slots of the cache (gathered, as an eager forward gathers them)."""
-    keys, values = cache(0)
-    q = torch.randn(5, HKV * G, D, generator=torch.Generator().manual_seed(1))
-    mask = torch.ones(5, 150, dtype=torch.bool).tril(145)[None, None]
-    slots, counts = visible_slots(mask, 5, 150)
+    copied to other slots of the cache (gathered, as an eager forward gathers them). Rows of 142 to
+    150 keys: keys past the last multiple of four and of sixteen, which the kernel takes in blocks."""
+    keys, values = cache(0, hkv, d)
+    q = torch.randn(9, hkv * g, d, generator=torch.Generator().manual_seed(1))
+    mask = torch.ones(9, 150, dtype=torch.bool).tril(141)[None, None]
+    slots, counts = visible_slots(mask, 9, 150)
     together = row_attention(q, keys, values, slots, counts, 0.125)
-    for r in range(5):
+    for r in range(9):
         m = int(counts[r])
         alone = row_attention(q[r : r + 1], keys, values, slots[r : r + 1, :m], counts[r : r + 1], 0.125)
         assert torch.equal(alone, together[r : r + 1])

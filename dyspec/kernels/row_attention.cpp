@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <cstring>
 #include <limits>
+#include <utility>
 #include <vector>
 
 namespace {
@@ -21,6 +22,7 @@ typedef float vec __attribute__((vector_size(LANES * sizeof(float))));
 typedef float half_vec __attribute__((vector_size(LANES / 2 * sizeof(float))));
 typedef float quarter_vec __attribute__((vector_size(LANES / 4 * sizeof(float))));
 typedef float eighth_vec __attribute__((vector_size(LANES / 8 * sizeof(float))));
+typedef int32_t ivec __attribute__((vector_size(LANES * sizeof(int32_t))));
 
 inline vec load(const float* p) {
   vec v;
@@ -37,76 +39,140 @@ inline float lanes_sum(vec s) {
   return e[0] + e[1];
 }
 
-// a . b over D floats (a multiple of LANES): lane sums in position order, then lanes_sum
-template <int D>
-inline float dot(const float* a, const float* b) {
-  vec s = load(a) * load(b);
-  for (int c = LANES; c < D; c += LANES) s += load(a + c) * load(b + c);
-  return lanes_sum(s);
+// the lanes of s0..s3, each in the halving tree of lanes_sum, four at once for a quarter of the shuffles
+inline quarter_vec lanes_sums(vec s0, vec s1, vec s2, vec s3) {
+  const vec a = __builtin_shufflevector(s0, s1, 0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19, 20, 21, 22, 23) +
+                __builtin_shufflevector(s0, s1, 8, 9, 10, 11, 12, 13, 14, 15, 24, 25, 26, 27, 28, 29, 30, 31);
+  const vec b = __builtin_shufflevector(s2, s3, 0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19, 20, 21, 22, 23) +
+                __builtin_shufflevector(s2, s3, 8, 9, 10, 11, 12, 13, 14, 15, 24, 25, 26, 27, 28, 29, 30, 31);
+  const vec c = __builtin_shufflevector(a, b, 0, 1, 2, 3, 8, 9, 10, 11, 16, 17, 18, 19, 24, 25, 26, 27) +
+                __builtin_shufflevector(a, b, 4, 5, 6, 7, 12, 13, 14, 15, 20, 21, 22, 23, 28, 29, 30, 31);
+  const half_vec e = __builtin_shufflevector(c, c, 0, 1, 4, 5, 8, 9, 12, 13) +
+                     __builtin_shufflevector(c, c, 2, 3, 6, 7, 10, 11, 14, 15);
+  return __builtin_shufflevector(e, e, 0, 2, 4, 6) + __builtin_shufflevector(e, e, 1, 3, 5, 7);
 }
 
-// the same for a head size the compiler does not know: in position order
+// a . b over d floats in position order
 inline float dot_any(const float* a, const float* b, int64_t d) {
   float s = 0.f;
   for (int64_t i = 0; i < d; ++i) s += a[i] * b[i];
   return s;
 }
 
-// e^x for x <= 0 (Cephes' expf: within 2 ulp), in plain arithmetic that `omp simd` vectorizes where
-// std::exp would run a call per element
-inline float exp_nonpositive(float x) {
-  x = std::max(x, -87.0f);  // below, e^x < 2e-38: nothing next to the row's largest weight, 1
-  const int32_t k = static_cast<int32_t>(x * 1.44269504088896341f - 0.5f);  // round(x / ln 2), x <= 0
-  const float n = static_cast<float>(k);
-  const float r = x - n * 0.693359375f + n * 2.12194440e-4f;  // x - n ln 2 in two parts
-  float p = 1.9875691500e-4f;
+// e^x for x <= 0, lane by lane (Cephes' expf: within 2 ulp), in vector arithmetic: GCC leaves a loop
+// over std::exp, or over a scalar version of this, a call or an instruction per element
+inline vec exp_nonpositive(vec x) {
+  x = x < -87.0f ? vec{} - 87.0f : x;  // below, e^x < 2e-38: nothing next to the row's largest weight, 1
+  const ivec k = __builtin_convertvector(x * 1.44269504088896341f - 0.5f, ivec);  // round(x / ln 2), x <= 0
+  const vec n = __builtin_convertvector(k, vec);
+  const vec r = x - n * 0.693359375f + n * 2.12194440e-4f;  // x - n ln 2 in two parts
+  vec p = vec{} + 1.9875691500e-4f;
   p = p * r + 1.3981999507e-3f;
   p = p * r + 8.3334519073e-3f;
   p = p * r + 4.1665795894e-2f;
   p = p * r + 1.6666665459e-1f;
   p = p * r + 5.0000001201e-1f;
   p = p * r * r + r + 1.0f;
-  const int32_t bits = (k + 127) << 23;  // 2^n
-  float scale;
+  const ivec bits = (k + 127) << 23;  // 2^n
+  vec scale;
   std::memcpy(&scale, &bits, sizeof scale);
   return p * scale;
 }
 
-// the scores of a query row over the m keys it sees, into p [m]. D: the head size where it is a multiple
-// of LANES known to the compiler (vector sums), else 0 (scalar, head size d)
-template <int D>
-void scores(const float* query, const float* K, int64_t k_slot, const int64_t* seen, int64_t m, int64_t d, float factor,
-            float* p) {
+// softmax weights of a row's scores p [m], in place and not normalized; returns 1 / their total. The
+// largest score is the same in any order; the total sums LANES-wide slices, then their lanes: an order
+// set by m alone
+inline float softmax_weights(float* p, int64_t m) {
+  constexpr float lowest = -std::numeric_limits<float>::infinity();
+  vec tops = vec{} + lowest;
+  int64_t j = 0;
+  for (; j + LANES <= m; j += LANES) {
+    const vec x = load(p + j);
+    tops = x > tops ? x : tops;
+  }
+  float top = lowest;
+  for (int i = 0; i < LANES; ++i) top = std::max(top, tops[i]);
+  for (; j < m; ++j) top = std::max(top, p[j]);
+  vec total = {};
+  for (j = 0; j + LANES <= m; j += LANES) {
+    const vec w = exp_nonpositive(load(p + j) - top);
+    std::memcpy(p + j, &w, sizeof w);
+    total += w;
+  }
+  vec tail = vec{} + top;  // e^0 in the lanes past m, left out of the total
+  std::memcpy(&tail, p + j, (m - j) * sizeof(float));
+  tail = exp_nonpositive(tail - top);
+  std::memcpy(p + j, &tail, (m - j) * sizeof(float));
+  for (int64_t i = m - j; i < LANES; ++i) tail[i] = 0.f;
+  return 1.f / lanes_sum(total + tail);
+}
+
+// G query heads [G, D] of a row that read one key head, over the m keys it sees: each key, then each
+// value, is loaded once for all G, and the G heads' independent sums keep the FMA units busy. Every
+// head's arithmetic is the one a head alone would run. p: the scores' room, [G, P]
+template <int D, int G>
+void attend_heads(const float* queries, const float* K, int64_t k_slot, const float* V, int64_t v_slot,
+                  const int64_t* seen, int64_t m, float factor, float* p, int64_t P, float* o) {
+  constexpr int C = D / LANES;
+  vec q[G][C], sum[G][C] = {};
+  for (int h = 0; h < G; ++h)
+    for (int c = 0; c < C; ++c) q[h][c] = load(queries + h * D + c * LANES);
+  for (int64_t j = 0; j < m; j += 4) {  // four keys at a time, the last repeated past m
+    vec k[4][C];
+    for (int t = 0; t < 4; ++t)
+      for (int c = 0; c < C; ++c) k[t][c] = load(K + seen[std::min(j + t, m - 1)] * k_slot + c * LANES);
+    for (int h = 0; h < G; ++h) {
+      vec s[4];
+      for (int t = 0; t < 4; ++t) {
+        s[t] = q[h][0] * k[t][0];
+        for (int c = 1; c < C; ++c) s[t] += q[h][c] * k[t][c];
+      }
+      const quarter_vec scores = lanes_sums(s[0], s[1], s[2], s[3]) * factor;
+      std::memcpy(p + h * P + j, &scores, std::min<int64_t>(4, m - j) * sizeof(float));
+    }
+  }
+  float inverse[G];
+  for (int h = 0; h < G; ++h) inverse[h] = softmax_weights(p + h * P, m);
   for (int64_t j = 0; j < m; ++j) {
-    const float* key = K + seen[j] * k_slot;
-    if constexpr (D > 0) p[j] = dot<D>(query, key) * factor;
-    else p[j] = dot_any(query, key, d) * factor;
+    const float* value = V + seen[j] * v_slot;
+    vec v[C];
+    for (int c = 0; c < C; ++c) v[c] = load(value + c * LANES);
+    for (int h = 0; h < G; ++h) {
+      const vec w = vec{} + p[h * P + j];
+      for (int c = 0; c < C; ++c) sum[h][c] += w * v[c];
+    }
+  }
+  for (int h = 0; h < G; ++h)
+    for (int c = 0; c < C; ++c) {
+      const vec out = sum[h][c] * inverse[h];
+      std::memcpy(o + h * D + c * LANES, &out, sizeof out);
+    }
+}
+
+// heads taken together: their queries (or their sums) fill at most 16 of the 32 vector registers
+template <int D>
+constexpr int HEADS_TOGETHER = std::max(1, 16 * LANES / D);
+
+// the g query heads of a row that read one key head, HEADS_TOGETHER<D> at a time
+template <int D, int... G>
+void attend(const float* queries, int64_t g, const float* K, int64_t k_slot, const float* V, int64_t v_slot,
+            const int64_t* seen, int64_t m, float factor, float* p, int64_t P, float* o,
+            std::integer_sequence<int, G...>) {
+  for (int64_t h = 0; h < g; h += HEADS_TOGETHER<D>) {
+    const int64_t together = std::min<int64_t>(HEADS_TOGETHER<D>, g - h);
+    ((together == G + 1 ? attend_heads<D, G + 1>(queries + h * D, K, k_slot, V, v_slot, seen, m, factor, p, P,
+                                                 o + h * D)
+                        : void()),
+     ...);
   }
 }
 
-// the softmax of a row's scores p [m] (in place) times the values it sees, into o: for D > 0 the sum
-// stays in registers
-template <int D>
-void weigh(float* p, int64_t m, const float* V, int64_t v_slot, const int64_t* seen, int64_t d, float* o) {
-  float top = -std::numeric_limits<float>::infinity();
-  for (int64_t j = 0; j < m; ++j) top = std::max(top, p[j]);
-#pragma omp simd
-  for (int64_t j = 0; j < m; ++j) p[j] = exp_nonpositive(p[j] - top);
-  float total = 0.f;
-  for (int64_t j = 0; j < m; ++j) total += p[j];
-  const float inverse = 1.f / total;
-  if constexpr (D > 0) {
-    vec sum[D / LANES] = {};
-    for (int64_t j = 0; j < m; ++j) {
-      const float* value = V + seen[j] * v_slot;
-      const vec w = vec{} + p[j];
-      for (int c = 0; c < D / LANES; ++c) sum[c] += w * load(value + c * LANES);
-    }
-    for (int c = 0; c < D / LANES; ++c) {
-      const vec out = sum[c] * inverse;
-      std::memcpy(o + c * LANES, &out, sizeof out);
-    }
-  } else {
+// a head size the compiler does not know: each head in position order, scalar
+void attend_any(const float* queries, int64_t g, const float* K, int64_t k_slot, const float* V, int64_t v_slot,
+                const int64_t* seen, int64_t m, int64_t d, float factor, float* p, float* o) {
+  for (int64_t h = 0; h < g; ++h, queries += d, o += d) {
+    for (int64_t j = 0; j < m; ++j) p[j] = dot_any(queries, K + seen[j] * k_slot, d) * factor;
+    const float inverse = softmax_weights(p, m);
     for (int64_t i = 0; i < d; ++i) o[i] = 0.f;
     for (int64_t j = 0; j < m; ++j) {
       const float* value = V + seen[j] * v_slot;
@@ -114,15 +180,6 @@ void weigh(float* p, int64_t m, const float* V, int64_t v_slot, const int64_t* s
     }
     for (int64_t i = 0; i < d; ++i) o[i] *= inverse;
   }
-}
-
-// the g query heads [g, d] of a row that read one key head: every head's scores first, then every
-// head's weighted sum, so the row's keys, then its values, are read from the nearest cache g times
-template <int D>
-void attend(const float* queries, int64_t g, const float* K, int64_t k_slot, const float* V, int64_t v_slot,
-            const int64_t* seen, int64_t m, int64_t d, int64_t C, float factor, float* p, float* o) {
-  for (int64_t h = 0; h < g; ++h) scores<D>(queries + h * d, K, k_slot, seen, m, d, factor, p + h * C);
-  for (int64_t h = 0; h < g; ++h) weigh<D>(p + h * C, m, V, v_slot, seen, d, o + h * d);
 }
 
 }  // namespace
@@ -160,9 +217,14 @@ at::Tensor row_attention(const at::Tensor& q, const at::Tensor& keys, const at::
       const float *k = K + kv * k_head, *v = V + kv * v_head, *q_heads = Q + unit * g * d;
       const int64_t* seen = S + r * C;
       float* o = O + unit * g * d;
-      if (d == 64) attend<64>(q_heads, g, k, k_slot, v, v_slot, seen, m, d, C, factor, p.data(), o);
-      else if (d == 128) attend<128>(q_heads, g, k, k_slot, v, v_slot, seen, m, d, C, factor, p.data(), o);
-      else attend<0>(q_heads, g, k, k_slot, v, v_slot, seen, m, d, C, factor, p.data(), o);
+      if (d == 64)
+        attend<64>(q_heads, g, k, k_slot, v, v_slot, seen, m, factor, p.data(), C, o,
+                   std::make_integer_sequence<int, HEADS_TOGETHER<64>>{});
+      else if (d == 128)
+        attend<128>(q_heads, g, k, k_slot, v, v_slot, seen, m, factor, p.data(), C, o,
+                    std::make_integer_sequence<int, HEADS_TOGETHER<128>>{});
+      else
+        attend_any(q_heads, g, k, k_slot, v, v_slot, seen, m, d, factor, p.data(), o);
     }
   });
   return out;
