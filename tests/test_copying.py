@@ -55,7 +55,7 @@ def test_mix_adds_the_copy_to_the_drafts_distribution(temperature):
     tau = temperature or 1.0
     q = to_probs(logits, tau)
     for token, weight, copy_wins in ((2, 0.5, True), (1, 0.1, False), (0, 0.05, False), (4, 0.9, True)):
-        mixed = mix(logits, token, weight, temperature)
+        mixed = mix(logits[None], [token], [weight], temperature)[0]
         expected = (1 - weight) * q
         expected[token] += weight
         torch.testing.assert_close(to_probs(mixed, tau), expected)
@@ -105,10 +105,10 @@ def test_a_copying_draft_mixes_each_nodes_copy_into_its_distribution(temperature
     assert plain.vocab.ids.tolist() == [0, 1, 2, 4] and [g[0].shape[-1] for g in got] == [4, 4, 4]
     assert [g[1].shape[-1] for g in got] == [5, 4, 4]
     widened = plain.vocab.widen(got[0][0][0], float("-inf"))
-    torch.testing.assert_close(got[0][1][0], mix(widened, 3, 0.3, temperature))
-    torch.testing.assert_close(got[1][1][0], mix(got[1][0][0], 1, 0.4, temperature))
+    torch.testing.assert_close(got[0][1][0], mix(widened[None], [3], [0.3], temperature)[0])
+    torch.testing.assert_close(got[1][1][0], mix(got[1][0][:1], [1], [0.4], temperature)[0])
     torch.testing.assert_close(got[1][1][1], got[1][0][1])
-    torch.testing.assert_close(got[2][1][0], mix(got[2][0][0], 2, 0.5, temperature))
+    torch.testing.assert_close(got[2][1][0], mix(got[2][0][:1], [2], [0.5], temperature)[0])
     assert to_probs(got[0][1], temperature or 1.0)[0, 3] == pytest.approx(0.3)  # all the copy's weight
 
 

@@ -16,7 +16,6 @@ target's own answers to training prompts (dyspec.train.distill) and stores them 
 
 from __future__ import annotations
 
-import math
 from array import array
 from collections.abc import Iterator, Sequence
 
@@ -52,19 +51,25 @@ def copied(context: Sequence[int], ngram: int, min_ngram: int, k: int) -> tuple[
     return [], 0
 
 
-def mix(logits: torch.Tensor, token: int, weight: float, temperature: float) -> torch.Tensor:
-    """Logits [V] whose distribution at `temperature` is (1 - weight) q + weight on `token`, q being
-    the draft's at that temperature (0 <= weight < 1). At temperature 0 (proposals chosen by argmax,
-    valued at T = 1) the mixture is taken at T = 1: its argmax is the copy where weight +
-    (1 - weight) q(token) beats (1 - weight) max q. Only the copy's logit changes: scaling every
-    other token's probability by 1 - weight is the normaliser's work (one logsumexp, instead of a
-    softmax, a log and three more passes over the vocabulary at every node)."""
+def mix(logits: torch.Tensor, tokens: Sequence[int], weights: Sequence[float], temperature: float) -> torch.Tensor:
+    """Logits [n, V] whose row i's distribution at `temperature` is (1 - weights[i]) q_i + weights[i]
+    on tokens[i], q_i being row i's at that temperature (0 <= weight < 1; a row of weight 0 is left as
+    it is). At temperature 0 (proposals chosen by argmax, valued at T = 1) the mixture is taken at
+    T = 1: its argmax is the copy where weight + (1 - weight) q(token) beats (1 - weight) max q. Only
+    the copy's logit changes: scaling every other token's probability by 1 - weight is the
+    normaliser's work (one logsumexp over the copying rows, instead of a softmax, a log and three
+    more passes over the vocabulary at every node)."""
     tau = temperature if temperature > 0 else 1.0
-    logits = logits.float()
-    log_z = torch.logsumexp(logits / tau, -1)
-    q_token = torch.exp(logits[token] / tau - log_z)
-    mixed = logits.clone()
-    mixed[token] = tau * (torch.log((1 - weight) * q_token + weight) - math.log1p(-weight) + log_z)
+    mixed = logits.float().clone()
+    rows = [i for i, weight in enumerate(weights) if weight]
+    if not rows:
+        return mixed
+    r = torch.tensor(rows, device=mixed.device)
+    t = torch.tensor([tokens[i] for i in rows], device=mixed.device)
+    w = torch.tensor([weights[i] for i in rows], device=mixed.device)
+    log_z = torch.logsumexp(mixed[r] / tau, -1)
+    q_token = torch.exp(mixed[r, t] / tau - log_z)
+    mixed[r, t] = tau * (torch.log((1 - w) * q_token + w) - torch.log1p(-w) + log_z)
     return mixed
 
 
@@ -79,9 +84,5 @@ def mix_along(
 ) -> torch.Tensor:
     """A copying draft's logits [L, V] along a teacher-forced sequence: row i, read after
     seq[: start + i + 1], mixed with that context's copy as the engine mixes a node's."""
-    mixed = logits.clone()
-    for i in range(len(logits)):
-        token, weight = copy_token(seq[: start + i + 1], weights)
-        if weight:
-            mixed[i] = mix(logits[i], token, weight, temperature)
-    return mixed
+    copies = [copy_token(seq[: start + i + 1], weights) for i in range(len(logits))]
+    return mix(logits, [token for token, _ in copies], [weight for _, weight in copies], temperature)

@@ -104,11 +104,9 @@ class DraftSession:
         vocab = self.vocab
         if vocab is not None and any(weight and vocab.index[token] < 0 for token, weight in copies):
             logits = vocab.widen(logits, float("-inf"))
-        for i, (token, weight) in enumerate(copies):
-            if weight:
-                column = token if vocab is None else vocab.column(token, logits.shape[-1])
-                logits[i] = mix(logits[i], column, weight, self.temperature)
-        return logits
+        width = logits.shape[-1]
+        columns = [token if vocab is None or not weight else vocab.column(token, width) for token, weight in copies]
+        return mix(logits, columns, [weight for _, weight in copies], self.temperature)
 
     @property
     def hidden(self) -> torch.Tensor:

@@ -92,11 +92,11 @@ def _target_probs(logits: torch.Tensor | None, tree: Tree, p: torch.Tensor | Non
         return [1.0] + [math.nan] * tree.size
     parents = torch.tensor(tree.parents[1:], device=logits.device)
     tokens = torch.tensor(tree.tokens[1:], device=logits.device)
-    if p is None:
-        rows, inverse = torch.unique(parents, return_inverse=True)
-        p = torch.softmax(logits[rows], dim=-1)
-        parents = inverse
-    return [1.0] + p[parents, tokens].tolist()
+    if p is not None:
+        return [1.0] + p[parents, tokens].tolist()
+    rows, inverse = torch.unique(parents, return_inverse=True)
+    log_z = torch.logsumexp(logits[rows].float(), -1)  # one pass over a parent's row, not a softmax's three
+    return [1.0] + torch.exp(logits[parents, tokens].float() - log_z[inverse]).tolist()
 
 
 def _emit(event: Event, hooks: Sequence[Hook]) -> Event:
