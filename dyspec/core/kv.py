@@ -70,7 +70,9 @@ class KVSession:
     head or a feature-conditioned draft reads: `target_features`). With `static` (dyspec.forward.static)
     the cache is preallocated and written in place, and forwards run at bucketed sizes; `cache` is
     the model's own otherwise (a lean forward's, dyspec.forward.lean), else a growing one. With
-    `draft_vocab`, a draft with a reduced vocabulary (dyspec.core.vocab) returns logits over it alone."""
+    `draft_vocab`, a draft with a reduced vocabulary (dyspec.core.vocab) returns logits over it alone.
+    With `bool_mask` its forwards get boolean masks (True where visible), which a lean forward reads
+    and which cost fewer ops to build than the additive ones Hugging Face's forwards read."""
 
     def __init__(
         self,
@@ -80,8 +82,10 @@ class KVSession:
         static: StaticModel | None = None,
         cache=None,
         draft_vocab: bool = False,
+        bool_mask: bool = False,
     ):
         self.model = model
+        self.bool_mask = bool_mask
         self.device = model.device
         self.static = static
         if static is not None:
@@ -99,21 +103,28 @@ class KVSession:
         self.draft_vocab = draft_vocab and getattr(draft_model(model), "vocab", None) is not None
 
     def _mask(self, n: int, size: int, visible: torch.Tensor | None) -> torch.Tensor | None:
-        """The additive mask [1, 1, size, cache width] of a forward of n tokens padded to `size`: every
-        token sees the committed prefix, then `visible` over the uncommitted slots and new tokens (None:
-        causal), the padding itself alone. None where plain causal attention does it."""
+        """The mask [1, 1, size, cache width] of a forward of n tokens padded to `size`: every token
+        sees the committed prefix, then `visible` over the uncommitted slots and new tokens (None:
+        causal), the padding itself alone. Boolean with `bool_mask`, else additive. None where plain
+        causal attention does it."""
         start, width = self.cached, self.cached + size if self.static is None else self.static.capacity
         if visible is None and size == n and self.static is None:
             return None
-        own = start - self.length + size  # uncommitted slots and this forward's tokens
-        block = torch.zeros(size, own, dtype=torch.bool)
-        block[:n, : own - size + n] = (
-            torch.ones(n, own - size + n).tril(own - size).bool() if visible is None else visible
-        )
-        block[n:, own - size + n :] = torch.eye(size - n, dtype=torch.bool)
-        see = torch.zeros(size, width, dtype=torch.bool, device=self.device)
-        see[:, : self.length] = True
-        see[:, self.length : start + size] = block.to(self.device, non_blocking=True)
+        if size == n and self.static is None:  # a tree's step: each op here costs a step microseconds
+            see = torch.ones(n, width, dtype=torch.bool, device=self.device)
+            see[:, self.length :] = visible.to(self.device, non_blocking=True)
+        else:
+            own = start - self.length + size  # uncommitted slots and this forward's tokens
+            block = torch.zeros(size, own, dtype=torch.bool)
+            block[:n, : own - size + n] = (
+                torch.ones(n, own - size + n).tril(own - size).bool() if visible is None else visible
+            )
+            block[n:, own - size + n :] = torch.eye(size - n, dtype=torch.bool)
+            see = torch.zeros(size, width, dtype=torch.bool, device=self.device)
+            see[:, : self.length] = True
+            see[:, self.length : start + size] = block.to(self.device, non_blocking=True)
+        if self.bool_mask:
+            return see[None, None]
         mask = torch.zeros(see.shape, dtype=self.model.dtype, device=self.device)
         return mask.masked_fill_(~see, torch.finfo(self.model.dtype).min)[None, None]
 

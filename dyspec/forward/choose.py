@@ -59,7 +59,7 @@ class LeanRun:
     def session(self, role: str, need: int, sizes=(), last_only=(False, True), **kwargs) -> KVSession:
         if self.compiled:
             self.run.compile_layers()
-        return KVSession(self.run, cache=self.run.cache_for(role), **kwargs)
+        return KVSession(self.run, cache=self.run.cache_for(role), bool_mask=True, **kwargs)
 
 
 def choose_forward(model: nn.Module, fast_path: str) -> Forward:

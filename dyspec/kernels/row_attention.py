@@ -47,6 +47,10 @@ def visible_slots(mask: torch.Tensor | None, n: int, end: int) -> tuple[torch.Te
     """The slots each of the last n of `end` tokens sees, in position order, [n, C] (C at least 2:
     a graph would specialize a size of 1), and their counts [n]: from a mask as
     `dyspec.forward.attention.visible_order` reads it."""
+    if mask is None and n == 1:  # a decoding row sees every slot: no mask to read
+        slots = torch.zeros(1, max(2, end), dtype=torch.long)
+        slots[0, :end] = torch.arange(end)
+        return slots, torch.tensor([end])
     order, counts = visible_order(mask, n, end)
     c = max(2, int(counts.max()))
     slots = order.new_zeros(n, c)  # strides (c, 1) even for one row: a graph's guards check them
