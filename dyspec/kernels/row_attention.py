@@ -47,10 +47,12 @@ def visible_slots(mask: torch.Tensor | None, n: int, end: int) -> tuple[torch.Te
     """The slots each of the last n of `end` tokens sees, in position order, [n, C] (C at least 2:
     a graph would specialize a size of 1), and their counts [n]: from a mask as
     `dyspec.forward.attention.visible_order` reads it."""
-    if mask is None and n == 1:  # a decoding row sees every slot: no mask to read
-        slots = torch.zeros(1, max(2, end), dtype=torch.long)
-        slots[0, :end] = torch.arange(end)
-        return slots, torch.tensor([end])
+    if n == 1:  # one row (ar's, a draft node's): its slots straight from its mask's row, no sort
+        row = None if mask is None else mask[0, 0, 0, :end].cpu()
+        seen = torch.arange(end) if row is None else (row if row.dtype == torch.bool else row == 0).nonzero()[:, 0]
+        slots = torch.zeros(1, max(2, len(seen)), dtype=torch.long)
+        slots[0, : len(seen)] = seen
+        return slots, torch.tensor([len(seen)])
     order, counts = visible_order(mask, n, end)
     c = max(2, int(counts.max()))
     slots = order.new_zeros(n, c)  # strides (c, 1) even for one row: a graph's guards check them
