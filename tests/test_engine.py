@@ -109,12 +109,13 @@ def test_self_draft_accepts_everything(self_pair, temperature):
 
 def session(model, cache: str, keep_hidden: bool = False, role: str = "test") -> KVSession:
     """A session over a growing cache, or over a static or lean one (dyspec.forward.lean) whose every
-    slot holds garbage at first, which must never reach a token (stale slots are masked, not cleared)."""
+    slot holds garbage at first, which must never reach a token (stale slots are masked, not cleared);
+    a lean one's masks additive or boolean."""
     if cache == "dynamic":
         return KVSession(model, keep_hidden)
-    if cache == "lean":
+    if cache.startswith("lean"):  # "lean-bool": with the boolean masks its engine sessions get
         run = LeanForward(model)
-        kv = KVSession(run, keep_hidden, cache=run.cache_for(role))
+        kv = KVSession(run, keep_hidden, cache=run.cache_for(role), bool_mask=cache == "lean-bool")
     else:
         kv = KVSession(model, keep_hidden, static=StaticForward(model, compiled=False).static_model(role, 512))
     with torch.inference_mode():
@@ -124,7 +125,7 @@ def session(model, cache: str, keep_hidden: bool = False, role: str = "test") ->
     return kv
 
 
-@pytest.mark.parametrize("cache", ["dynamic", "static", "lean"])
+@pytest.mark.parametrize("cache", ["dynamic", "static", "lean", "lean-bool"])
 @pytest.mark.parametrize("pad_to", [0, 28])
 def test_tree_attention_matches_root_path_forwards(pair, pad_to, cache):
     """Each node's logits are its root path's, with or without padding (`--budget auto` pads a
@@ -146,7 +147,7 @@ def test_tree_attention_matches_root_path_forwards(pair, pad_to, cache):
             torch.testing.assert_close(logits[node], plain, atol=1e-4, rtol=0)
 
 
-@pytest.mark.parametrize("cache", ["dynamic", "static", "lean"])
+@pytest.mark.parametrize("cache", ["dynamic", "static", "lean", "lean-bool"])
 @pytest.mark.parametrize("pad_to", [0, 7])
 def test_commit_keeps_accepted_path(pair, pad_to, cache):
     """After committing a non-contiguous path, the cache continues exactly like a plain forward, and
