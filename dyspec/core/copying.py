@@ -59,11 +59,11 @@ def mix(logits: torch.Tensor, tokens: Sequence[int], weights: Sequence[float], t
     the copy's logit changes: scaling every other token's probability by 1 - weight is the
     normaliser's work (one logsumexp over the copying rows, instead of a softmax, a log and three
     more passes over the vocabulary at every node)."""
+    rows = [i for i, weight in enumerate(weights) if weight]
+    if not rows:  # most of a draft's forwards: no copy, no copy of the logits either
+        return logits.float()
     tau = temperature if temperature > 0 else 1.0
     mixed = logits.float().clone()
-    rows = [i for i, weight in enumerate(weights) if weight]
-    if not rows:
-        return mixed
     r = torch.tensor(rows, device=mixed.device)
     t = torch.tensor([tokens[i] for i in rows], device=mixed.device)
     w = torch.tensor([weights[i] for i in rows], device=mixed.device)
