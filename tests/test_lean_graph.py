@@ -195,3 +195,39 @@ def test_a_prompt_row_is_its_one_token_forward(compiled):
     one = session(run)
     rows = [one.append([token])[0] for token in PROMPT]
     assert (whole - torch.stack(rows)).abs().max() < 1e-5
+
+
+@torch.inference_mode()
+def test_a_draft_forward_in_one_graph_is_its_layers_then_its_output_rows(default_pair, monkeypatch):
+    """The compiled draft's decoding forwards run as one graph (`draft_block`: fc, layers, output
+    rows); one row and a tree of three must give the features and logits its layers' graph and its
+    output rows give one after the other (fc's sums may run in another order: within 1e-4 on
+    logits of scale 10). A graph that reads the wrong embedding rows misses by far."""
+    draft = default_pair.draft
+    forward = default_pair.forward(draft)
+    gen = torch.Generator().manual_seed(0)
+    features = torch.randn(64, draft.config.hidden_size, generator=gen)
+    tree = torch.tensor([[1, 0, 0], [1, 1, 0], [1, 0, 1]], dtype=torch.bool)
+    calls = []
+
+    def run() -> list[torch.Tensor]:
+        kv = forward.session("test", 64, keep_hidden=True, draft_vocab=True)
+        kv.append(PROMPT[:40], features=features[:40])
+        calls.clear()  # of the session's warm-up
+        out = [kv.forward([PROMPT[40]], features=features[40:41]), kv.hidden]
+        kv.commit([40])
+        out += [kv.forward(PROMPT[41:44], [41, 42, 42], tree, features=features[41:44]), kv.hidden]
+        return out
+
+    one_graph_draft = lean_graph.CompiledLayers.draft
+    monkeypatch.setattr(lean_graph.CompiledLayers, "draft", lambda *a: calls.append(1) or one_graph_draft(*a))
+    one_graph = run()
+    assert len(calls) == 2  # both forwards ran as the one graph
+    with monkeypatch.context() as m:
+        m.setattr(type(draft), "reads_in_one_graph", lambda *_: False)
+        reference = run()
+    assert all((a - b).abs().max() < 1e-4 for a, b in zip(one_graph, reference))
+    embed = draft.borrowed.embed
+    with torch.inference_mode(False):  # a weight as the graph was made for: not an inference tensor
+        monkeypatch.setattr(embed, "weight", torch.nn.Parameter(embed.weight.roll(1, 0)))
+    assert (run()[0] - reference[0]).abs().max() > 1

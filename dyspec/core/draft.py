@@ -69,6 +69,7 @@ class DraftSession:
     def forwards(self) -> int:
         return self.kv.forwards if self.kv is not None else 0
 
+    @torch.inference_mode()  # features reach a compiled draft as inference tensors, as its graphs were made
     def set_prompt_features(self, hidden: torch.Tensor | None) -> None:
         """The target's features (`target_features`) at the prompt's tokens but the last (None for a 1-token
         prompt): the first token reads zeros, every later one its predecessor's feature. A draft
@@ -113,6 +114,7 @@ class DraftSession:
         """The draft's final hidden states [n, H] of the nodes in the last `logits` call."""
         return self.kv.hidden
 
+    @torch.inference_mode()
     def logits(self, tree: Tree, nodes: list[int]) -> torch.Tensor:
         """Draft logits [len(nodes), V] after each of `nodes`, in one forward with tree attention; V is
         the draft's vocabulary (`vocab`) or, in a call that copies a token outside it, the target's.
@@ -147,6 +149,7 @@ class DraftSession:
         """The tree was renumbered (pruned): new node i was old node old_ids[i]."""
         self.slot_of = {new: self.slot_of[old] for new, old in enumerate(old_ids) if old in self.slot_of}
 
+    @torch.inference_mode()
     def commit(
         self, tree: Tree, accepted: list[int], next_token: int, target_hidden: torch.Tensor | None = None
     ) -> None:

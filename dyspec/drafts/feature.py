@@ -212,6 +212,32 @@ class FeatureDraft(nn.Module):
             )
         return x
 
+    def reads_in_one_graph(self, n: int, features: torch.Tensor, mask, cache, slots) -> bool:
+        """Whether a forward runs as one compiled graph (`graph_forward`): a decoding forward (its
+        cache holds tokens) of compiled layers, reading one feature width (no fusion to run)."""
+        return (
+            self.graph is not None
+            and isinstance(cache, LeanCache)
+            and cache.length > 0
+            and slots is None
+            and features.shape[-1] == self.config.hidden_size
+            and self.graph.takes(n, cache.length, mask)
+        )
+
+    def graph_forward(self, input_ids, features, position_ids, mask, cache: LeanCache) -> tuple:
+        """`predict` and the output rows of every row in one graph (dyspec.forward.lean_graph.draft_block):
+        the predicted features [1, n, H] and logits [n, len(vocab)]."""
+        n, start = input_ids.shape[1], cache.length
+        cache.reserve(n)
+        cos, sin = rotary_rows(self, position_ids, start + n)
+        features = features[0].to(self.dtype)
+        if not features.is_inference():  # a graph's guards tell them apart: it was made for one
+            features = features.clone()
+        inputs = self.borrowed.embed.weight, self.fc.weight, self.fc.bias
+        h, logits = self.graph.draft(input_ids[0], features, inputs, cos, sin, cache, start, mask)
+        cache.length = start + n
+        return h[None], logits
+
     def forward(
         self,
         input_ids: torch.Tensor,
@@ -230,17 +256,25 @@ class FeatureDraft(nn.Module):
         are zeros."""
         if input_features is None:
             input_features = torch.zeros(*input_ids.shape, self.feature_size, device=self.device)
-        feature = self.predict(input_ids, input_features, position_ids, attention_mask, cache, slots)
-        kept = feature  # `logits_to_keep` as Hugging Face reads it: a count from the end, or indices
-        if isinstance(logits_to_keep, torch.Tensor):
-            kept = feature[:, logits_to_keep]
-        elif logits_to_keep:
-            kept = feature[:, -logits_to_keep:]
-        logits = self.subset_logits(kept).float()
+        if self.reads_in_one_graph(input_ids.shape[1], input_features, attention_mask, cache, slots):
+            feature, logits = self.graph_forward(input_ids, input_features, position_ids, attention_mask, cache)
+            logits = kept_rows(logits[None], logits_to_keep)
+        else:
+            feature = self.predict(input_ids, input_features, position_ids, attention_mask, cache, slots)
+            logits = self.subset_logits(kept_rows(feature, logits_to_keep))
+        logits = logits.float()
         if not draft_vocab:
-            full = torch.full((*kept.shape[:2], self.config.vocab_size), float("-inf"), device=kept.device)
+            full = torch.full((*logits.shape[:2], self.config.vocab_size), float("-inf"), device=logits.device)
             logits = full.index_copy_(-1, self.vocab, logits)
         return CausalLMOutputWithPast(logits=logits, hidden_states=(feature,))
+
+
+def kept_rows(x: torch.Tensor, logits_to_keep: int | torch.Tensor) -> torch.Tensor:
+    """The rows of x [1, n, ...] that `logits_to_keep` keeps, as Hugging Face reads it: a count from
+    the end (0: all), or indices."""
+    if isinstance(logits_to_keep, torch.Tensor):
+        return x[:, logits_to_keep]
+    return x[:, -logits_to_keep:] if logits_to_keep else x
 
 
 def causal_mask(n: int, cache, like: torch.Tensor) -> torch.Tensor:

@@ -115,6 +115,16 @@ def layers_block(h, cos, sin, slots, keys, values, seen, layers, shape):
     return h, outputs
 
 
+def draft_block(ids, features, embed, fc_weight, fc_bias, cos, sin, slots, keys, values, seen, layers, head, shape):
+    """A feature draft's decoding forward (dyspec.drafts.feature) as one graph: each row's input
+    [feature, its token's embedding] through `fc`, the layers (`layers_block`), and the output rows
+    of every row (one row more costs a weight-bound product next to nothing, and one graph fewer
+    calls than two). Returns the last layer's h and the logits."""
+    x = F.linear(torch.cat([features, embed[ids]], dim=-1), fc_weight, fc_bias)
+    h, _ = layers_block(x, cos, sin, slots, keys, values, seen, layers, shape)
+    return h, int8_linear(h, head)
+
+
 class CompiledLayers:
     """A lean forward's layers (dyspec.forward.lean.Layer, int8) as compiled blocks, and its output
     layer on the same int8 product."""
@@ -136,29 +146,45 @@ class CompiledLayers:
             for layer in layers
         ]
         self.layers = weights  # run BLOCK at a time
-        self.graphs: dict = {}  # (kind, inference mode, grad mode) -> the block's compiled graph
+        self.graphs: dict = {}  # (function, kind, block length, modes) -> its compiled graph
 
     def forward(self, h, cos, sin, cache, start: int, mask: torch.Tensor | None) -> tuple[torch.Tensor, list]:
         """h [n, H] of tokens at cache slots start..start + n - 1, over the first `start` slots and
         themselves as `mask` says (None: causal); returns the last layer's h and every layer's."""
-        n = h.shape[0]
-        end = start + n
-        slots = torch.arange(start, end, device=h.device)
-        seen = None if start == 0 and n > 1 else row_attention.visible_slots(mask, n, end)
-        kind = "prompt" if seen is None else "row" if n == 1 else "tree"
-        # a graph per block length (a last, shorter block), grad mode and thread count (inductor
-        # parallelizes its loops for it), as torch.compile makes them
-        modes = torch.is_inference_mode_enabled(), torch.is_grad_enabled(), torch.get_num_threads()
+        kind, slots, seen = self.rows(h.shape[0], start, mask)
         outputs = []
         for i in range(0, len(self.layers), BLOCK):
             block = cache.k[i : i + BLOCK], cache.v[i : i + BLOCK], self.layers[i : i + BLOCK]
-            key = kind, len(block[2]), *modes
-            graph = self.graphs.get(key)
-            if graph is None:
-                graph = self.graphs[key] = compile_block(kind, h, cos, sin, slots, seen, block, self.shape)
-            h, hs = graph(h, cos, sin, slots, *block[:2], seen, block[2], self.shape)
+            args = (h, cos, sin, slots, *block[:2], seen, block[2], self.shape)
+            h, hs = self.run(layers_block, kind, len(block[2]), args, (h, cos, sin, slots), seen)
             outputs += hs
         return h, outputs
+
+    def draft(self, ids, features, inputs: tuple, cos, sin, cache, start: int, mask) -> tuple:
+        """A feature draft's decoding forward (`draft_block`) of tokens `ids` [n] reading `features`
+        [n, H], its `inputs` (the embedding's weight, and `fc`'s weight and bias), at cache slots
+        start..start + n - 1 as `forward` runs its layers (one block; `start` > 0): its last layer's
+        h and every row's logits."""
+        kind, slots, seen = self.rows(len(ids), start, mask)
+        args = (ids, features, *inputs, cos, sin, slots, cache.k, cache.v, seen, self.layers, self.head, self.shape)
+        return self.run(draft_block, f"draft-{kind}", len(self.layers), args, (ids, features, cos, sin, slots), seen)
+
+    def rows(self, n: int, start: int, mask: torch.Tensor | None) -> tuple[str, torch.Tensor, tuple | None]:
+        """A forward's kind ("prompt", "row", "tree"), the cache slots its rows write and the slots
+        each row sees (row_attention.visible_slots; None for a prompt)."""
+        slots = torch.arange(start, start + n)
+        seen = None if start == 0 and n > 1 else row_attention.visible_slots(mask, n, start + n)
+        return "prompt" if seen is None else "row" if n == 1 else "tree", slots, seen
+
+    def run(self, fn, kind: str, layers: int, args: tuple, rows: tuple, seen):
+        """`fn(*args)` through its graph, compiled on first use (`compile_graph`): a graph per
+        function, kind, block length, grad mode and thread count (inductor parallelizes its loops
+        for it), as torch.compile makes them."""
+        key = fn, kind, layers, torch.is_inference_mode_enabled(), torch.is_grad_enabled(), torch.get_num_threads()
+        graph = self.graphs.get(key)
+        if graph is None:
+            graph = self.graphs[key] = compile_graph(fn, kind, args, rows, seen)
+        return graph(*args)
 
     def takes(self, n: int, start: int, mask: torch.Tensor | None) -> bool:
         """Whether a forward of n tokens after `start` cached ones runs compiled: a prompt over an
@@ -172,30 +198,29 @@ class CompiledLayers:
 
 
 def supported() -> bool:
-    """Whether this PyTorch compiles and keeps graphs as `compile_block` does (`aot_compile`,
+    """Whether this PyTorch compiles and keeps graphs as `compile_graph` does (`aot_compile`,
     `torch.compiler.load_compiled_function`: 2.13 is the version tested)."""
     return hasattr(torch.compiler, "load_compiled_function")
 
 
-def compile_block(kind: str, h, cos, sin, slots, seen, block: tuple, shape: tuple):
-    """`layers_block` compiled for a kind of forward ("prompt", "row", "tree"), over the first of its
-    blocks (keys, values, layers). Only the sizes marked here are dynamic (rows, and the slots a row
-    sees), each at least 2: weights keep static shapes, shared by every block, and a second model
-    compiled in the process (a draft) gets graphs of its own shapes. Guards are checked only under
-    CHECK_GUARDS."""
-    varying = [(x, 0) for x in (h, cos, sin, slots)] if kind != "row" else []
-    if kind != "prompt":
-        varying += [(seen[0], 1)] + ([(seen[0], 0), (seen[1], 0)] if kind == "tree" else [])
+def compile_graph(fn, kind: str, args: tuple, rows: tuple, seen):
+    """`fn` (`layers_block`, `draft_block`) compiled for a kind of forward ("prompt", "row", "tree", a
+    draft's "draft-row", "draft-tree") over `args`. Only the sizes marked here are dynamic (the first
+    of `rows`' in forwards of several rows, and the slots a row sees, `seen`), each at least 2:
+    weights keep static shapes, shared by every block, and a second model compiled in the process
+    (a draft) gets graphs of its own shapes. Guards are checked only under CHECK_GUARDS."""
+    one_row = kind.endswith("row")
+    varying = [] if one_row else [(x, 0) for x in rows]
+    if seen is not None:
+        varying += [(seen[0], 1)] + ([] if one_row else [(seen[0], 0), (seen[1], 0)])
     for tensor, dim in varying:
         torch._dynamo.mark_dynamic(tensor, dim)
-    args = (h, cos, sin, slots, *block[:2], seen, block[2], shape)
     if CHECK_GUARDS:  # compiled afresh: a loaded graph's guards misread the dynamic-size marks
-        compiled = torch.compile(layers_block, fullgraph=True, dynamic=False)
-        return compiled.aot_compile((args, {}))
+        return torch.compile(fn, fullgraph=True, dynamic=False).aot_compile((args, {}))
     path = saved_graph(kind, args)
     graph = load_graph(path)
     if graph is None:
-        compiled = torch.compile(layers_block, fullgraph=True, dynamic=False, options={"size_asserts": False})
+        compiled = torch.compile(fn, fullgraph=True, dynamic=False, options={"size_asserts": False})
         graph = compiled.aot_compile((args, {}))
         tmp = path.with_name(f"{path.name}.tmp{os.getpid()}")
         graph.save_compiled_function(str(tmp))
