@@ -1,5 +1,7 @@
 """A chain of K = budget draft tokens (Leviathan et al. 2023), drawn autoregressively from q."""
 
+import math
+
 import torch
 
 from dyspec.core.contract import Policy
@@ -10,13 +12,17 @@ from dyspec.core.tree import Tree
 
 def extend(tree: Tree, node: int, logits: torch.Tensor, temperature: float, generator: torch.Generator) -> int:
     """Draw the chain's next token from the draft's logits after `node` and append it as one
-    expansion; returns its column in the logits."""
-    q = to_probs(logits, temperature)
-    x = sample(q, generator)
-    tree.q[node] = q
-    # at T = 0, q is one-hot; the draft's own probability (T = 1) is what estimates acceptance
-    q_x = q[x] if temperature > 0 else to_probs(logits, 1.0)[x]
-    tree.add(node, tree.token_ids(torch.tensor(x), len(q)), float(q_x))
+    expansion; returns its column in the logits. At T = 0 the draw is the argmax, and q (one-hot) is
+    not kept: greedy verification never reads it, and each op here runs at every draft node."""
+    if temperature == 0:
+        x = int(logits.argmax())
+        # the draft's own probability (T = 1), what estimates acceptance: exp(logit - logsumexp)
+        q_x = math.exp(float(logits[x] - torch.logsumexp(logits, -1)))
+    else:
+        q = tree.q[node] = to_probs(logits, temperature)
+        x = sample(q, generator)
+        q_x = float(q[x])
+    tree.add(node, tree.token_ids(torch.tensor(x), len(logits)), q_x)
     tree.end_expansion()
     return x
 
