@@ -7,7 +7,7 @@ from dyspec import generate, stream
 from dyspec.core.events import GenerationFinished, StepVerified, TreeExpanded
 from dyspec.core.kv import KVSession
 from dyspec.core.tree import Tree
-from dyspec.decode.engine import encode_prompt
+from dyspec.decode.engine import encode_prompt, plan, prefill, start
 from dyspec.forward.lean import LeanForward
 from dyspec.forward.static import StaticForward
 from dyspec.load import load_pair
@@ -194,6 +194,28 @@ def test_events_and_hooks(pair):
     for e in steps:
         assert min(e.draft_s, e.target_s, e.overhead_s, e.tree_build_s) >= 0
         assert len(e.target_probs) == len(e.tokens) and all(0 <= x <= 1 for x in e.target_probs)
+
+
+@pytest.mark.parametrize(
+    "policy,options,reads",
+    [("chain", {}, True), ("lookup", {}, True), ("lookup", {"fallback": 0}, False), ("ar", {}, False)],
+)
+def test_a_drafting_policy_has_the_draft_read_the_prompt_at_prefill(default_pair, policy, options, reads):
+    """Where a policy drafts, the draft reads the prompt but its last token (the first root) at
+    prefill, as the target does, and the first step's draft forward reads the root alone; a policy
+    that never drafts (`ar`, `lookup` without its fallback) leaves the draft idle."""
+    pair = default_pair
+    ids = encode_prompt(pair, PROMPTS[0])
+    spec, options, _ = plan(pair, ids, policy, 4, 0.0, 8, options, None)
+    run = start(pair, ids, spec, options, 0.0, 0, 4, 8)
+    prefill(run, ids)
+    draft = run.drafts[0]
+    assert (draft.kv.length, draft.pending) == ((len(ids) - 1, ids[-1:]) if reads else (0, ids))
+    assert draft.forwards == 0  # the prompt's forward is not a decoding one
+    if reads:
+        rows = draft.kv.cached
+        draft.logits(Tree.root(ids[-1]), [0])
+        assert draft.kv.cached == rows + 1
 
 
 def test_stop_ends_cleanly(pair):

@@ -38,6 +38,9 @@ class Policy:
     name: str
     build: Callable[..., Tree]  # build(draft, root, budget, temperature, generator, **options) -> Tree
     needs_draft: bool
+    # an option of a policy that needs no draft under which it drafts, where one is loaded and the
+    # option is nonzero (lookup's `fallback`)
+    draft_option: str | None = None
     multi_draft: bool = False  # build() gets the list of every loaded draft instead of the first
     prepare: Callable[[Any, float, dict], dict] | None = None  # prepare(pair, temperature, options): resolved once
     available: Callable[[Any], bool] = _always  # whether it runs on a pair with its defaults (trained parts)
@@ -58,6 +61,10 @@ class Policy:
                 raise TypeError(f"policy {self.name}: build takes `{arg}` exactly when the policy declares it")
         if unknown := set(self.auto.shape_options) - set(self.options):
             raise TypeError(f"policy {self.name}: shape options {sorted(unknown)} are not options of build")
+
+    def drafts(self, options: dict) -> bool:
+        """Whether it asks the draft for distributions under `options` (the defaults where unset)."""
+        return self.needs_draft or bool(self.draft_option and {**self.options, **options}[self.draft_option])
 
     @property
     def options(self) -> dict[str, Any]:

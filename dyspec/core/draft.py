@@ -1,7 +1,8 @@
 """The draft side of one generation: what policies call to get draft distributions.
 
 Committed tokens reach the draft lazily: they wait in `pending` until a policy asks for the root's
-distribution, so a policy that never drafts (`ar`) never runs the draft. Within a step, tree nodes
+distribution, so a policy that never drafts (`ar`) never runs the draft; a policy that drafts has
+it read the prompt at prefill (`read_prompt`). Within a step, tree nodes
 are forwarded in batches with tree attention; after verification the accepted nodes the draft has
 already seen keep their KV, and the rest of the accepted path joins `pending`.
 
@@ -51,6 +52,7 @@ class DraftSession:
         self.feature_layers = declared.feature_layers  # the target layers it reads
         self.copy_weights = declared.copy_weights
         self.reads_first_token = declared.reads_first_token
+        self.cacheless = declared.cacheless
         self.temperature = temperature  # the mixture with copies is taken at it (dyspec.core.copying.mix)
         self.pending = list(prompt)  # committed tokens not in the draft cache yet; the root is last
         # every committed token, the root last (what `lookup` and copying search): an int array, so that
@@ -81,6 +83,21 @@ class DraftSession:
             return
         zeros = torch.zeros(1, self.kv.model.feature_size, device=self.kv.device)
         self.pending_features = zeros if hidden is None else torch.cat([zeros, hidden])
+
+    @torch.inference_mode()
+    def read_prompt(self) -> None:
+        """Forward the pending tokens but the root (the prompt, at prefill) into the cache now: not
+        counted as a draft forward of the generation, as the target's prefill is not. A draft with no
+        cache (`cacheless`) has nothing to keep of them."""
+        n = len(self.pending) - 1
+        if self.kv is None or self.cacheless or n < 1:
+            return
+        features = None if self.pending_features is None else self.pending_features[:n]
+        self.kv.append(self.pending[:n], last_only=True, features=features)
+        self.kv.forwards -= 1
+        self.pending = self.pending[n:]
+        if features is not None:
+            self.pending_features = self.pending_features[n:]
 
     @torch.inference_mode()
     def _timed_forward(self, tree: Tree, nodes: list[int], *args, **kwargs) -> torch.Tensor:

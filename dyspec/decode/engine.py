@@ -186,14 +186,23 @@ def start(
 
 
 def prefill(run: Decoding, ids: list[int]) -> None:
-    """Both caches hold the prompt but its last token, the first step's root (the draft reads its
-    share when a policy first asks it for a distribution)."""
+    """Both caches hold the prompt but its last token, the first step's root: the draft's where the
+    policy drafts (as a serving engine prefills its draft), so that the first step's draft reads one
+    token as every later step's does, and reading the prompt is not counted as decoding."""
     if len(ids) > 1:
         run.target.append(ids[:-1], last_only=True)
         run.target.forwards = 0  # count decoding steps only
-    for draft in run.drafts:
-        draft.set_prompt_features(run.target.hidden)
+    read_prompts(run, run.target.hidden)
     sync(run.target.device)
+
+
+def read_prompts(run: Decoding, features: torch.Tensor | None) -> None:
+    """Every draft gets the target's `features` at the prompt's tokens but the last, and reads the
+    prompt where the policy drafts."""
+    for draft in run.drafts:
+        draft.set_prompt_features(features)
+        if run.policy.drafts(run.options):
+            draft.read_prompt()
 
 
 def check_fits(pair: ModelPair, ids: list[int], max_new_tokens: int, cap: int) -> None:

@@ -34,6 +34,7 @@ from dyspec.decode.engine import (
     open_drafts,
     plan,
     prefill,
+    read_prompts,
     start,
     tree_cap,
 )
@@ -148,8 +149,7 @@ def replay_run(
     drafts = open_drafts(pair, ids, spec, 0.0, need, sizes=())
     run = Decoding(spec, options, None, drafts, 0.0, torch.Generator(device=pair.device).manual_seed(seed))
     prompt_features = trace.features[: len(ids) - 1] if trace.features is not None and len(ids) > 1 else None
-    for draft in drafts:
-        draft.set_prompt_features(prompt_features)
+    read_prompts(run, prompt_features)
     done = Progress()
     events = decode_steps(
         pair,

@@ -3,8 +3,9 @@ the notebook dashboard show.
 
 Rules, each with its reason:
 - Decode rate, prefill excluded: tokens committed over the time of the steps (draft + target +
-  overhead). Prefill is the same work for every policy, and the time a view spends drawing between
-  steps is the view's, not the policy's.
+  overhead). Prefill reads the prompt (the target, and the draft where a policy drafts, as a
+  serving engine prefills both), a cost per prompt, not per token; and the time a view spends
+  drawing between steps is the view's, not the policy's.
 - Both warm (`warm_up`): a process's first generation of a policy pays one-off costs (allocations,
   the first int8 packing, `--budget auto`'s profile) that would count against whichever ran first.
 - Same prompt, settings and length, `ar` measured once per (prompt, settings) and reused

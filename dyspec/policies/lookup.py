@@ -57,6 +57,7 @@ POLICY = Policy(
     "lookup",
     build,
     needs_draft=False,
+    draft_option="fallback",
     auto=AutoNeeds(free_nodes=True),
     summary="prompt lookup: no draft model; copies what followed the last words where they occurred before",
 )
