@@ -34,8 +34,8 @@ class StaticModel:
 def target_features(hidden_states: tuple[torch.Tensor, ...], layers: tuple[int, ...] = FINAL) -> torch.Tensor:
     """What a feature draft reads from a target forward run with `output_hidden_states=True`: the
     hidden states at `layers` (indices into `hidden_states`; -1, the final one after the final
-    norm, last), concatenated on the last axis."""
-    return torch.cat([hidden_states[i] for i in layers], dim=-1)
+    norm, last), concatenated on the last axis (the final one alone as it is)."""
+    return hidden_states[layers[0]] if len(layers) == 1 else torch.cat([hidden_states[i] for i in layers], dim=-1)
 
 
 def cache_kwarg(forward: Callable) -> str:
@@ -188,9 +188,10 @@ class KVSession:
             **extra,
         )
         self.cached, self.forwards = start + size, self.forwards + 1
+        # copies where a compiled forward's outputs are overwritten by its next replay
         if self.keep_hidden:
-            self.hidden = target_features(out.hidden_states, self.hidden_layers)[0, :n]  # a copy
-        # a copy: a compiled forward's outputs are overwritten by its next replay
+            hidden = target_features(out.hidden_states, self.hidden_layers)[0, :n]
+            self.hidden = hidden.clone() if self.static is not None else hidden
         return out.logits[0, :n].to(torch.float32, copy=self.static is not None)
 
     def append(self, tokens: list[int], **kwargs) -> torch.Tensor:

@@ -15,6 +15,7 @@ The Hugging Face forward stays the reference (`--fast-path off`, and every archi
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from types import SimpleNamespace
 from typing import NamedTuple
@@ -313,9 +314,23 @@ class LeanForward(nn.Module):
             h = h[logits_to_keep]
         elif logits_to_keep:
             h = h[-logits_to_keep:]
-        hidden_states = tuple(x[None] for x in hidden) if hidden is not None else None
+        hidden_states = BatchOfOne(hidden) if hidden is not None else None
         logits = self.graph.logits(h) if self.graph is not None else self.lm_head.forward(h)
         return CausalLMOutputWithPast(logits=logits[None], hidden_states=hidden_states)
+
+
+class BatchOfOne(Sequence):
+    """Each layer's hidden states [n, H] as Hugging Face returns them, [1, n, H], each made when read:
+    a session reads one or a few of a forward's dozens."""
+
+    def __init__(self, rows: list[torch.Tensor]):
+        self.rows = rows
+
+    def __getitem__(self, i: int) -> torch.Tensor:
+        return self.rows[i][None]
+
+    def __len__(self) -> int:
+        return len(self.rows)
 
 
 def role_cache(model: nn.Module, role: str) -> LeanCache:
