@@ -1,10 +1,10 @@
 """The draft side of one generation: what policies call to get draft distributions.
 
 Committed tokens reach the draft lazily: they wait in `pending` until a policy asks for the root's
-distribution, so a policy that never drafts (`ar`) never runs the draft; a policy that drafts has
-it read the prompt at prefill (`read_prompt`). Within a step, tree nodes
-are forwarded in batches with tree attention; after verification the accepted nodes the draft has
-already seen keep their KV, and the rest of the accepted path joins `pending`.
+distribution, so a policy that never drafts (`ar`) never runs the draft; where a policy drafts, the
+draft reads the prompt at prefill (`read_prompt`). Within a step, tree nodes are forwarded in
+batches with tree attention; after verification the accepted nodes the draft has already seen keep
+their KV, and the rest of the accepted path joins `pending`.
 
 A feature-conditioned draft (dyspec.drafts.feature) also reads, with each token, the target's hidden
 state at the token before it: `pending_features` holds those for the pending tokens. Inside a tree
