@@ -15,6 +15,10 @@ tests/test_lean_graph.py checks tree rows against one-token forwards bit for bit
 forward runs other arithmetic than the eager int8 forward (its own activation quantization), so
 its logits differ from eager's: it is its own int8 model, exact with itself.
 
+A feature draft's decoding forward runs as one graph from its input projection through its layers
+to its output rows (`draft_block`): inside a step each op outside a graph costs far more than its
+arithmetic, because the target's weights have just streamed through the caches.
+
 A prompt (a causal forward over an empty cache) runs compiled too, as its own attention kind: its
 rows attend through SDPA (every policy prefills alike, so its loop order is free) and its products
 run oneDNN's `torch._int_mm`, the fastest measured at many rows. Only a forward of over MAX_ROWS tokens on a cache that
@@ -118,8 +122,9 @@ def layers_block(h, cos, sin, slots, keys, values, seen, layers, shape):
 def draft_block(ids, features, embed, fc_weight, fc_bias, cos, sin, slots, keys, values, seen, layers, head, shape):
     """A feature draft's decoding forward (dyspec.drafts.feature) as one graph: each row's input
     [feature, its token's embedding] through `fc`, the layers (`layers_block`), and the output rows
-    of every row (one row more costs a weight-bound product next to nothing, and one graph fewer
-    calls than two). Returns the last layer's h and the logits."""
+    of every row (a weight-bound product costs about as much for a few rows as for the one a root
+    call keeps, and inside the graph it costs no call of its own). Returns the last layer's h and
+    the logits."""
     x = F.linear(torch.cat([features, embed[ids]], dim=-1), fc_weight, fc_bias)
     h, _ = layers_block(x, cos, sin, slots, keys, values, seen, layers, shape)
     return h, int8_linear(h, head)
