@@ -99,7 +99,6 @@ class DraftSession:
         if features is not None:
             self.pending_features = self.pending_features[n:]
 
-    @torch.inference_mode()
     def _timed_forward(self, tree: Tree, nodes: list[int], *args, **kwargs) -> torch.Tensor:
         if self.kv is None:
             raise RuntimeError("this policy needs a draft model, and none is loaded")

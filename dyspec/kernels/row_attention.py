@@ -47,13 +47,13 @@ def visible_slots(mask: torch.Tensor | None, n: int, end: int) -> tuple[torch.Te
     """The slots each of the last n of `end` tokens sees, in position order, [n, C] (C at least 2:
     a graph would specialize a size of 1), and their counts [n]: from a mask as
     `dyspec.forward.attention.visible_order` reads it."""
-    if n == 1 and mask is None and end >= 2:  # one row over every slot (ar's step, a draft's root)
-        return torch.arange(end)[None], torch.tensor([end])
-    if n == 1:  # one row (a draft node's): its slots straight from its mask's row, no sort
+    if n == 1:  # one row (ar's, a draft node's): its slots straight from its mask's row, no sort
         row = None if mask is None else mask[0, 0, 0, :end].cpu()
         seen = torch.arange(end) if row is None else (row if row.dtype == torch.bool else row == 0).nonzero()[:, 0]
-        slots = torch.zeros(1, max(2, len(seen)), dtype=torch.long)
-        slots[0, : len(seen)] = seen
+        slots = seen[None]  # contiguous [1, C]: no copy where it sees two slots or more
+        if len(seen) < 2:
+            slots = torch.zeros(1, 2, dtype=torch.long)
+            slots[0, : len(seen)] = seen
         return slots, torch.tensor([len(seen)])
     order, counts = visible_order(mask, n, end)
     c = max(2, int(counts.max()))
