@@ -17,7 +17,6 @@ from dyspec.core.contract import Budget, Policy
 from dyspec.core.draft import DraftSession
 from dyspec.core.events import Event, GenerationFinished, StepVerified, TreeExpanded
 from dyspec.core.kv import BUCKETS, FINAL, bucket, sync
-from dyspec.core.tree import Tree
 from dyspec.decode.step import Decoding, Step, speculative_step
 from dyspec.decode.text import stream_texts, token_labels
 from dyspec.defaults import defaults_for
@@ -85,18 +84,17 @@ def check_settings(policy: str, budget: int | str, temperature: float, max_new_t
         raise DyspecError(f"max new tokens must be at least 1, got {max_new_tokens}")
 
 
-def _target_probs(logits: torch.Tensor | None, tree: Tree, p: torch.Tensor | None) -> list[float]:
+def _target_probs(s: Step) -> list[float]:
     """Target probability of each node's token after its parent (at T = 1 when decoding greedily);
     NaN where the target did not run (a replay)."""
-    if tree.size == 0 or logits is None:
+    tree = s.tree
+    if tree.size == 0 or s.logits is None:
         return [1.0] + [math.nan] * tree.size
-    parents = torch.tensor(tree.parents[1:], device=logits.device)
-    tokens = torch.tensor(tree.tokens[1:], device=logits.device)
-    if p is not None:
-        return [1.0] + p[parents, tokens].tolist()
-    rows, inverse = torch.unique(parents, return_inverse=True)
-    log_z = torch.logsumexp(logits[rows].float(), -1)  # one pass over a parent's row, not a softmax's three
-    return [1.0] + torch.exp(logits[parents, tokens].float() - log_z[inverse]).tolist()
+    parents = torch.tensor(tree.parents[1:], device=s.logits.device)
+    tokens = torch.tensor(tree.tokens[1:], device=s.logits.device)
+    if s.p is not None:
+        return [1.0] + s.p[parents, tokens].tolist()
+    return [1.0] + torch.exp(s.logits[parents, tokens].float() - s.log_z[parents]).tolist()
 
 
 def _emit(event: Event, hooks: Sequence[Hook]) -> Event:
@@ -135,7 +133,7 @@ def step_events(
         depths=tree.depths,
         draft_probs=tree.draft_probs,
         values=tree.values,
-        target_probs=_target_probs(s.logits, tree, s.p),
+        target_probs=_target_probs(s),
         accepted=s.accepted,
         emitted=emitted,
         emitted_texts=emitted_texts,

@@ -16,6 +16,7 @@ from dyspec.core.kv import KVSession, sync
 from dyspec.core.sampling import to_probs
 from dyspec.core.tree import Tree
 from dyspec.core.verify import verify_greedy, verify_sampled
+from dyspec.kernels.row_stats import row_stats
 
 
 @dataclass
@@ -33,7 +34,8 @@ class Decoding:
 @dataclass
 class Step:
     """What one step did: its (cut) tree, the accepted node ids, the token after them, the target's
-    logits (and probabilities at T > 0) over the tree, and where the time went."""
+    logits over the tree with their rows' logsumexp (T = 0) or its probabilities (T > 0), and where
+    the time went."""
 
     tree: Tree
     accepted: list[int]
@@ -46,6 +48,7 @@ class Step:
     draft_forwards: int
     budget: int | str | None = None  # the settings it ran with, where a run's may change (`engine.Knobs`)
     temperature: float | None = None
+    log_z: torch.Tensor | None = None  # each row's logsumexp at T = 0, for the views' target probabilities
 
 
 def draft_tree(run: Decoding, root: int, budget: Budget, context: int, left: int) -> tuple[Tree, Plan, float, int]:
@@ -88,8 +91,10 @@ def speculative_step(run: Decoding, root: int, budget: Budget, left: int) -> Ste
     sync(run.target.device)
     t2 = time.perf_counter()
 
+    log_z = p = None
     if run.temperature == 0:
-        p, (accepted, next_token) = None, verify_greedy(tree, logits.argmax(-1).tolist())
+        target_argmax, log_z = row_stats(logits)
+        accepted, next_token = verify_greedy(tree, target_argmax.tolist())
     else:
         p = to_probs(logits, run.temperature)
         accepted, next_token = verify_sampled(tree, p, run.generator)
@@ -97,4 +102,4 @@ def speculative_step(run: Decoding, root: int, budget: Budget, left: int) -> Ste
         run.policy.learn(run.drafts[0], tree, logits)
     run.target.commit([run.target.length + i for i in [0, *accepted]])
     commit_drafts(run, budget, plan, tree, accepted, next_token, run.target.hidden)
-    return Step(tree, accepted, next_token, logits, p, draft_s, t1 - t0 - draft_s, t2 - t1, draft_forwards)
+    return Step(tree, accepted, next_token, logits, p, draft_s, t1 - t0 - draft_s, t2 - t1, draft_forwards, log_z=log_z)

@@ -51,7 +51,7 @@ from tqdm.auto import tqdm
 from dyspec.cache import cache_dir
 from dyspec.forward.quant import Int8Linear
 from dyspec.kernels import row_attention
-from dyspec.kernels.build import cpu_flags
+from dyspec.kernels.build import cpu_flags, source_bytes
 from dyspec.kernels.int8_mm import SOURCE as INT8_MM_SOURCE
 from dyspec.kernels.int8_mm import int8_mm, int8_operands
 
@@ -252,7 +252,7 @@ def saved_graph(kind: str, args: tuple) -> Path:
     module and the kernels' sources, PyTorch and Python, the CPU's features (a cache folder may be
     shared by machines), the kind, grad mode, thread count, and every input's type, shape and
     dtype; dynamic sizes as the warm-up's)."""
-    what = [p.read_bytes() for p in (Path(__file__), row_attention.SOURCE, INT8_MM_SOURCE)]
+    what = [Path(__file__).read_bytes(), *map(source_bytes, (row_attention.SOURCE, INT8_MM_SOURCE))]
     leaves = torch.utils._pytree.tree_leaves(args)
     inputs = [(type(x).__name__, tuple(x.shape), str(x.dtype)) if torch.is_tensor(x) else repr(x) for x in leaves]
     modes = kind, torch.is_inference_mode_enabled(), torch.is_grad_enabled(), torch.get_num_threads()

@@ -29,7 +29,7 @@ def build(source: Path, flags: list[str]) -> Path:
     PyTorch and Python version."""
     from torch.utils.cpp_extension import include_paths, library_paths
 
-    what = source.read_bytes() + f"{flags} {torch.__version__} {sys.version}".encode()
+    what = source_bytes(source) + f"{flags} {torch.__version__} {sys.version}".encode()
     out = cache_dir() / "kernels" / f"{source.stem}-{hashlib.sha256(what).hexdigest()[:16]}.so"
     out.parent.mkdir(parents=True, exist_ok=True)
     with FileLock(f"{out}.lock"):  # test workers, an app and a notebook may build at once
@@ -40,13 +40,18 @@ def build(source: Path, flags: list[str]) -> Path:
             if cxx is None:
                 raise OSError("no C++ compiler found (c++, g++, clang++ or $CXX)")
             cmd = [cxx, "-O3", "-std=c++17", "-shared", "-fPIC", "-fopenmp", *flags, f"-D_GLIBCXX_USE_CXX11_ABI={abi}"]
-            cmd += [f"-I{p}" for p in include_paths()] + [str(source), "-o", str(tmp)]
+            cmd += [f"-I{p}" for p in [*include_paths(), source.parent]] + [str(source), "-o", str(tmp)]
             cmd += [f"-L{p}" for p in library_paths()] + ["-lc10", "-ltorch_cpu"]
             with tqdm(total=1, desc=f"building dyspec's {source.stem} kernel (once per machine)") as bar:
                 subprocess.run(cmd, check=True, capture_output=True)
                 bar.update()
             tmp.replace(out)
     return out
+
+
+def source_bytes(source: Path) -> bytes:
+    """A kernel's source and the headers beside it that it may include: what its build is named by."""
+    return b"\0".join(p.read_bytes() for p in [source, *sorted(source.parent.glob("*.h"))])
 
 
 def cpp_compiler() -> str | None:

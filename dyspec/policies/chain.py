@@ -8,6 +8,7 @@ from dyspec.core.contract import Policy
 from dyspec.core.draft import DraftSession
 from dyspec.core.sampling import sample, to_probs
 from dyspec.core.tree import Tree
+from dyspec.kernels.row_stats import row_stats
 
 
 def extend(tree: Tree, node: int, logits: torch.Tensor, temperature: float, generator: torch.Generator) -> int:
@@ -15,9 +16,10 @@ def extend(tree: Tree, node: int, logits: torch.Tensor, temperature: float, gene
     expansion; returns its column in the logits. At T = 0 the draw is the argmax, and q (one-hot) is
     not kept: greedy verification never reads it, and each op here runs at every draft node."""
     if temperature == 0:
-        x = int(logits.argmax())
+        top, log_z = row_stats(logits)
+        x = int(top)
         # the draft's own probability (T = 1), what estimates acceptance: exp(logit - logsumexp)
-        q_x = math.exp(float(logits[x] - torch.logsumexp(logits, -1)))
+        q_x = math.exp(float(logits[x]) - float(log_z))
     else:
         q = tree.q[node] = to_probs(logits, temperature)
         x = sample(q, generator)
