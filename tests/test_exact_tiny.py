@@ -24,7 +24,6 @@ from dyspec.core.copying import MATCHES
 from dyspec.core.draft import DraftSession
 from dyspec.core.events import StepVerified
 from dyspec.core.kv import KVSession
-from dyspec.core.tree import Tree
 from dyspec.core.vocab import DraftVocab
 from dyspec.errors import DyspecError
 from dyspec.eval.calibrate import calibrate
@@ -109,13 +108,16 @@ def test_a_copying_draft_samples_target_distribution(exact, policy, options):
 
 
 def test_a_wrong_vocabulary_map_fails_the_distribution_test(feature_pair, exact, monkeypatch):
-    """The tests above can fail: a verifier that widens the draft's q onto the wrong tokens (its
-    columns shifted by one: dyspec.core.vocab) no longer samples the target's distribution."""
+    """The tests above can fail: a verifier that reads the draft's q on the wrong tokens (its columns
+    shifted by one: dyspec.core.vocab), in the acceptance test and the residual, no longer samples
+    the target's distribution. The draft still proposes through the right map."""
+    widen, column = DraftVocab.widen, DraftVocab.column
 
-    def shifted(tree, q):
-        return q if tree.vocab is None else DraftVocab(tree.vocab.ids.roll(1), tree.vocab.index).widen(q)
+    def shifted(vocab):
+        return DraftVocab.of(vocab.ids.roll(1), vocab.size)
 
-    monkeypatch.setattr(Tree, "widened", shifted)
+    monkeypatch.setattr(DraftVocab, "widen", lambda vocab, q, fill=0.0: widen(shifted(vocab), q, fill))
+    monkeypatch.setattr(DraftVocab, "column", lambda vocab, token, width: column(shifted(vocab), token, width))
     assert distribution_pvalue(feature_pair, exact, "chain", {}) < 1e-4
 
 

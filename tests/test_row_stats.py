@@ -48,3 +48,28 @@ def test_other_tensors_take_torch(monkeypatch):
     argmax, lse = rs.row_stats(x)
     torch.testing.assert_close(lse, torch.logsumexp(x, -1))
     assert torch.equal(argmax, x.argmax(-1))
+
+
+def test_inverse_cdf_draws_columns_of_positive_probability_as_searchsorted_does():
+    g = torch.Generator().manual_seed(3)
+    p = torch.rand(3, 49157, generator=g) ** 8  # a tail past the last full block
+    p[p < 0.3] = 0  # most columns can never be drawn
+    p[2, -1] = 0  # nor the last
+    u = torch.rand(3, 4000, dtype=torch.float64, generator=g)
+    u[:, 0] = 0.0
+    u[:, 1] = 1 - 2**-53
+    drawn = rs.inverse_cdf(p, u)
+    assert (p.gather(1, drawn) > 0).all()
+    cdf = p.double().cumsum(-1)
+    expected = torch.searchsorted(cdf, u * cdf[:, -1:], right=True).clamp_max(p.shape[-1] - 1)
+    # the kernel sums in another order: only a draw within rounding of a column's edge may differ
+    assert (drawn != expected).sum() <= 3
+    assert torch.equal(drawn[:, :2], expected[:, :2])
+
+
+def test_inverse_cdf_follows_the_distribution():
+    p = torch.tensor([[0.0, 0.5, 0.0, 0.25] + [0.0] * 28 + [0.25]])
+    u = torch.rand(1, 40000, dtype=torch.float64, generator=torch.Generator().manual_seed(4))
+    counts = torch.bincount(rs.inverse_cdf(p, u)[0], minlength=p.shape[1])
+    assert counts[[0, 2]].sum() == 0 and counts[4:32].sum() == 0
+    torch.testing.assert_close(counts[[1, 3, 32]] / 40000, torch.tensor([0.5, 0.25, 0.25]), atol=0.01, rtol=0)

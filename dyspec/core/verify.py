@@ -56,11 +56,11 @@ def verify_sampled(tree: Tree, p: torch.Tensor, generator: torch.Generator | Non
                 P[x] = 0
                 P = P / P.sum()
                 continue
-            Dk = D if D is not None else tree.widened(tree.proposal(s))
-            if r * Dk[x] <= P[x]:
+            q = D if D is not None else tree.proposal(s)
+            if r * (float(D[x]) if D is not None else tree.prob(q, x)) <= float(P[x]):
                 accepted = s
                 break
-            P = residual(P, Dk)
+            P = residual(P, D if D is not None else tree.widened(q))  # widened only where it is read whole
             if D is not None:
                 D[x] = 0
                 total = D.sum()

@@ -1,5 +1,7 @@
-// dyspec::row_stats: each row of logits [n, V] read twice, for its argmax (its first largest entry, a
-// NaN counting as largest, as torch.argmax) and its logsumexp. See row_stats.py.
+// Rows over a vocabulary, read in vector arithmetic. dyspec::row_stats: each row of logits read twice,
+// for its argmax (its first largest entry, a NaN counting as largest, as torch.argmax) and its
+// logsumexp. dyspec::inverse_cdf: draws from rows of probabilities by their cumulative sums in double.
+// See row_stats.py.
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <torch/library.h>
@@ -78,6 +80,58 @@ std::tuple<at::Tensor, at::Tensor> row_stats(const at::Tensor& logits) {
   return {argmax, lse};
 }
 
+// the first column whose cumulative sum passes u * the row's total: the sums in double, a block of LANES
+// at a time, then column by column in the block that passes; a column of probability 0 never passes
+// first. Where rounding keeps every sum below, the last column of positive probability.
+void inverse_cdf_row(const float* p, int64_t V, const double* u, int64_t n, int64_t* out) {
+  const int64_t blocks = V / LANES;
+  std::vector<double> sums(blocks + 1);
+  double total = 0.0;
+  for (int64_t b = 0; b < blocks; ++b) {
+    sums[b] = total;
+    total += static_cast<double>(lanes_sum(load(p + b * LANES)));
+  }
+  sums[blocks] = total;
+  for (int64_t j = blocks * LANES; j < V; ++j) total += p[j];
+  int64_t last = V - 1;
+  while (last > 0 && !(p[last] > 0.f)) --last;
+  for (int64_t k = 0; k < n; ++k) {
+    const double target = u[k] * total;
+    // the block whose start is at or below target and whose end passes it
+    const int64_t b = std::upper_bound(sums.begin(), sums.end(), target) - sums.begin() - 1;
+    double running = sums[b];
+    int64_t pick = last;
+    for (int64_t j = b * LANES; j < V; ++j) {
+      running += p[j];
+      if (running > target && p[j] > 0.f) {
+        pick = j;
+        break;
+      }
+    }
+    out[k] = pick;
+  }
+}
+
+at::Tensor inverse_cdf(const at::Tensor& probs, const at::Tensor& u) {
+  TORCH_CHECK(probs.dim() == 2 && probs.scalar_type() == at::kFloat, "inverse_cdf: float32 probabilities [rows, V]");
+  TORCH_CHECK(u.dim() == 2 && u.size(0) == probs.size(0) && u.scalar_type() == at::kDouble,
+              "inverse_cdf: float64 uniforms [rows, n]");
+  const at::Tensor p = probs.contiguous(), v = u.contiguous();
+  const int64_t rows = p.size(0), V = p.size(1), n = v.size(1);
+  TORCH_CHECK(V >= 1, "inverse_cdf: rows of at least one entry");
+  at::Tensor out = at::empty({rows, n}, p.options().dtype(at::kLong));
+  const float* P = p.data_ptr<float>();
+  const double* U = v.data_ptr<double>();
+  int64_t* O = out.data_ptr<int64_t>();
+  at::parallel_for(0, rows, 4, [&](int64_t first, int64_t last) {
+    for (int64_t r = first; r < last; ++r) inverse_cdf_row(P + r * V, V, U + r * n, n, O + r * n);
+  });
+  return out;
+}
+
 }  // namespace
 
-TORCH_LIBRARY_FRAGMENT(dyspec, m) { m.def("row_stats(Tensor logits) -> (Tensor argmax, Tensor logsumexp)", &row_stats); }
+TORCH_LIBRARY_FRAGMENT(dyspec, m) {
+  m.def("row_stats(Tensor logits) -> (Tensor argmax, Tensor logsumexp)", &row_stats);
+  m.def("inverse_cdf(Tensor probs, Tensor u) -> Tensor", &inverse_cdf);
+}

@@ -1,12 +1,15 @@
-"""Each row's argmax and logsumexp over the vocabulary: `row_stats(logits)`, what greedy
-verification and the views' target probabilities read from the target's logits at every step.
+"""Rows over the vocabulary, read at every step: each row's argmax and logsumexp (`row_stats`), what
+greedy verification and the views' target probabilities read from the target's logits, and draws
+by inverse CDF (`inverse_cdf`), what sampled verification and a sampled draft take.
 
 PyTorch's CPU argmax over a row of a large vocabulary runs an element at a time, and its
 logsumexp takes several passes: per step and per tree row they cost more than the rest of the
 step's bookkeeping. The kernel (row_stats.cpp) reads a float32 row twice in vector arithmetic: its
 largest entry, then its first index and the sum of exponentials. The argmax is torch.argmax's (the
 first largest entry; a NaN counts as largest), so greedy decoding keeps its tokens; the logsumexp
-agrees with torch.logsumexp to float32 rounding. Other tensors (a GPU's, bf16), and a machine
+agrees with torch.logsumexp to float32 rounding. A draw takes the first column whose cumulative
+sum, in double, passes u times the row's total, as `torch.searchsorted` over a float64 cumsum
+does, and never a column of probability 0. Other tensors (a GPU's, bf16), and a machine
 without a C++ compiler, take PyTorch's ops.
 """
 
@@ -36,3 +39,12 @@ def row_stats(logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     if logits.is_cpu and logits.dtype == torch.float32 and kernel_available():
         return torch.ops.dyspec.row_stats(logits)
     return logits.argmax(-1), torch.logsumexp(logits.float(), -1)
+
+
+def inverse_cdf(probs: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
+    """Draws [rows, n] from probs [rows, V] (each row's total need not be 1) at uniforms u [rows, n]
+    in [0, 1), float64: the first column whose cumulative sum passes u times its row's total."""
+    if probs.is_cpu and probs.dtype == torch.float32 and kernel_available():
+        return torch.ops.dyspec.inverse_cdf(probs, u)
+    cdf = probs.double().cumsum(-1)
+    return torch.searchsorted(cdf, u * cdf[:, -1:], right=True).clamp_max(probs.shape[-1] - 1)
