@@ -56,11 +56,12 @@ def verify_sampled(tree: Tree, p: torch.Tensor, generator: torch.Generator | Non
                 P[x] = 0
                 P = P / P.sum()
                 continue
-            q = D if D is not None else tree.proposal(s)
-            if r * (float(D[x]) if D is not None else tree.prob(q, x)) <= float(P[x]):
+            q = tree.proposal(s) if D is None else None
+            d_x = float(D[x]) if D is not None else tree.prob(q, x)  # q is widened only where read whole
+            if r * d_x <= float(P[x]):
                 accepted = s
                 break
-            P = residual(P, D if D is not None else tree.widened(q))  # widened only where it is read whole
+            P = residual(P, D if D is not None else tree.widened(q))
             if D is not None:
                 D[x] = 0
                 total = D.sum()

@@ -80,8 +80,20 @@ std::tuple<at::Tensor, at::Tensor> row_stats(const at::Tensor& logits) {
   return {argmax, lse};
 }
 
+// a block's sum in double: its two halves widened, added, then halved down to one lane
+inline double block_sum(vec v) {
+  typedef double dvec8 __attribute__((vector_size(8 * sizeof(double))));
+  typedef double dvec4 __attribute__((vector_size(4 * sizeof(double))));
+  typedef double dvec2 __attribute__((vector_size(2 * sizeof(double))));
+  const dvec8 s = __builtin_convertvector(__builtin_shufflevector(v, v, 0, 1, 2, 3, 4, 5, 6, 7), dvec8) +
+                  __builtin_convertvector(__builtin_shufflevector(v, v, 8, 9, 10, 11, 12, 13, 14, 15), dvec8);
+  const dvec4 h = __builtin_shufflevector(s, s, 0, 1, 2, 3) + __builtin_shufflevector(s, s, 4, 5, 6, 7);
+  const dvec2 q = __builtin_shufflevector(h, h, 0, 1) + __builtin_shufflevector(h, h, 2, 3);
+  return q[0] + q[1];
+}
+
 // the first column whose cumulative sum passes u * the row's total: the sums in double, a block of LANES
-// at a time, then column by column in the block that passes; a column of probability 0 never passes
+// at a time, then column by column from the block that passes; a column of probability 0 never passes
 // first. Where rounding keeps every sum below, the last column of positive probability.
 void inverse_cdf_row(const float* p, int64_t V, const double* u, int64_t n, int64_t* out) {
   const int64_t blocks = V / LANES;
@@ -89,7 +101,7 @@ void inverse_cdf_row(const float* p, int64_t V, const double* u, int64_t n, int6
   double total = 0.0;
   for (int64_t b = 0; b < blocks; ++b) {
     sums[b] = total;
-    total += static_cast<double>(lanes_sum(load(p + b * LANES)));
+    total += block_sum(load(p + b * LANES));
   }
   sums[blocks] = total;
   for (int64_t j = blocks * LANES; j < V; ++j) total += p[j];

@@ -16,8 +16,8 @@ def extend(tree: Tree, node: int, logits: torch.Tensor, temperature: float, gene
     expansion; returns its column in the logits. At T = 0 the draw is the argmax, and q (one-hot) is
     not kept: greedy verification never reads it, and each op here runs at every draft node."""
     if temperature == 0:
-        top, log_z = row_stats(logits)
-        x = int(top)
+        best, log_z = row_stats(logits)
+        x = int(best)
         # the draft's own probability (T = 1), what estimates acceptance: exp(logit - logsumexp)
         q_x = math.exp(float(logits[x]) - float(log_z))
     else:
