@@ -71,3 +71,11 @@ def test_docs_speak_of_the_tool_not_its_development():
             if HISTORY.search(line):
                 found.append(f"{page.relative_to(ROOT)}:{number}: {line.strip()[:80]}")
     assert not found, "\n".join(found)
+
+
+def test_the_license_text_ships_at_the_root_and_in_the_wheel():
+    """Apache-2.0's text in LICENSE, which the package's metadata names for its wheel."""
+    text = (ROOT / "LICENSE").read_text()
+    assert "Apache License" in text and "Version 2.0, January 2004" in text and "END OF TERMS AND CONDITIONS" in text
+    project = (ROOT / "pyproject.toml").read_text()
+    assert 'license = "Apache-2.0"' in project and 'license-files = ["LICENSE"]' in project
