@@ -1,6 +1,8 @@
 """Each row's argmax and logsumexp (dyspec.kernels.row_stats): torch.argmax's index, ties and NaN
 included, so greedy decoding keeps its tokens, and torch.logsumexp's value to float32 rounding."""
 
+import subprocess
+
 import pytest
 import torch
 
@@ -73,3 +75,18 @@ def test_inverse_cdf_follows_the_distribution():
     counts = torch.bincount(rs.inverse_cdf(p, u)[0], minlength=p.shape[1])
     assert counts[[0, 2]].sum() == 0 and counts[4:32].sum() == 0
     torch.testing.assert_close(counts[[1, 3, 32]] / 40000, torch.tensor([0.5, 0.25, 0.25]), atol=0.01, rtol=0)
+
+
+def test_a_failed_build_warns_and_takes_torch(monkeypatch):
+    def fails(source, flags):
+        raise subprocess.CalledProcessError(1, "c++", stderr=b"error: no such instruction")
+
+    monkeypatch.setattr(rs, "build", fails)
+    rs.kernel_available.cache_clear()
+    try:
+        with pytest.warns(UserWarning, match="(?s)row kernel did not build.*no such instruction"):
+            assert not rs.kernel_available()
+        x = torch.randn(2, 50, generator=torch.Generator().manual_seed(5))
+        assert torch.equal(rs.row_stats(x)[0], x.argmax(-1))
+    finally:
+        rs.kernel_available.cache_clear()

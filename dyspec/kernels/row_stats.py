@@ -16,6 +16,8 @@ without a C++ compiler, take PyTorch's ops.
 from __future__ import annotations
 
 import functools
+import subprocess
+import warnings
 from pathlib import Path
 
 import torch
@@ -30,7 +32,14 @@ def kernel_available() -> bool:
     """Whether the kernel runs here (built now if not yet): it needs a C++ compiler."""
     if cpp_compiler() is None:
         return False
-    torch.ops.load_library(str(build(SOURCE, ["-march=native"])))
+    try:
+        torch.ops.load_library(str(build(SOURCE, ["-march=native"])))
+    except (OSError, subprocess.CalledProcessError) as e:
+        detail = e.stderr.decode()[-2000:] if isinstance(e, subprocess.CalledProcessError) else str(e)
+        warnings.warn(
+            f"dyspec's row kernel did not build; argmax and draws run PyTorch's, slower:\n{detail}", stacklevel=2
+        )
+        return False
     return True
 
 
