@@ -2,15 +2,15 @@
 greedy verification and the views' target probabilities read from the target's logits, and draws
 by inverse CDF (`inverse_cdf`), what sampled verification and a sampled draft take.
 
-PyTorch's CPU argmax over a row of a large vocabulary runs an element at a time, and its
-logsumexp takes several passes: per step and per tree row they cost more than the rest of the
-step's bookkeeping. The kernel (row_stats.cpp) reads a float32 row twice in vector arithmetic: its
-largest entry, then its first index and the sum of exponentials. The argmax is torch.argmax's (the
-first largest entry; a NaN counts as largest), so greedy decoding keeps its tokens; the logsumexp
-agrees with torch.logsumexp to float32 rounding. A draw takes the first column whose cumulative
-sum, in double, passes u times the row's total, as `torch.searchsorted` over a float64 cumsum
-does, and never a column of probability 0. Other tensors (a GPU's, bf16), and a machine
-without a C++ compiler, take PyTorch's ops.
+PyTorch's CPU argmax over a row of a large vocabulary runs an element at a time, and its logsumexp
+takes several passes, and a step pays them for every row of its tree. The kernel (row_stats.cpp)
+reads a float32 row twice in vector arithmetic: its largest entry, then its first index and the sum
+of exponentials. The argmax is torch.argmax's (the first largest entry; a NaN counts as largest),
+so greedy decoding keeps its tokens; the logsumexp agrees with torch.logsumexp to float32 rounding.
+A draw takes the first column whose cumulative sum, in double, passes u times the row's total, as
+`torch.searchsorted` over a float64 cumsum does, and never a column of probability 0. Other tensors
+(a GPU's, bf16), and a machine without a C++ compiler or where the kernel does not build, take
+PyTorch's ops.
 """
 
 from __future__ import annotations
