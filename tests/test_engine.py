@@ -8,6 +8,7 @@ from dyspec.core.events import GenerationFinished, StepVerified, TreeExpanded
 from dyspec.core.kv import KVSession
 from dyspec.core.tree import Tree
 from dyspec.decode.engine import encode_prompt, plan, prefill, start
+from dyspec.decode.step import speculative_step
 from dyspec.forward.lean import LeanForward
 from dyspec.forward.static import StaticForward
 from dyspec.load import load_pair
@@ -203,10 +204,11 @@ def test_events_and_hooks(pair):
 def test_a_drafting_policy_has_the_draft_read_the_prompt_at_prefill(default_pair, policy, options, reads):
     """Where a policy drafts, the draft reads the prompt but its last token (the first root) at
     prefill, as the target does, and the first step's draft forward reads the root alone; a policy
-    that never drafts (`ar`, `lookup` without its fallback) leaves the draft idle."""
+    that never drafts (`ar`, `lookup` without its fallback) leaves the draft idle: it keeps the
+    committed tokens, and gathers no features step after step."""
     pair = default_pair
     ids = encode_prompt(pair, PROMPTS[0])
-    spec, options, _ = plan(pair, ids, policy, 4, 0.0, 8, options, None)
+    spec, options, ready = plan(pair, ids, policy, 4, 0.0, 8, options, None)
     run = start(pair, ids, spec, options, 0.0, 0, 4, 8)
     prefill(run, ids)
     draft = run.drafts[0]
@@ -216,6 +218,11 @@ def test_a_drafting_policy_has_the_draft_read_the_prompt_at_prefill(default_pair
         rows = draft.kv.cached
         draft.logits(Tree.root(ids[-1]), [0])
         assert draft.kv.cached == rows + 1
+        return
+    features = draft.pending_features
+    for _ in range(3):
+        speculative_step(run, draft.context[-1], ready, 8)
+    assert len(draft.context) >= len(ids) + 3 and draft.pending_features is features
 
 
 def test_stop_ends_cleanly(pair):

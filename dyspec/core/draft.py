@@ -62,6 +62,9 @@ class DraftSession:
         self.node_features: dict[int, torch.Tensor] = {}  # tree node -> the draft's predicted feature
         self.slot_of: dict[int, int] = {}  # tree node -> cache slot, for nodes forwarded this step
         self.memo: dict = {}  # a policy's own state for this generation (`Policy.learn`)
+        # whether it forwards in this generation: an idle one (`ar`, `lookup` without its fallback)
+        # keeps the committed tokens for the policy to search, and no features
+        self.reads = True
         self.seconds = 0.0
         # this step's forwards as (tree size when issued, tree nodes forwarded): a forward issued at
         # tree size s adds nodes s and up, so a tree's first n nodes needed those issued at s <= n
@@ -174,7 +177,7 @@ class DraftSession:
         seen = 0
         while not self.needs_features and seen < len(accepted) and accepted[seen] in self.slot_of:
             seen += 1
-        if self.needs_features:
+        if self.needs_features and self.reads:
             self.pending_features = torch.cat([self.pending_features, target_hidden[[0, *accepted]]])
             self.node_features = {}
         if self.kv is not None and self.slot_of:

@@ -196,10 +196,11 @@ def prefill(run: Decoding, ids: list[int]) -> None:
 
 def read_prompts(run: Decoding, features: torch.Tensor | None) -> None:
     """Every draft gets the target's `features` at the prompt's tokens but the last, and reads the
-    prompt where the policy drafts."""
+    prompt where the policy drafts; elsewhere it stays idle (`DraftSession.reads`)."""
     for draft in run.drafts:
         draft.set_prompt_features(features)
-        if run.policy.drafts(run.options):
+        draft.reads = run.policy.drafts(run.options)
+        if draft.reads:
             draft.read_prompt()
 
 
