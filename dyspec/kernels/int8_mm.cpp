@@ -18,6 +18,7 @@
 #include <cstring>
 #include <string>
 #include <utility>
+#include <vector>
 #ifdef __AMX_INT8__
 #include <sys/syscall.h>
 #include <unistd.h>
@@ -54,36 +55,56 @@ constexpr int ROWS = 8;   // rows per pass: 2 * ROWS accumulators + 2 weight reg
 constexpr int AHEAD = 4;  // prefetch distance in K steps
 
 // VNNI: rows r of x over one panel. vpdpbusd multiplies unsigned by signed bytes, so x ^ 0x80 =
-// x + 128 goes in and `comp` (128 * sum_k w, per output) comes off.
+// x + 128 (`ux`, flipped once per product) goes in and `comp` (128 * sum_k w, per output) comes off.
+// Few rows take U K steps a pass into U sets of sums: each vpdpbusd waits for the previous one into
+// its sum, and 2 * R sums alone would leave the unit idle. The loops are unrolled so that the sums
+// stay in registers: GCC keeps an array indexed in a loop on the stack, and each vpdpbusd then also
+// waits for a store.
 template <int R>
-void panel(const int8_t* x, int64_t K, const int8_t* w, const int32_t* comp, int32_t* out, int64_t N) {
-  __m512i acc[R][2];
-  for (int m = 0; m < R; ++m) acc[m][0] = acc[m][1] = _mm512_setzero_si512();
-  const __m512i flip = _mm512_set1_epi32(static_cast<int32_t>(0x80808080u));
-  for (int64_t k = 0; k < K / 4; ++k) {
-    const int8_t* b = w + k * 4 * PANEL;
-    _mm_prefetch(reinterpret_cast<const char*>(b + AHEAD * 4 * PANEL), _MM_HINT_T0);
-    _mm_prefetch(reinterpret_cast<const char*>(b + AHEAD * 4 * PANEL + 64), _MM_HINT_T0);
-    const __m512i w0 = _mm512_loadu_si512(b), w1 = _mm512_loadu_si512(b + 64);
-    for (int m = 0; m < R; ++m) {
-      int32_t four;
-      std::memcpy(&four, x + m * K + 4 * k, 4);
-      const __m512i a = _mm512_xor_si512(_mm512_set1_epi32(four), flip);
-      acc[m][0] = _mm512_dpbusd_epi32(acc[m][0], a, w0);
-      acc[m][1] = _mm512_dpbusd_epi32(acc[m][1], a, w1);
+void panel(const uint8_t* ux, int64_t K, const int8_t* w, const int32_t* comp, int32_t* out, int64_t N) {
+  constexpr int U = R >= 4 ? 1 : 4 / R;
+  __m512i acc[U][R][2];
+#pragma GCC unroll 16
+  for (int u = 0; u < U; ++u)
+#pragma GCC unroll 16
+    for (int m = 0; m < R; ++m) acc[u][m][0] = acc[u][m][1] = _mm512_setzero_si512();
+  const int64_t steps = K / 4 / U * U;  // then one step at a time
+  for (int64_t k = 0; k < K / 4; k += k < steps ? U : 1) {
+    const int n = k < steps ? U : 1;
+#pragma GCC unroll 16
+    for (int u = 0; u < U; ++u) {
+      if (u >= n) break;
+      const int8_t* b = w + (k + u) * 4 * PANEL;
+      _mm_prefetch(reinterpret_cast<const char*>(b + AHEAD * 4 * PANEL), _MM_HINT_T0);
+      _mm_prefetch(reinterpret_cast<const char*>(b + AHEAD * 4 * PANEL + 64), _MM_HINT_T0);
+      const __m512i w0 = _mm512_loadu_si512(b), w1 = _mm512_loadu_si512(b + 64);
+#pragma GCC unroll 16
+      for (int m = 0; m < R; ++m) {
+        int32_t four;
+        std::memcpy(&four, ux + m * K + 4 * (k + u), 4);
+        const __m512i a = _mm512_set1_epi32(four);
+        acc[u][m][0] = _mm512_dpbusd_epi32(acc[u][m][0], a, w0);
+        acc[u][m][1] = _mm512_dpbusd_epi32(acc[u][m][1], a, w1);
+      }
     }
   }
   const __m512i c0 = _mm512_loadu_si512(comp), c1 = _mm512_loadu_si512(comp + 16);
+#pragma GCC unroll 16
   for (int m = 0; m < R; ++m) {
-    _mm512_storeu_si512(out + m * N, _mm512_sub_epi32(acc[m][0], c0));
-    _mm512_storeu_si512(out + m * N + 16, _mm512_sub_epi32(acc[m][1], c1));
+#pragma GCC unroll 16
+    for (int u = 1; u < U; ++u) {
+      acc[0][m][0] = _mm512_add_epi32(acc[0][m][0], acc[u][m][0]);
+      acc[0][m][1] = _mm512_add_epi32(acc[0][m][1], acc[u][m][1]);
+    }
+    _mm512_storeu_si512(out + m * N, _mm512_sub_epi32(acc[0][m][0], c0));
+    _mm512_storeu_si512(out + m * N + 16, _mm512_sub_epi32(acc[0][m][1], c1));
   }
 }
 
 template <int... R>
-void rows(int r, const int8_t* x, int64_t K, const int8_t* w, const int32_t* comp, int32_t* out, int64_t N,
+void rows(int r, const uint8_t* ux, int64_t K, const int8_t* w, const int32_t* comp, int32_t* out, int64_t N,
           std::integer_sequence<int, R...>) {
-  ((r == R + 1 ? panel<R + 1>(x, K, w, comp, out, N) : void()), ...);
+  ((r == R + 1 ? panel<R + 1>(ux, K, w, comp, out, N) : void()), ...);
 }
 #endif
 
@@ -183,11 +204,13 @@ at::Tensor int8_mm(const at::Tensor& x, const at::Tensor& w, const at::Tensor& c
 #ifdef __AVX512VNNI__
   if (path >= VNNI) {
     const int32_t* cp = comp.data_ptr<int32_t>();
+    std::vector<uint8_t> flipped(M * K);
+    for (int64_t i = 0; i < M * K; ++i) flipped[i] = static_cast<uint8_t>(xp[i]) ^ 0x80;
     at::parallel_for(0, N / PANEL, 1, [&](int64_t first, int64_t last) {
       for (int64_t p = first; p < last; ++p)
         for (int64_t m = 0; m < M; m += ROWS) {
           const int r = static_cast<int>(std::min<int64_t>(ROWS, M - m));
-          rows(r, xp + m * K, K, wp + p * PANEL * K, cp + p * PANEL, op + m * N + p * PANEL, N,
+          rows(r, flipped.data() + m * K, K, wp + p * PANEL * K, cp + p * PANEL, op + m * N + p * PANEL, N,
                std::make_integer_sequence<int, ROWS>{});
         }
     });
