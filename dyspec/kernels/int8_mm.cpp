@@ -29,15 +29,15 @@ namespace {
 constexpr int PANEL = 32;  // outputs per panel; weights packed [N / PANEL][K / 4][PANEL][4]
 constexpr int AVX2_ROWS = 4;
 
-// AVX2: row x over one panel. A 16-byte piece of a k-group (4 outputs x 4 k) widened to int16 and
-// multiplied by x's 4 values in pairs gives each output's two pair sums; they are added at the end.
-void panel_avx2(const int8_t* x, int64_t K, const int8_t* w, int32_t* out) {
+// AVX2: row x (`wx`, widened to int16 once per product) over one panel. A 16-byte piece of a k-group
+// (4 outputs x 4 k) widened to int16 and multiplied by x's 4 values in pairs gives each output's two
+// pair sums; they are added at the end.
+void panel_avx2(const int16_t* wx, int64_t K, const int8_t* w, int32_t* out) {
   __m256i acc[PANEL / 4];
   for (auto& a : acc) a = _mm256_setzero_si256();
   for (int64_t k = 0; k < K / 4; ++k) {
     int64_t four;  // x's 4 values as int16, repeated over the register
-    const int16_t values[4] = {x[4 * k], x[4 * k + 1], x[4 * k + 2], x[4 * k + 3]};
-    std::memcpy(&four, values, 8);
+    std::memcpy(&four, wx + 4 * k, 8);
     const __m256i a = _mm256_set1_epi64x(four);
     const int8_t* b = w + k * 4 * PANEL;
     for (int c = 0; c < PANEL / 4; ++c) {
@@ -218,9 +218,10 @@ at::Tensor int8_mm(const at::Tensor& x, const at::Tensor& w, const at::Tensor& c
   }
 #endif
   if (M > AVX2_ROWS) return at::_int_mm(x, plain);
+  const std::vector<int16_t> wide(xp, xp + M * K);
   at::parallel_for(0, N / PANEL, 1, [&](int64_t first, int64_t last) {
     for (int64_t p = first; p < last; ++p)
-      for (int64_t m = 0; m < M; ++m) panel_avx2(xp + m * K, K, wp + p * PANEL * K, op + m * N + p * PANEL);
+      for (int64_t m = 0; m < M; ++m) panel_avx2(wide.data() + m * K, K, wp + p * PANEL * K, op + m * N + p * PANEL);
   });
   return out;
 }
