@@ -45,7 +45,7 @@ def test_each_path_gives_torch_int_mm_bit_for_bit(path):
 
 
 def test_a_path_is_named():
-    with pytest.raises(ValueError, match="amx, vnni, avx2"):
+    with pytest.raises(ValueError, match="amx, vnni, avx-vnni, avx2"):
         kernel.use_path("sse")
 
 

@@ -1,9 +1,10 @@
 // dyspec::int8_mm: x [M, K] int8 times packed int8 weights -> int32 [M, N], exact.
 // A decoding forward (1 to 16 rows) is bound by reading weights: each path reads a panel of weights
-// from memory once for all its rows. Three paths, the fastest the build and the CPU allow:
+// from memory once for all its rows. Four paths, the fastest the build and the CPU allow:
 // - AMX (built with -mamx-int8, lent by Linux): AMX_ROWS rows or more on its tiles, 16 rows a pass;
 //   at 8 to 16 rows VNNI's arithmetic, not the weights' reading, would be the bound.
-// - AVX-512 VNNI (built with -mavx512vnni): up to ROWS rows a pass.
+// - AVX-512 VNNI (built with -mavx512vnni): up to 8 rows a pass.
+// - AVX-VNNI (built with -mavxvnni; or its twin in AVX-512 VNNI with VL): up to 2 rows a pass.
 // - AVX2 (any x86-64 since 2013): bytes widened to int16 and multiplied in pairs (vpmaddwd), a row
 //   at a time over a panel the first row brought into the cache; beyond AVX2_ROWS rows, where that
 //   arithmetic costs more than oneDNN's, torch._int_mm on the plain weights.
@@ -50,24 +51,61 @@ void panel_avx2(const int16_t* wx, int64_t K, const int8_t* w, int32_t* out) {
   for (int o = 0; o < PANEL; ++o) out[o] = pairs[2 * o] + pairs[2 * o + 1];
 }
 
-#ifdef __AVX512VNNI__
-constexpr int ROWS = 8;   // rows per pass: 2 * ROWS accumulators + 2 weight registers of 32
+// vpdpbusd at two widths: AVX-512 VNNI's zmm, and ymm, which AVX-VNNI (Intel's laptops since Alder
+// Lake, without AVX-512) has and AVX-512 VNNI with VL has too: the same instruction, another encoding
+#if defined(__AVX512VNNI__) && defined(__AVX512VL__)
+#define DYSPEC_YMM_DPBUSD _mm256_dpbusd_epi32
+#elif defined(__AVXVNNI__)
+#define DYSPEC_YMM_DPBUSD _mm256_dpbusd_avx_epi32
+#endif
+
+#if defined(__AVX512VNNI__) || defined(DYSPEC_YMM_DPBUSD)
 constexpr int AHEAD = 4;  // prefetch distance in K steps
 
-// VNNI: rows r of x over one panel. vpdpbusd multiplies unsigned by signed bytes, so x ^ 0x80 =
-// x + 128 (`ux`, flipped once per product) goes in and `comp` (128 * sum_k w, per output) comes off.
-// Few rows take U K steps a pass into U sets of sums: each vpdpbusd waits for the previous one into
-// its sum, and 2 * R sums alone would leave the unit idle. The loops are unrolled so that the sums
-// stay in registers: GCC keeps an array indexed in a loop on the stack, and each vpdpbusd then also
-// waits for a store.
-template <int R>
+#ifdef __AVX512VNNI__
+struct Zmm {  // 32 registers: up to 8 rows a pass, 2 sums each, 2 weight registers
+  using T = __m512i;
+  static constexpr int BYTES = 64, ROWS = 8;
+  static T load(const void* p) { return _mm512_loadu_si512(p); }
+  static void store(void* p, T v) { _mm512_storeu_si512(p, v); }
+  static T set1(int32_t v) { return _mm512_set1_epi32(v); }
+  static T zero() { return _mm512_setzero_si512(); }
+  static T add(T a, T b) { return _mm512_add_epi32(a, b); }
+  static T sub(T a, T b) { return _mm512_sub_epi32(a, b); }
+  static T dot(T acc, T a, T b) { return _mm512_dpbusd_epi32(acc, a, b); }
+};
+#endif
+
+#ifdef DYSPEC_YMM_DPBUSD
+struct Ymm {  // 16 registers (AVX-VNNI): up to 2 rows a pass, 4 sums each
+  using T = __m256i;
+  static constexpr int BYTES = 32, ROWS = 2;
+  static T load(const void* p) { return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)); }
+  static void store(void* p, T v) { _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), v); }
+  static T set1(int32_t v) { return _mm256_set1_epi32(v); }
+  static T zero() { return _mm256_setzero_si256(); }
+  static T add(T a, T b) { return _mm256_add_epi32(a, b); }
+  static T sub(T a, T b) { return _mm256_sub_epi32(a, b); }
+  static T dot(T acc, T a, T b) { return DYSPEC_YMM_DPBUSD(acc, a, b); }
+};
+#endif
+
+// VNNI: rows R of x over one panel, S registers of weights a K step. vpdpbusd multiplies unsigned by
+// signed bytes, so x ^ 0x80 = x + 128 (`ux`, flipped once per product) goes in and `comp` (128 *
+// sum_k w, per output) comes off. Few rows take U K steps a pass into U sets of sums: each vpdpbusd
+// waits for the previous one into its sum, and fewer than 8 sums would leave the unit idle. The
+// loops are unrolled so that the sums stay in registers: GCC keeps an array indexed in a loop on
+// the stack, and each vpdpbusd then also waits for a store.
+template <class V, int R>
 void panel(const uint8_t* ux, int64_t K, const int8_t* w, const int32_t* comp, int32_t* out, int64_t N) {
-  constexpr int U = R >= 4 ? 1 : 4 / R;
-  __m512i acc[U][R][2];
+  constexpr int S = 4 * PANEL / V::BYTES, U = R * S >= 8 ? 1 : 8 / (R * S);
+  typename V::T acc[U][R][S];
 #pragma GCC unroll 16
   for (int u = 0; u < U; ++u)
 #pragma GCC unroll 16
-    for (int m = 0; m < R; ++m) acc[u][m][0] = acc[u][m][1] = _mm512_setzero_si512();
+    for (int m = 0; m < R; ++m)
+#pragma GCC unroll 4
+      for (int s = 0; s < S; ++s) acc[u][m][s] = V::zero();
   const int64_t steps = K / 4 / U * U;  // then one step at a time
   for (int64_t k = 0; k < K / 4; k += k < steps ? U : 1) {
     const int n = k < steps ? U : 1;
@@ -77,34 +115,52 @@ void panel(const uint8_t* ux, int64_t K, const int8_t* w, const int32_t* comp, i
       const int8_t* b = w + (k + u) * 4 * PANEL;
       _mm_prefetch(reinterpret_cast<const char*>(b + AHEAD * 4 * PANEL), _MM_HINT_T0);
       _mm_prefetch(reinterpret_cast<const char*>(b + AHEAD * 4 * PANEL + 64), _MM_HINT_T0);
-      const __m512i w0 = _mm512_loadu_si512(b), w1 = _mm512_loadu_si512(b + 64);
+      typename V::T a[R];
 #pragma GCC unroll 16
       for (int m = 0; m < R; ++m) {
         int32_t four;
         std::memcpy(&four, ux + m * K + 4 * (k + u), 4);
-        const __m512i a = _mm512_set1_epi32(four);
-        acc[u][m][0] = _mm512_dpbusd_epi32(acc[u][m][0], a, w0);
-        acc[u][m][1] = _mm512_dpbusd_epi32(acc[u][m][1], a, w1);
+        a[m] = V::set1(four);
+      }
+#pragma GCC unroll 4
+      for (int s = 0; s < S; ++s) {
+        const typename V::T piece = V::load(b + s * V::BYTES);
+#pragma GCC unroll 16
+        for (int m = 0; m < R; ++m) acc[u][m][s] = V::dot(acc[u][m][s], a[m], piece);
       }
     }
   }
-  const __m512i c0 = _mm512_loadu_si512(comp), c1 = _mm512_loadu_si512(comp + 16);
+#pragma GCC unroll 4
+  for (int s = 0; s < S; ++s) {
+    const typename V::T c = V::load(comp + s * V::BYTES / 4);
 #pragma GCC unroll 16
-  for (int m = 0; m < R; ++m) {
+    for (int m = 0; m < R; ++m) {
 #pragma GCC unroll 16
-    for (int u = 1; u < U; ++u) {
-      acc[0][m][0] = _mm512_add_epi32(acc[0][m][0], acc[u][m][0]);
-      acc[0][m][1] = _mm512_add_epi32(acc[0][m][1], acc[u][m][1]);
+      for (int u = 1; u < U; ++u) acc[0][m][s] = V::add(acc[0][m][s], acc[u][m][s]);
+      V::store(out + m * N + s * V::BYTES / 4, V::sub(acc[0][m][s], c));
     }
-    _mm512_storeu_si512(out + m * N, _mm512_sub_epi32(acc[0][m][0], c0));
-    _mm512_storeu_si512(out + m * N + 16, _mm512_sub_epi32(acc[0][m][1], c1));
   }
 }
 
-template <int... R>
+template <class V, int... R>
 void rows(int r, const uint8_t* ux, int64_t K, const int8_t* w, const int32_t* comp, int32_t* out, int64_t N,
           std::integer_sequence<int, R...>) {
-  ((r == R + 1 ? panel<R + 1>(ux, K, w, comp, out, N) : void()), ...);
+  ((r == R + 1 ? panel<V, R + 1>(ux, K, w, comp, out, N) : void()), ...);
+}
+
+// every panel on every core, V::ROWS rows of x a pass over it (later passes read it from the cache)
+template <class V>
+void vnni_product(const int8_t* xp, int64_t M, int64_t K, const int8_t* wp, const int32_t* cp, int32_t* op, int64_t N) {
+  std::vector<uint8_t> flipped(M * K);
+  for (int64_t i = 0; i < M * K; ++i) flipped[i] = static_cast<uint8_t>(xp[i]) ^ 0x80;
+  at::parallel_for(0, N / PANEL, 1, [&](int64_t first, int64_t last) {
+    for (int64_t p = first; p < last; ++p)
+      for (int64_t m = 0; m < M; m += V::ROWS) {
+        const int r = static_cast<int>(std::min<int64_t>(V::ROWS, M - m));
+        rows<V>(r, flipped.data() + m * K, K, wp + p * PANEL * K, cp + p * PANEL, op + m * N + p * PANEL, N,
+                std::make_integer_sequence<int, V::ROWS>{});
+      }
+  });
 }
 #endif
 
@@ -150,12 +206,15 @@ void panel_amx(const int8_t* x, int64_t K, const int8_t* w, int32_t* out, int64_
 }
 #endif
 
-enum Path { AVX2, VNNI, AMX };
-const char* const NAMES[] = {"avx2", "vnni", "amx"};
+enum Path { AVX2, AVX_VNNI, VNNI, AMX };
+const char* const NAMES[] = {"avx2", "avx-vnni", "vnni", "amx"};
 std::atomic<int> allowed{AMX};  // tests and benchmarks force a slower path (all give the same sums)
 
 Path path_in_use() {
   int best = AVX2;
+#ifdef DYSPEC_YMM_DPBUSD
+  best = AVX_VNNI;
+#endif
 #ifdef __AVX512VNNI__
   best = VNNI;
 #endif
@@ -165,11 +224,11 @@ Path path_in_use() {
   return static_cast<Path>(std::min(best, allowed.load()));
 }
 
-// the path products run on after allowing `path` ("amx", "vnni" or "avx2") at most; "" asks only
+// the path products run on after allowing `path` ("amx", "vnni", "avx-vnni" or "avx2") at most; "" asks only
 std::string int8_mm_path(const std::string& path) {
   if (!path.empty()) {
     const auto named = std::find(std::begin(NAMES), std::end(NAMES), path);
-    TORCH_CHECK(named != std::end(NAMES), "int8_mm_path: amx, vnni or avx2, not ", path);
+    TORCH_CHECK(named != std::end(NAMES), "int8_mm_path: amx, vnni, avx-vnni or avx2, not ", path);
     allowed = static_cast<int>(named - std::begin(NAMES));
   }
   return NAMES[path_in_use()];
@@ -203,17 +262,13 @@ at::Tensor int8_mm(const at::Tensor& x, const at::Tensor& w, const at::Tensor& c
 #endif
 #ifdef __AVX512VNNI__
   if (path >= VNNI) {
-    const int32_t* cp = comp.data_ptr<int32_t>();
-    std::vector<uint8_t> flipped(M * K);
-    for (int64_t i = 0; i < M * K; ++i) flipped[i] = static_cast<uint8_t>(xp[i]) ^ 0x80;
-    at::parallel_for(0, N / PANEL, 1, [&](int64_t first, int64_t last) {
-      for (int64_t p = first; p < last; ++p)
-        for (int64_t m = 0; m < M; m += ROWS) {
-          const int r = static_cast<int>(std::min<int64_t>(ROWS, M - m));
-          rows(r, flipped.data() + m * K, K, wp + p * PANEL * K, cp + p * PANEL, op + m * N + p * PANEL, N,
-               std::make_integer_sequence<int, ROWS>{});
-        }
-    });
+    vnni_product<Zmm>(xp, M, K, wp, comp.data_ptr<int32_t>(), op, N);
+    return out;
+  }
+#endif
+#ifdef DYSPEC_YMM_DPBUSD
+  if (path >= AVX_VNNI) {
+    vnni_product<Ymm>(xp, M, K, wp, comp.data_ptr<int32_t>(), op, N);
     return out;
   }
 #endif

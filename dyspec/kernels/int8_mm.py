@@ -4,9 +4,12 @@
 costs several times its one-row time at a few rows, which is what makes a token tree cost more
 than a token. This kernel (int8_mm.cpp) reads weights packed in the order it uses them once for
 all the rows of a decoding forward, on every core, so a few rows cost about what one row costs. It
-runs the fastest of three paths the CPU has: AMX's tiles (Xeons since Sapphire Rapids), AVX-512
-VNNI, or AVX2 (every x86-64 laptop of the last decade); `use_path`, or DYSPEC_INT8_PATH=vnni or
-avx2 in the environment, forces a slower one.
+runs the fastest of four paths the CPU has: AMX's tiles (Xeons since Sapphire Rapids), AVX-512
+VNNI (Xeons, AMD since Zen 4), AVX-VNNI (Intel laptops since Alder Lake: VNNI at half the width,
+without AVX-512), or AVX2 (every x86-64 laptop of the last decade); `use_path`, or
+DYSPEC_INT8_PATH=vnni, avx-vnni or avx2 in the environment, forces a slower one. A CPU with AVX-512
+VNNI runs the AVX-VNNI path's arithmetic when forced to it, in its own encoding of the same
+instruction, which is how that path is tested where no AVX-VNNI laptop is at hand.
 
 Its sums are int32, exact, so its result equals `torch._int_mm`'s whatever the path and the row
 count: a CPU without AVX2 (ARM), or a machine where the build fails, runs `torch._int_mm` and gets
@@ -29,14 +32,15 @@ from dyspec.kernels.build import build, cpu_flags
 
 PANEL = 32  # outputs per packed panel, as in int8_mm.cpp
 SOURCE = Path(__file__).with_suffix(".cpp")
-PATHS = ("amx", "vnni", "avx2")  # fastest first
+PATHS = ("amx", "vnni", "avx-vnni", "avx2")  # fastest first
 # builds to try, fastest first: the CPU flags each needs, and the compiler's
 BUILDS = (
     (
-        {"avx512f", "avx512bw", "avx512_vnni", "amx_tile", "amx_int8"},
-        ["-mavx512f", "-mavx512bw", "-mavx512vnni", "-mamx-tile", "-mamx-int8"],
+        {"avx512f", "avx512bw", "avx512vl", "avx512_vnni", "amx_tile", "amx_int8"},
+        ["-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512vnni", "-mamx-tile", "-mamx-int8"],
     ),
-    ({"avx512f", "avx512bw", "avx512_vnni"}, ["-mavx512f", "-mavx512bw", "-mavx512vnni"]),
+    ({"avx512f", "avx512bw", "avx512vl", "avx512_vnni"}, ["-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512vnni"]),
+    ({"avx2", "avx_vnni"}, ["-mavx2", "-mavxvnni"]),
     ({"avx2"}, ["-mavx2"]),
 )
 
@@ -66,7 +70,7 @@ def kernel_available() -> bool:
 
 
 def use_path(path: str) -> str | None:
-    """Run products on `path` ("amx", "vnni" or "avx2") or a slower one the CPU has, for tests and
+    """Run products on `path` (one of PATHS) or a slower one the CPU has, for tests and
     benchmarks (every path gives the same sums); returns the path in use, None without the kernel."""
     if path not in PATHS:
         raise ValueError(f"an int8 kernel path is one of {', '.join(PATHS)}, not {path}")
@@ -74,8 +78,8 @@ def use_path(path: str) -> str | None:
 
 
 def kernel_path() -> str:
-    """What a decoding forward's int8 products run on here: "amx", "vnni", "avx2", or
-    "torch._int_mm" without the kernel."""
+    """What a decoding forward's int8 products run on here: one of PATHS, or "torch._int_mm"
+    without the kernel."""
     return torch.ops.dyspec.int8_mm_path("") if kernel_available() else "torch._int_mm"
 
 
