@@ -53,7 +53,7 @@ from dyspec.drafts.feature import features_before, load_feature_draft
 from dyspec.errors import DyspecError
 from dyspec.forward import attention
 from dyspec.forward.attention import rowwise_attention
-from dyspec.forward.quant import Int8Linear, SharedInputInt8, quantize_int8
+from dyspec.forward.quant import Int8Linear, SharedInputInt8, SplitInt8Linear, quantize_int8
 from dyspec.load import load_pair, shipped_draft
 from dyspec.policies import POLICIES
 
@@ -211,11 +211,12 @@ def test_int8_path_greedy_identity(int8_pair, policy):
 
 
 def test_int8_path_quantizes_the_feature_draft(pair, int8_pair):
-    """The shipped feature draft runs with an int8 decoder layer and output rows on the fast path,
-    and proposes what its fp32 weights propose on most tokens (0.95 of the prompts' positions
-    when measured; 0.81 with its input projection in int8 too, which the draft keeps in fp32)."""
+    """The shipped feature draft runs with an int8 input projection (each half of its input row
+    quantized on its own scale), decoder layer and output rows on the fast path, and proposes what
+    its fp32 weights propose on most tokens."""
     draft = int8_pair.draft
     assert draft.borrowed.int8_head is not None and isinstance(draft.layers[0].mlp.down_proj, Int8Linear)
+    assert isinstance(draft.fc, SplitInt8Linear)
     folder = shipped_draft(pair.target_name)
     fp32, int8 = load_feature_draft(folder, pair.target), load_feature_draft(folder, pair.target)
     int8.quantize_int8()

@@ -27,7 +27,7 @@ from dyspec.core.kv import FINAL, cache_kwarg
 from dyspec.errors import DyspecError
 from dyspec.forward import lean_graph
 from dyspec.forward.lean import LeanCache, lean_dims, lean_layers, role_cache, rotary_rows, rotary_table, run_layers
-from dyspec.forward.quant import Int8Linear, quantize_int8
+from dyspec.forward.quant import Int8Linear, SplitInt8Linear, quantize_int8
 
 CONFIG_NAME = "feature_draft.json"
 WEIGHTS_NAME = "feature_draft.safetensors"
@@ -84,13 +84,17 @@ class FeatureDraft(nn.Module):
             int8_head=None,  # the output rows as an Int8Linear (`quantize_int8`)
         )
 
+    def _float_weight(self) -> torch.Tensor:
+        # its first floating-point parameter: its Linear layers may be int8 (`quantize_int8`)
+        return next(p for p in self.parameters() if p.is_floating_point())
+
     @property
     def device(self) -> torch.device:
-        return self.fc.weight.device
+        return self._float_weight().device
 
     @property
     def dtype(self) -> torch.dtype:
-        return self.fc.weight.dtype
+        return self._float_weight().dtype
 
     @property
     def feature_size(self) -> int:
@@ -131,11 +135,11 @@ class FeatureDraft(nn.Module):
         """The CPU fast path (`--precision int8`): the decoder layer and the output rows in int8,
         several times faster than fp32 GEMMs of a few rows, with the same acceptance. Exactness
         never depends on the draft."""
-        # not `fc` (nor `fuse`, which runs once a step): its input row is [feature, embedding], whose
-        # halves differ widely in scale, and one int8 scale per row leaves the embedding a few levels
-        # (top-1 agreement with the fp32 draft drops)
+        # `fc` reads [feature, embedding], whose halves differ widely in scale: each half gets its own
+        # int8 scale per row (`SplitInt8Linear`). `fuse` runs once a step: it stays as it is.
         for layer in self.layers:
             quantize_int8(layer)
+        self.fc = SplitInt8Linear(self.fc, self.config.hidden_size)
         self.borrowed.int8_head = Int8Linear(self.borrowed.head)
 
     def use_lean(self) -> None:
@@ -159,6 +163,8 @@ class FeatureDraft(nn.Module):
         if any(layer.attn_norm is None or not isinstance(layer.qkv, Int8Linear) for layer in self.lean_layers):
             return
         self.graph = lean_graph.CompiledLayers(self.lean_layers, self.dims, self.borrowed.int8_head)
+        # what the one-graph forward reads besides its layers: the embedding, fc's two int8 halves
+        self.graph_inputs = (self.borrowed.embed.weight, *map(lean_graph.linear_operands, self.fc.parts))
         lean_graph.warm_up(self, self.config.vocab_size)
 
     def cache_for(self, role: str) -> LeanCache:
@@ -185,8 +191,13 @@ class FeatureDraft(nn.Module):
     ) -> torch.Tensor:
         """Predicted target hidden states [B, n, H] for inputs (features [B, n, feature_size] from the
         target or [B, n, H] its own predictions, input_ids [B, n]); `slots` as `run_layers` takes them."""
-        embedded = self.borrowed.embed(input_ids).detach()  # the target's, frozen
-        x = self.fc(torch.cat([self.fused(features), embedded.to(self.dtype)], dim=-1))
+        embedded = self.borrowed.embed(input_ids).detach().to(self.dtype)  # the target's, frozen
+        feature = self.fused(features)
+        if self.graph is None:
+            x = self.fc(torch.cat([feature, embedded], dim=-1))
+        else:  # fc as its one graph runs it (`draft_block`), so that every forward drafts alike
+            x = lean_graph.split_linear(feature.flatten(0, 1), embedded.flatten(0, 1), *self.graph_inputs[1:])
+            x = x.view(*feature.shape[:-1], -1)
         if isinstance(cache, LeanCache):
             n, start = x.shape[1], cache.length
             cache.reserve(n)
@@ -199,7 +210,9 @@ class FeatureDraft(nn.Module):
                 )
             cache.length = start + n
             return x[None]
-        attention_mask = causal_mask(input_ids.shape[1], cache, x) if attention_mask is None else attention_mask
+        # one token over the cache sees all of it: no mask, so SDPA runs as the lean layers call it
+        if attention_mask is None and input_ids.shape[1] > 1:
+            attention_mask = causal_mask(input_ids.shape[1], cache, x)
         rotary = self.rotary(x, position_ids)
         for layer in self.layers:
             x = layer(
@@ -233,8 +246,7 @@ class FeatureDraft(nn.Module):
         features = features[0].to(self.dtype)
         if not features.is_inference():  # a graph's guards tell them apart: it was made for one
             features = features.clone()
-        inputs = self.borrowed.embed.weight, self.fc.weight, self.fc.bias
-        h, logits = self.graph.draft(input_ids[0], features, inputs, cos, sin, cache, start, mask)
+        h, logits = self.graph.draft(input_ids[0], features, self.graph_inputs, cos, sin, cache, start, mask)
         cache.length = start + n
         return h[None], logits
 

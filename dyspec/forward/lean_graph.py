@@ -81,6 +81,12 @@ def int8_linear(x: torch.Tensor, operands: tuple, prompt: bool = False) -> torch
     return y if bias is None else y + bias
 
 
+def split_linear(a: torch.Tensor, b: torch.Tensor, first: tuple, second: tuple) -> torch.Tensor:
+    """[a, b] [n, in] @ weight.T + bias with each part's rows quantized alone, on `linear_operands`
+    of a SplitInt8Linear's parts."""
+    return int8_linear(a, first) + int8_linear(b, second)
+
+
 def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     """x [n, heads, d] at the rows' positions: x cos + rotate_half(x) sin, as Hugging Face does."""
     half = x.shape[-1] // 2
@@ -119,13 +125,13 @@ def layers_block(h, cos, sin, slots, keys, values, seen, layers, shape):
     return h, outputs
 
 
-def draft_block(ids, features, embed, fc_weight, fc_bias, cos, sin, slots, keys, values, seen, layers, head, shape):
+def draft_block(ids, features, embed, fc_feature, fc_embed, cos, sin, slots, keys, values, seen, layers, head, shape):
     """A feature draft's decoding forward (dyspec.drafts.feature) as one graph: each row's input
-    [feature, its token's embedding] through `fc`, the layers (`layers_block`), and the output rows
-    of every row (a weight-bound product costs about as much for a few rows as for the one a root
-    call keeps, and inside the graph it costs no call of its own). Returns the last layer's h and
-    the logits."""
-    x = F.linear(torch.cat([features, embed[ids]], dim=-1), fc_weight, fc_bias)
+    [feature, its token's embedding] through `fc` (its two halves' int8 operands), the layers
+    (`layers_block`), and the output rows of every row (a weight-bound product costs about as much
+    for a few rows as for the one a root call keeps, and inside the graph it costs no call of its
+    own). Returns the last layer's h and the logits."""
+    x = split_linear(features, embed[ids], fc_feature, fc_embed)
     h, _ = layers_block(x, cos, sin, slots, keys, values, seen, layers, shape)
     return h, int8_linear(h, head)
 
@@ -167,7 +173,7 @@ class CompiledLayers:
 
     def draft(self, ids, features, inputs: tuple, cos, sin, cache, start: int, mask) -> tuple:
         """A feature draft's decoding forward (`draft_block`) of tokens `ids` [n] reading `features`
-        [n, H], its `inputs` (the embedding's weight, and `fc`'s weight and bias), at cache slots
+        [n, H], its `inputs` (the embedding's weight, and `fc`'s halves as `linear_operands`), at cache slots
         start..start + n - 1 as `forward` runs its layers (one block; `start` > 0): its last layer's
         h and every row's logits."""
         kind, slots, seen = self.rows(len(ids), start, mask)

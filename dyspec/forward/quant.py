@@ -116,6 +116,23 @@ class Int8Part(nn.Module):
         return self.shared(x)[..., self.start : self.stop]
 
 
+class SplitInt8Linear(nn.Module):
+    """x @ weight.T + bias for rows x = [a, b] whose parts differ widely in scale (a feature draft's
+    [feature, embedding]): each part's product in int8 with its own per-row scale. One scale per
+    row would leave the smaller part a few int8 levels."""
+
+    def __init__(self, linear: nn.Linear, split: int):
+        super().__init__()
+        weight = linear.weight.detach()
+        self.split = split
+        self.parts = nn.ModuleList(
+            [Int8Linear(weight[:, :split].contiguous()), Int8Linear(weight[:, split:].contiguous(), linear.bias)]
+        )
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.parts[0](x[..., : self.split]) + self.parts[1](x[..., self.split :])
+
+
 def _fuse_shared_input(module: nn.Module) -> None:
     """Replace each group of SHARED_INPUT Linear children of `module` by Int8Parts of one
     SharedInputInt8, where the group's layers match in input size and in having a bias."""
