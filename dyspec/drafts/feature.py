@@ -84,17 +84,13 @@ class FeatureDraft(nn.Module):
             int8_head=None,  # the output rows as an Int8Linear (`quantize_int8`)
         )
 
-    def _float_weight(self) -> torch.Tensor:
-        # its first floating-point parameter: its Linear layers may be int8 (`quantize_int8`)
-        return next(p for p in self.parameters() if p.is_floating_point())
-
     @property
     def device(self) -> torch.device:
-        return self._float_weight().device
+        return self.fc.device if isinstance(self.fc, SplitInt8Linear) else self.fc.weight.device
 
     @property
     def dtype(self) -> torch.dtype:
-        return self._float_weight().dtype
+        return self.fc.dtype if isinstance(self.fc, SplitInt8Linear) else self.fc.weight.dtype
 
     @property
     def feature_size(self) -> int:

@@ -121,6 +121,9 @@ class SplitInt8Linear(nn.Module):
     [feature, embedding]): each part's product in int8 with its own per-row scale. One scale per
     row would leave the smaller part a few int8 levels."""
 
+    # what it reads and returns: fbgemm's int8 layers run on the CPU, in fp32
+    device, dtype = torch.device("cpu"), torch.float32
+
     def __init__(self, linear: nn.Linear, split: int):
         super().__init__()
         weight = linear.weight.detach()
