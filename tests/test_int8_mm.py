@@ -10,7 +10,7 @@ needs_kernel = pytest.mark.skipif(not kernel.kernel_available(), reason="the CPU
 
 
 @needs_kernel
-@pytest.mark.parametrize("rows", [1, 2, 7, 8, 9, 17])
+@pytest.mark.parametrize("rows", [1, 2, 3, 4, 7, 8, 9, 17])
 @pytest.mark.parametrize(("n", "k"), [(32, 4), (960, 576), (576, 1536)])
 def test_the_kernel_is_torch_int_mm_bit_for_bit(rows, n, k):
     """Every row count, one pass of rows or several, full int8 range (-128 included)."""
