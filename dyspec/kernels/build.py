@@ -49,6 +49,18 @@ def build(source: Path, flags: list[str]) -> Path:
     return out
 
 
+# what a failed `build` or library load raises
+BUILD_ERRORS = (OSError, subprocess.CalledProcessError)
+
+
+def build_failure(error: Exception) -> str:
+    """What a failed build says, for the one-line warning a kernel's fallback gives: the end of the
+    compiler's output, or the error."""
+    if isinstance(error, subprocess.CalledProcessError):
+        return error.stderr.decode()[-2000:]
+    return str(error)
+
+
 def source_bytes(source: Path) -> bytes:
     """A kernel's source and the headers beside it that it may include: what its build is named by."""
     return b"\0".join(p.read_bytes() for p in [source, *sorted(source.parent.glob("*.h"))])

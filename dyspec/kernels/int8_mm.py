@@ -22,13 +22,12 @@ from __future__ import annotations
 import functools
 import os
 import platform
-import subprocess
 import warnings
 from pathlib import Path
 
 import torch
 
-from dyspec.kernels.build import build, cpu_flags
+from dyspec.kernels.build import BUILD_ERRORS, build, build_failure, cpu_flags
 
 PANEL = 32  # outputs per packed panel, as in int8_mm.cpp
 SOURCE = Path(__file__).with_suffix(".cpp")
@@ -56,8 +55,8 @@ def kernel_available() -> bool:
             if os.environ.get("DYSPEC_INT8_PATH"):  # a slower path forced, to measure it
                 torch.ops.dyspec.int8_mm_path(os.environ["DYSPEC_INT8_PATH"])
             return True
-        except (OSError, subprocess.CalledProcessError) as e:
-            detail = e.stderr.decode()[-2000:] if isinstance(e, subprocess.CalledProcessError) else str(e)
+        except BUILD_ERRORS as e:
+            detail = build_failure(e)
     if builds:
         warnings.warn(f"dyspec's int8 kernel did not build; int8 products run torch._int_mm:\n{detail}", stacklevel=2)
     else:

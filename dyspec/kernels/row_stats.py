@@ -16,13 +16,12 @@ PyTorch's ops.
 from __future__ import annotations
 
 import functools
-import subprocess
 import warnings
 from pathlib import Path
 
 import torch
 
-from dyspec.kernels.build import build, cpp_compiler
+from dyspec.kernels.build import BUILD_ERRORS, build, build_failure, cpp_compiler
 
 SOURCE = Path(__file__).with_suffix(".cpp")
 
@@ -34,8 +33,8 @@ def kernel_available() -> bool:
         return False
     try:
         torch.ops.load_library(str(build(SOURCE, ["-march=native"])))
-    except (OSError, subprocess.CalledProcessError) as e:
-        detail = e.stderr.decode()[-2000:] if isinstance(e, subprocess.CalledProcessError) else str(e)
+    except BUILD_ERRORS as e:
+        detail = build_failure(e)
         warnings.warn(
             f"dyspec's row kernel did not build; argmax and draws run PyTorch's, slower:\n{detail}", stacklevel=2
         )
