@@ -54,9 +54,9 @@ bench: setup
 # On a machine with a GPU, in steps of a few minutes that each run alone, most telling first, each
 # writing its records under docs/results stamped with the GPU's name; `make gpu-check` runs them all
 # and writes the results page docs/results/gpu-check.md from the records.
-# gpu-profile: t(n) and a step's split of the lean forward as CUDA graphs (--fast-path compiled),
-# eager and on Hugging Face's forward, for the default target's shape and Llama-3.1-8B's (random
-# weights made on the GPU), and for the default pair; gpu-exact: the exactness tests there;
+# gpu-profile: t(n) and a step's split of the lean forward as CUDA graphs (--fast-path compiled; at 8B
+# also with its layers uncompiled), eager and on Hugging Face's forward, for the default target's
+# shape and Llama-3.1-8B's (random weights made on the GPU), and for the default pair; gpu-exact: the exactness tests there;
 # gpu-bench: every policy at budgets 4/16/64/auto on 10 MT-Bench questions on CUDA graphs, beside
 # Hugging Face's forward, fp32 (the exact mode) and T = 0.6.
 GPU_POLICIES := ar,chain,specinfer,sequoia,dyspec,dyspec-threshold,eagle2,sglang,lookup
@@ -64,13 +64,15 @@ GPU_PROFILE := HF_HUB_OFFLINE=1 $(PY) -m dyspec profile --device cuda --json
 GPU_BENCH := HF_HUB_OFFLINE=1 $(PY) -m dyspec bench --device cuda --dataset mtbench --spread --num-prompts 10 \
 	--max-new-tokens 64
 GPU_RECORDS := $(addprefix docs/results/,gpu-shape-135m-off.json gpu-shape-135m-lean.json \
-	gpu-shape-135m-graphs.json gpu-shape-8b-lean.json gpu-shape-8b-graphs.json gpu-profile-graphs.json \
-	gpu-off.jsonl gpu-graphs.jsonl gpu-graphs-fp32.jsonl gpu-graphs-t06.jsonl)
+	gpu-shape-135m-graphs.json gpu-shape-8b-lean.json gpu-shape-8b-graphs.json gpu-shape-8b-graphs-eager.json \
+	gpu-profile-graphs.json gpu-off.jsonl gpu-graphs.jsonl gpu-graphs-fp32.jsonl gpu-graphs-t06.jsonl)
 gpu-profile: setup
 	$(GPU_PROFILE) --shape smollm2-135m --fast-path compiled > docs/results/gpu-shape-135m-graphs.json
 	$(GPU_PROFILE) --shape llama-3.1-8b --fast-path compiled --sizes 1,2,4,8,16,32,64,128,256 \
 		> docs/results/gpu-shape-8b-graphs.json
 	$(GPU_PROFILE) --fast-path compiled > docs/results/gpu-profile-graphs.json
+	DYSPEC_GRAPH_LAYERS=eager $(GPU_PROFILE) --shape llama-3.1-8b --fast-path compiled --sizes 1,16,64,256 \
+		> docs/results/gpu-shape-8b-graphs-eager.json
 	$(GPU_PROFILE) --shape smollm2-135m --fast-path lean > docs/results/gpu-shape-135m-lean.json
 	$(GPU_PROFILE) --shape llama-3.1-8b --fast-path lean --sizes 1,16,64 > docs/results/gpu-shape-8b-lean.json
 	$(GPU_PROFILE) --shape smollm2-135m --fast-path off --sizes 1,4,16,64 > docs/results/gpu-shape-135m-off.json

@@ -8,11 +8,13 @@ import pytest
 import torch
 
 from dyspec import generate
+from dyspec.forward import lean as lean_module
 from dyspec.forward.choose import choose_forward
 from dyspec.forward.cuda_graph import GraphForward
 from dyspec.forward.lean import LeanForward
 
 from .test_engine import GREEDY_CASES
+from .test_lean import ARCHITECTURES, random_tree
 from .tiny import tiny_feature_pair, tiny_pair
 
 PROMPT = [0, 3, 1, 2]
@@ -60,21 +62,48 @@ def test_forwards_are_recorded_once_per_bucket_and_kept_between_generations():
     assert target.run.recorded == recorded
 
 
-def test_the_slots_of_a_graph_forward_write_where_the_eager_forward_writes():
-    """A forward at slots given as a tensor over the whole cache: the same keys, values and logits as
-    the eager lean forward at the same slots."""
-    pair = tiny_pair()
-    eager, graphed = choose_forward(pair.target, "lean"), GraphForward(LeanForward(pair.target))
+def graph_and_eager(model, prompt: list[int]) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """Logits of a tree forward after `prompt` and the first layer's keys, on the eager lean forward
+    and on the graph path (slots as a tensor, the mask over the whole cache)."""
+    tree = random_tree(prompt[-1], model.config.vocab_size)
     outs = []
-    for forward in (eager, graphed):
-        kv = forward.session("check", 64, (1, 2, 4), last_only=(False, True))
-        kv.append(PROMPT)
-        tree = torch.tensor([[1, 0, 0], [1, 1, 0], [1, 0, 1]], dtype=torch.bool)
-        logits = kv.forward([1, 2, 3], [4, 5, 5], tree)
-        keys = kv.cache.layers[0].keys[0, :, : kv.cached]
-        outs.append((logits, keys))
-    assert torch.allclose(outs[0][0], outs[1][0][:3], atol=1e-5)
-    assert torch.allclose(outs[0][1], outs[1][1][:, :7], atol=1e-6)
+    for forward in (choose_forward(model, "lean"), GraphForward(LeanForward(model))):
+        kv = forward.session("check", 64, (1, 2, 4, 16), last_only=(False, True))
+        kv.append(prompt)
+        logits = kv.forward(tree.tokens, [kv.length + d for d in tree.depths], tree.ancestor_mask())
+        outs.append((logits[: len(tree)], kv.cache.layers[0].keys[0, :, : kv.length + len(tree)]))
+    return outs
+
+
+@pytest.mark.parametrize("model", ARCHITECTURES, ids=["llama", "mistral", "qwen2", "qwen3"])
+def test_the_graph_layers_compute_the_eager_lean_layers(model):
+    """Every covered architecture (q/k/v biases, q/k norms) on the graph path's layers: the keys the
+    eager lean forward writes, at the same slots, and its logits."""
+    torch.manual_seed(0)
+    model = model().eval()
+    with torch.no_grad():
+        for p in model.parameters():
+            p.normal_(0, 0.5)
+    (eager, eager_keys), (graphed, graphed_keys) = graph_and_eager(model, [1, 4, 2, 3, 0, 4, 4, 1])
+    torch.testing.assert_close(graphed, eager, atol=1e-5, rtol=0)
+    torch.testing.assert_close(graphed_keys, eager_keys, atol=1e-6, rtol=0)
+
+
+def test_one_compiled_graph_layer_serves_every_layer_and_size(monkeypatch):
+    """On a GPU each layer runs `graph_layer` compiled: here Inductor compiles it for the CPU, with
+    the same results as the eager function, compiled twice (one row, then any number of rows) for
+    all layers and bucket sizes of a model, not once per layer or size."""
+    torch._dynamo.reset()
+    monkeypatch.setattr(lean_module, "has_triton", lambda: True)  # Inductor compiles for a CPU without it
+    lean_module.compiled_graph_layer.cache_clear()
+    monkeypatch.setattr(lean_module, "graph_layer", lean_module.compiled_graph_layer())
+    lean_module.compiled_graph_layer.cache_clear()
+    model = tiny_pair().target
+    before = torch._dynamo.utils.counters["stats"]["unique_graphs"]
+    (eager, _), (compiled, _) = graph_and_eager(model, PROMPT)
+    generate(graph_pair(tiny_pair()), PROMPT, policy="dyspec", budget=6, max_new_tokens=12)
+    assert 1 <= torch._dynamo.utils.counters["stats"]["unique_graphs"] - before <= 2
+    torch.testing.assert_close(compiled, eager, atol=1e-5, rtol=0)
 
 
 def test_choose_forward_puts_lean_models_on_graphs_on_a_gpu_only():

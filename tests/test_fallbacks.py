@@ -1,4 +1,4 @@
-"""Each CPU fallback, forced: what runs instead of the fast path, said in one line, and the same tokens
+"""Each fallback, forced: what runs instead of the fast path, said in one line, and the same tokens
 where the fallback computes the same numbers."""
 
 import pytest
@@ -6,6 +6,7 @@ import torch
 
 from dyspec.errors import DyspecError
 from dyspec.forward import choose
+from dyspec.forward import lean as lean_module
 from dyspec.kernels import int8_mm as kernel
 from dyspec.load import loading
 
@@ -62,3 +63,27 @@ def test_without_the_int8_kernel_products_run_torch_int_mm_with_the_same_sums(mo
         assert comp is None and torch.equal(kernel.int8_mm(x, packed, comp, plain), with_kernel)
     finally:
         kernel.kernel_available.cache_clear()
+
+
+@pytest.fixture
+def graph_layer_choice():
+    """`compiled_graph_layer` chosen afresh in a test and forgotten after it."""
+    lean_module.compiled_graph_layer.cache_clear()
+    yield lean_module.compiled_graph_layer
+    lean_module.compiled_graph_layer.cache_clear()
+
+
+def test_without_triton_the_gpu_forwards_layers_run_uncompiled(monkeypatch, graph_layer_choice):
+    monkeypatch.setattr(lean_module, "has_triton", lambda: False)
+    with pytest.warns(UserWarning) as record:
+        assert graph_layer_choice() is lean_module.graph_layer
+    assert one_line(record) == "Triton is not installed: the GPU forward's layers run uncompiled, slower"
+    assert lean_module.graph_layers_run() == "eager"
+
+
+def test_the_gpu_forwards_layers_run_uncompiled_when_asked_to_measure_them(monkeypatch, graph_layer_choice):
+    monkeypatch.setattr(lean_module, "has_triton", lambda: True)
+    assert lean_module.graph_layers_run() == "compiled"
+    graph_layer_choice.cache_clear()
+    monkeypatch.setenv("DYSPEC_GRAPH_LAYERS", "eager")
+    assert graph_layer_choice() is lean_module.graph_layer

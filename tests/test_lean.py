@@ -120,16 +120,15 @@ def test_a_feature_drafts_lean_layers_are_its_hugging_face_layers(precision, mon
         check_draft_against_reference(draft, atol=1e-4)
 
 
-@pytest.mark.parametrize(
-    "model",
-    [
-        lambda: tiny_model(1, 2),
-        lambda: MistralForCausalLM(MistralConfig(**SMALL, num_key_value_heads=2, sliding_window=None)),
-        lambda: Qwen2ForCausalLM(Qwen2Config(**SMALL, num_key_value_heads=2)),  # q/k/v biases
-        lambda: Qwen3ForCausalLM(Qwen3Config(**SMALL, num_key_value_heads=2, head_dim=16)),  # q/k norms
-    ],
-    ids=["llama", "mistral", "qwen2", "qwen3"],
-)
+ARCHITECTURES = [
+    lambda: tiny_model(1, 2),
+    lambda: MistralForCausalLM(MistralConfig(**SMALL, num_key_value_heads=2, sliding_window=None)),
+    lambda: Qwen2ForCausalLM(Qwen2Config(**SMALL, num_key_value_heads=2)),  # q/k/v biases
+    lambda: Qwen3ForCausalLM(Qwen3Config(**SMALL, num_key_value_heads=2, head_dim=16)),  # q/k norms
+]
+
+
+@pytest.mark.parametrize("model", ARCHITECTURES, ids=["llama", "mistral", "qwen2", "qwen3"])
 def test_every_covered_architecture_matches_its_reference(model):
     torch.manual_seed(0)
     model = model().eval()

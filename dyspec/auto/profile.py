@@ -19,6 +19,8 @@ from dyspec.cache import cache_dir, write_cache
 from dyspec.core.kv import bucket, sync
 from dyspec.drafts.feature import FeatureDraft
 from dyspec.forward.choose import Forward, ModelForward
+from dyspec.forward.cuda_graph import GraphForward
+from dyspec.forward.lean import graph_layers_run
 from dyspec.forward.quant import Int8Linear
 from dyspec.kernels.int8_mm import kernel_path
 from dyspec.load import load_model
@@ -145,9 +147,21 @@ def floor_text(profile: dict) -> str:
     return "\n".join(lines)
 
 
-def int8_kernel(pair) -> dict[str, str]:
-    """What the pair's int8 products run on, for a CPU int8 pair (dyspec.kernels.int8_mm)."""
-    return {"int8_kernel": kernel_path()} if pair.precision == "int8" and pair.device.type == "cpu" else {}
+def kernel_stamp(pair) -> dict[str, str]:
+    """What the target's kernels run on where one machine may run either of two: the int8 products'
+    path (a CPU int8 pair, dyspec.kernels.int8_mm), or the GPU graph forward's layers, compiled or
+    not (dyspec.forward.cuda_graph)."""
+    if pair.precision == "int8" and pair.device.type == "cpu":
+        return {"int8_kernel": kernel_path()}
+    if isinstance(pair.forward(pair.target), GraphForward):
+        return {"graph_layers": graph_layers_run()}
+    return {}
+
+
+def stamp_text(profile: dict) -> str:
+    """`kernel_stamp` as a header says it."""
+    names = {"int8_kernel": "int8 kernel", "graph_layers": "layers"}
+    return "".join(f", {names[key]} {profile[key]}" for key in names if key in profile)
 
 
 def measure_profile(pair, baseline: bool = True, draft: bool = True, sizes=DEFAULT_SIZES) -> dict:
@@ -160,7 +174,7 @@ def measure_profile(pair, baseline: bool = True, draft: bool = True, sizes=DEFAU
         "dtype": str(pair.dtype).removeprefix("torch."),
         "precision": pair.precision,
         "fast_path": pair.fast_path,
-        **int8_kernel(pair),
+        **kernel_stamp(pair),
         "target": {str(n): ms for n, ms in forward_ms(pair.target, sizes, forward=target).items()},
         f"target_at_{LONG_CONTEXT}": {
             str(n): ms for n, ms in forward_ms(pair.target, LONG_SIZES, LONG_CONTEXT, forward=target).items()
@@ -185,7 +199,7 @@ def profile_path(pair) -> Path:
     int8 kernel path (`DYSPEC_INT8_PATH` forces a slower one), dyspec and torch version (a new kernel
     makes an old profile lie) and way of measuring (`METHOD`)."""
     key = (pair.target_name, pair.drafts_label, pair.device.type, pair.precision, version("dyspec"), version("torch"))
-    key = (*key, pair.fast_path, *int8_kernel(pair).values())
+    key = (*key, pair.fast_path, *kernel_stamp(pair).values())
     return cache_dir() / "profiles" / ("__".join(str(x).replace("/", "_") for x in (*key, f"m{METHOD}")) + ".json")
 
 
@@ -217,10 +231,9 @@ def profile_table(profile: dict) -> str:
         "baseline_hf_fp32_eager": "fp32 HF",
     }
     columns = [name for name in labels if name in profile]
-    kernel = f", int8 kernel {profile['int8_kernel']}" if "int8_kernel" in profile else ""
     lines = [
         f"forward latency, ms (median) on {profile['device']}, {profile['precision']} ({profile['dtype']}), "
-        f"fast path {profile['fast_path']}{kernel}",
+        f"fast path {profile['fast_path']}{stamp_text(profile)}",
         f"behind {CONTEXT} cached tokens; @{LONG_CONTEXT}: the target behind {LONG_CONTEXT}"
         + ("; HF: the same target on the Hugging Face forward" if "target_hf" in profile else ""),
         f"{'n':>4}" + "".join(f"{labels[c]:>10}" for c in columns),

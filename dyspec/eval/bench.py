@@ -33,7 +33,7 @@ from tqdm.auto import tqdm
 from dyspec import figures
 from dyspec.auto import whatif
 from dyspec.auto.budget import AutoState
-from dyspec.auto.profile import floor_text, int8_kernel
+from dyspec.auto.profile import floor_text, kernel_stamp, stamp_text
 from dyspec.core.draft_model import draft_model
 from dyspec.core.events import GenerationFinished, StepVerified
 from dyspec.core.kv import sync
@@ -216,7 +216,7 @@ def host_stamp(pair: ModelPair, command: str | None) -> dict:
         "target": pair.target_name,
         "draft": pair.drafts_label,
         "versions": {m: version(m) for m in ("dyspec", "torch", "transformers")},
-        "host": host(pair.device) + "".join(f", int8 kernel {path}" for path in int8_kernel(pair).values()),
+        "host": host(pair.device) + stamp_text(kernel_stamp(pair)),
         "date": datetime.date.today().isoformat(),
         "command": command,
     }

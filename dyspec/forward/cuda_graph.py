@@ -11,12 +11,17 @@ graph depends on the cache's length. Before a replay the inputs are copied into 
 tensors; after it its outputs are copied out (KVSession copies them), since the next replay
 overwrites them.
 
+Replayed, a graph still runs every kernel it recorded, each for a few microseconds at least: so its
+layers are `lean.graph_layers`, one function per layer compiled by Inductor, whose elementwise ops
+(norms, rotary, the softmax with its mask, the residual adds) fuse into a few kernels.
+
 Graphs are recorded per bucket and input shapes on first use (`compile_forwards` records a
 session's before its generation's clock starts): recording runs the forward eagerly twice on a side
-stream (cuBLAS and the allocator settle there), then once under capture, in milliseconds, with no
-compiling. Forwards longer than the largest bucket (a prompt) run eagerly over the same cache. On a
-CPU `Graphs` calls the same forward over the same fixed tensors without recording, so the logic
-around a graph is tested where no GPU is.
+stream (the layer function compiles on the first run, once per model shape, and Inductor keeps its
+kernels on disk for later starts; cuBLAS and the allocator settle there), then once under capture.
+Forwards longer than the largest bucket (a prompt) run eagerly over the same cache. On a CPU
+`Graphs` calls the same forward over the same fixed tensors, its layers uncompiled, without
+recording, so the logic around a graph is tested where no GPU is.
 """
 
 from __future__ import annotations
@@ -118,6 +123,6 @@ class GraphForward:
             cache = new_cache(self.run, capacity)
             held = self.held[role] = StaticModel(cache, capacity, Graphs(self.run, cache))
         held.cache.reset()
-        kv = KVSession(self.run, static=held, **kwargs)
+        kv = KVSession(self.run, static=held, bool_mask=True, **kwargs)
         compile_forwards(kv, sizes, last_only)
         return kv

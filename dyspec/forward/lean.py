@@ -15,6 +15,9 @@ The Hugging Face forward stays the reference (`--fast-path off`, and every archi
 
 from __future__ import annotations
 
+import functools
+import os
+import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
 from types import SimpleNamespace
@@ -23,6 +26,7 @@ from typing import NamedTuple
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.utils._triton import has_triton
 from transformers import PreTrainedModel
 from transformers.modeling_outputs import CausalLMOutputWithPast
 
@@ -145,8 +149,8 @@ def attend(q, keys, values, mask: torch.Tensor | None, start: int, end: int, dim
         return rowwise_attention(None, q, k, v, mask, scaling=scale)[0][0]
     if mask is None and n > 1 and start:  # causal over a cache that holds tokens already
         mask = torch.ones(n, end, dtype=torch.bool, device=q.device).tril(start)
-    elif mask is not None and mask.dtype != torch.bool:
-        mask = mask[0, 0, :, :end] == 0  # a static session's mask spans the whole cache
+    elif mask is not None:  # a static session's mask spans the whole cache
+        mask = mask[..., :end] if mask.dtype == torch.bool else mask[0, 0, :, :end] == 0
     o = F.scaled_dot_product_attention(
         q, k, v, attn_mask=mask, is_causal=mask is None and n > 1, scale=scale, enable_gqa=True
     )
@@ -159,14 +163,11 @@ def run_layers(
     """The layers over h [n, H] of tokens at cache slots start..start + n - 1 (rotary `cos`, `sin`
     [n, 1, d] at their positions), eager: writes their keys and values, returns the last layer's h
     and appends each layer's to `hidden` (a list) if given. `slots` [n] on the device instead of
-    `start` (a forward replayed as a CUDA graph, dyspec.forward.cuda_graph): write there, and attend
-    over the whole cache through `mask`, so that no shape or index depends on the cache's length."""
+    `start`: a forward replayed as a CUDA graph (`graph_layers`)."""
+    if slots is not None:
+        return graph_layers(layers, h, cos, sin, cache, mask, dims, hidden, slots)
     heads, kv_heads, d, eps, _ = dims
     n, end = h.shape[0], start + h.shape[0]
-    if slots is None:
-        slots = slice(start, end)
-    else:
-        end = cache.layers[0].keys.shape[2]
     # one row over the whole prefix (a step of `ar`, a chain's root) reads the cache in place
     bias = prefix_bias(end, kv_heads, h.device) if exact and n == 1 and mask is None else None
     # `.forward`, not the module's call: a call's hook checks cost microseconds, 150 times a forward
@@ -180,8 +181,8 @@ def run_layers(
         qk = lean_graph.rotate(qk, cos, sin)  # queries and keys in one go: the ops are elementwise
         q, k = qk[:, :heads], qk[:, heads:]
         keys, values = cache.layers[i].keys, cache.layers[i].values
-        keys[0, :, slots] = k.transpose(0, 1)
-        values[0, :, slots] = v.transpose(0, 1)
+        keys[0, :, start:end] = k.transpose(0, 1)
+        values[0, :, start:end] = v.transpose(0, 1)
         o = attend(q.transpose(0, 1)[None], keys, values, mask, start, end, dims, exact, bias)
         h = h + layer.o.forward(o.reshape(n, heads * d))
         x = F.rms_norm(h, h.shape[-1:], layer.mlp_norm, eps)
@@ -190,6 +191,90 @@ def run_layers(
         if hidden is not None:
             hidden.append(h)
     return h
+
+
+def graph_layers(layers: list[Layer], h, cos, sin, cache, mask, dims: LeanDims, hidden, slots):
+    """The layers of a forward replayed as a CUDA graph (dyspec.forward.cuda_graph), over h [n, H]:
+    writes keys and values at `slots` [n] and attends over the whole cache through `mask`, boolean
+    [1, 1, n, capacity], so that no shape or index depends on the cache's length. On a GPU each
+    layer runs `graph_layer` compiled (`compiled_graph_layer`): its elementwise ops fuse into a few
+    kernels, and a graph of hundreds of small kernels costs what it launches, not what it reads."""
+    bias = torch.zeros(mask.shape[-2:], dtype=torch.float32, device=h.device).masked_fill_(~mask[0, 0], -torch.inf)
+    torch._dynamo.maybe_mark_dynamic(bias, 1)  # the cache's capacity, as LeanCache marks its keys
+    step = compiled_graph_layer() if h.device.type == "cuda" else graph_layer
+    for i, layer in enumerate(layers):
+        h = step(h, cos, sin, slots, cache.k[i], cache.v[i], bias, layer_weights(layer), dims)
+        if hidden is not None:
+            hidden.append(h)
+    return h
+
+
+def layer_weights(layer: Layer) -> tuple:
+    """A layer's tensors as `graph_layer` takes them: tensors, not modules, so that one compiled
+    function serves every layer of the same shapes."""
+    for lin in (layer.qkv, layer.o, layer.gate_up, layer.down):
+        if type(lin) is not nn.Linear:
+            raise TypeError(f"a graph forward runs nn.Linear layers, not {type(lin).__name__}")
+    return (
+        layer.attn_norm,
+        layer.qkv.weight,
+        layer.qkv.bias,
+        layer.q_norm,
+        layer.k_norm,
+        layer.o.weight,
+        layer.mlp_norm,
+        layer.gate_up.weight,
+        layer.down.weight,
+    )
+
+
+def graph_layer(h, cos, sin, slots, keys, values, bias, weights: tuple, dims: LeanDims) -> torch.Tensor:
+    """One Llama-family layer over h [n, H]: keys and values [Hkv, capacity, d] written at `slots`,
+    attention over all of them with `bias` [n, capacity] (0 where visible, -inf elsewhere). Attention
+    is Hugging Face's eager attention (scores in the model's dtype, softmax in fp32) with each key
+    head's group of query heads stacked as rows of one product, so keys are read once, not repeated
+    per head."""
+    attn_norm, qkv_w, qkv_b, q_norm, k_norm, o_w, mlp_norm, gate_up_w, down_w = weights
+    heads, kv_heads, d, eps, scale = dims
+    n, group = h.shape[0], heads // kv_heads
+    x = h if attn_norm is None else F.rms_norm(h, h.shape[-1:], attn_norm, eps)
+    qkv = F.linear(x, qkv_w, qkv_b).view(n, heads + 2 * kv_heads, d)
+    qk, v = qkv[:, : heads + kv_heads], qkv[:, heads + kv_heads :]
+    if q_norm is not None:
+        qk = torch.cat([F.rms_norm(qk[:, :heads], (d,), q_norm, eps), F.rms_norm(qk[:, heads:], (d,), k_norm, eps)], 1)
+    qk = lean_graph.rotate(qk, cos, sin)
+    keys.index_copy_(1, slots, qk[:, heads:].transpose(0, 1))
+    values.index_copy_(1, slots, v.transpose(0, 1))
+    q = qk[:, :heads].reshape(n, kv_heads, group, d).permute(1, 2, 0, 3).reshape(kv_heads, group * n, d)
+    scores = torch.bmm(q, keys.transpose(1, 2)).float().view(kv_heads, group, n, -1) * scale + bias
+    p = torch.softmax(scores, dim=-1).to(values.dtype).view(kv_heads, group * n, -1)
+    o = torch.bmm(p, values).view(kv_heads, group, n, d).permute(2, 0, 1, 3).reshape(n, heads * d)
+    h = h + F.linear(o, o_w)
+    x = F.rms_norm(h, h.shape[-1:], mlp_norm, eps)
+    gate, up = F.linear(x, gate_up_w).chunk(2, dim=-1)
+    return h + F.linear(F.silu(gate) * up, down_w)
+
+
+@functools.cache
+def compiled_graph_layer():
+    """`graph_layer` compiled once (Inductor), for every lean model and bucket: it compiles for one
+    row, then once more for any number of rows (dynamic shapes), per model shape. The function
+    itself, uncompiled, where Inductor cannot compile for a GPU (no Triton), with a note, or where
+    `DYSPEC_GRAPH_LAYERS=eager` asks for it (to measure what compiling gains)."""
+    if os.environ.get("DYSPEC_GRAPH_LAYERS") == "eager":
+        return graph_layer
+    if not has_triton():
+        warnings.warn("Triton is not installed: the GPU forward's layers run uncompiled, slower", stacklevel=2)
+        return graph_layer
+    torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 64)
+    # Inductor says so when it splits the softmax's long reduction; nothing to act on here
+    warnings.filterwarnings("ignore", message="Online softmax is disabled")
+    return torch.compile(graph_layer, fullgraph=True)
+
+
+def graph_layers_run() -> str:
+    """How a GPU forward's layers run: "compiled" or "eager" (`compiled_graph_layer`)."""
+    return "eager" if compiled_graph_layer() is graph_layer else "compiled"
 
 
 class LeanCache:
