@@ -113,16 +113,16 @@ class KVSession:
         if size == n and self.static is None:  # a tree's step: each op here costs a step microseconds
             see = torch.ones(n, width, dtype=torch.bool, device=self.device)
             see[:, self.length :] = visible.to(self.device, non_blocking=True)
-        else:
+        else:  # made on the host and copied once: on a GPU every op on the device is a launch
             own = start - self.length + size  # uncommitted slots and this forward's tokens
-            block = torch.zeros(size, own, dtype=torch.bool)
+            see = torch.zeros(size, width, dtype=torch.bool)
+            see[:, : self.length] = True
+            block = see[:, self.length : start + size]
             block[:n, : own - size + n] = (
                 torch.ones(n, own - size + n).tril(own - size).bool() if visible is None else visible
             )
             block[n:, own - size + n :] = torch.eye(size - n, dtype=torch.bool)
-            see = torch.zeros(size, width, dtype=torch.bool, device=self.device)
-            see[:, : self.length] = True
-            see[:, self.length : start + size] = block.to(self.device, non_blocking=True)
+            see = see.to(self.device, non_blocking=True)
         if self.bool_mask:
             return see[None, None]
         mask = torch.zeros(see.shape, dtype=self.model.dtype, device=self.device)
@@ -177,9 +177,10 @@ class KVSession:
         run = self.static.run if self.static is not None and (size, last_only) in self.static.compiled else self.model
         if run is not self.model:
             torch.compiler.cudagraph_mark_step_begin()  # the last replay's outputs were copied out
+        ids = torch.tensor([tokens, positions], device=self.device)  # one copy to the device, not two
         out = run(
-            input_ids=torch.tensor([tokens], device=self.device),
-            position_ids=torch.tensor([positions], device=self.device),
+            input_ids=ids[:1],
+            position_ids=ids[1:],
             attention_mask=mask,
             **{self.cache_kwarg: self.cache},
             use_cache=True,
