@@ -7,8 +7,12 @@ import torch
 from dyspec.errors import DyspecError
 from dyspec.forward import choose
 from dyspec.forward import lean as lean_module
+from dyspec.forward.cuda_graph import GraphForward
+from dyspec.forward.lean import LeanForward
 from dyspec.kernels import int8_mm as kernel
 from dyspec.load import loading
+
+from .tiny import tiny_pair
 
 CPU = torch.device("cpu")
 
@@ -87,3 +91,32 @@ def test_the_gpu_forwards_layers_run_uncompiled_when_asked_to_measure_them(monke
     graph_layer_choice.cache_clear()
     monkeypatch.setenv("DYSPEC_GRAPH_LAYERS", "eager")
     assert graph_layer_choice() is lean_module.graph_layer
+
+
+def test_a_gpu_forward_whose_layers_fail_to_compile_runs_them_uncompiled(monkeypatch, graph_layer_choice):
+    """As where Triton finds no C compiler: the forward gives the uncompiled layers' logits, the note
+    is one line, and later forwards run uncompiled without trying again."""
+    tries = []
+
+    def failing(*args):
+        tries.append(args)
+        raise torch._dynamo.exc.BackendCompilerFailed(failing, RuntimeError("Failed to find C compiler"), None)
+
+    def logits(forward) -> torch.Tensor:
+        kv = forward.session("check", 64, (1, 2), last_only=(False,))
+        kv.append([0, 3, 1, 2])
+        return torch.cat([kv.forward([4]), kv.forward([1])])
+
+    target = tiny_pair().target
+    expected = logits(GraphForward(LeanForward(target)))
+    monkeypatch.setattr(lean_module, "COMPILE_FAILED", [])
+    monkeypatch.setattr(lean_module, "layer_function", lambda device: lean_module.compiled_graph_layer())
+    monkeypatch.setattr(lean_module, "has_triton", lambda: True)
+    monkeypatch.setattr(lean_module.torch, "compile", lambda fn, **kw: failing)
+    with pytest.warns(UserWarning) as record:
+        got = logits(GraphForward(LeanForward(target)))
+    assert one_line(record) == (
+        "the GPU forward's layers did not compile (Failed to find C compiler): they run uncompiled, slower"
+    )
+    assert len(tries) == 1 and lean_module.graph_layers_run() == "eager"
+    torch.testing.assert_close(got, expected, atol=0, rtol=0)

@@ -201,12 +201,23 @@ def graph_layers(layers: list[Layer], h, cos, sin, cache, mask, dims: LeanDims, 
     kernels, and a graph of hundreds of small kernels costs what it launches, not what it reads."""
     bias = torch.zeros(mask.shape[-2:], dtype=torch.float32, device=h.device).masked_fill_(~mask[0, 0], -torch.inf)
     torch._dynamo.maybe_mark_dynamic(bias, 1)  # the cache's capacity, as LeanCache marks its keys
-    step = compiled_graph_layer() if h.device.type == "cuda" else graph_layer
+    step = layer_function(h.device)
     for i, layer in enumerate(layers):
-        h = step(h, cos, sin, slots, cache.k[i], cache.v[i], bias, layer_weights(layer), dims)
+        args = (h, cos, sin, slots, cache.k[i], cache.v[i], bias, layer_weights(layer), dims)
+        try:
+            h = step(*args)
+        except torch._dynamo.exc.BackendCompilerFailed as e:  # before the layer ran: nothing was written
+            step = uncompiled_after(e)
+            h = step(*args)
         if hidden is not None:
             hidden.append(h)
     return h
+
+
+def layer_function(device: torch.device):
+    """What runs a graph forward's layers: `graph_layer` compiled on a GPU; as it is on a CPU, where
+    the graph path runs to be tested."""
+    return compiled_graph_layer() if device.type == "cuda" else graph_layer
 
 
 def layer_weights(layer: Layer) -> tuple:
@@ -259,9 +270,10 @@ def graph_layer(h, cos, sin, slots, keys, values, bias, weights: tuple, dims: Le
 def compiled_graph_layer():
     """`graph_layer` compiled once (Inductor), for every lean model and bucket: it compiles for one
     row, then once more for any number of rows (dynamic shapes), per model shape. The function
-    itself, uncompiled, where Inductor cannot compile for a GPU (no Triton), with a note, or where
-    `DYSPEC_GRAPH_LAYERS=eager` asks for it (to measure what compiling gains)."""
-    if os.environ.get("DYSPEC_GRAPH_LAYERS") == "eager":
+    itself, uncompiled, where Inductor cannot compile for a GPU (no Triton, or a compile that failed:
+    `uncompiled_after`), with a note, or where `DYSPEC_GRAPH_LAYERS=eager` asks for it (to measure
+    what compiling gains)."""
+    if os.environ.get("DYSPEC_GRAPH_LAYERS") == "eager" or COMPILE_FAILED:
         return graph_layer
     if not has_triton():
         warnings.warn("Triton is not installed: the GPU forward's layers run uncompiled, slower", stacklevel=2)
@@ -270,6 +282,19 @@ def compiled_graph_layer():
     # Inductor says so when it splits the softmax's long reduction; nothing to act on here
     warnings.filterwarnings("ignore", message="Online softmax is disabled")
     return torch.compile(graph_layer, fullgraph=True)
+
+
+COMPILE_FAILED: list[Exception] = []  # why compiling failed in this process, if it did
+
+
+def uncompiled_after(error: Exception):
+    """`graph_layer` as it is, from a failed compile on (Triton finding no C compiler, say), with a
+    note: the generation goes on, slower."""
+    COMPILE_FAILED.append(error)
+    compiled_graph_layer.cache_clear()
+    why = str(getattr(error, "inner_exception", None) or error).splitlines()[0][:200]
+    warnings.warn(f"the GPU forward's layers did not compile ({why}): they run uncompiled, slower", stacklevel=3)
+    return graph_layer
 
 
 def graph_layers_run() -> str:
