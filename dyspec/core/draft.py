@@ -23,6 +23,7 @@ from __future__ import annotations
 import time
 from array import array
 
+import numpy as np
 import torch
 from transformers import PreTrainedModel
 
@@ -150,7 +151,7 @@ class DraftSession:
         start = self.kv.cached
         col = {node: start + i for i, node in enumerate(nodes)}
         col.update(self.slot_of)
-        visible = torch.zeros(len(nodes), start - self.kv.length + len(nodes), dtype=torch.bool)
+        visible = np.zeros((len(nodes), start - self.kv.length + len(nodes)), dtype=bool)  # numpy: see Tree
         for i, node in enumerate(nodes):
             visible[i, [col[a] - self.kv.length for a in tree.path(node)]] = True
         positions = [self.kv.length - 1 + tree.depths[node] for node in nodes]
@@ -158,7 +159,7 @@ class DraftSession:
         if self.needs_features:
             features = torch.stack([self.node_features[tree.parents[node]] for node in nodes])
         tokens = [tree.tokens[node] for node in nodes]
-        logits = self._timed_forward(tree, nodes, tokens, positions, visible, features=features)
+        logits = self._timed_forward(tree, nodes, tokens, positions, torch.from_numpy(visible), features=features)
         self.slot_of.update((node, start + i) for i, node in enumerate(nodes))
         if self.needs_features:
             self.node_features.update(zip(nodes, self.hidden))
