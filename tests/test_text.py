@@ -45,6 +45,20 @@ def test_a_tree_labels_a_partial_character_by_its_bytes(tokenizer, ids):
     assert rebuilt.decode() == TEXT
 
 
+def test_labels_are_decoded_once_per_token_and_tokenizer(tokenizer, ids, monkeypatch):
+    """A step's tree labels its tokens from what earlier steps decoded: the same labels, and only
+    tokens not seen before reach the tokenizer."""
+    first = token_labels(tokenizer, ids)
+    asked = []
+    decode = type(tokenizer).batch_decode
+    monkeypatch.setattr(
+        type(tokenizer), "batch_decode", lambda self, seqs, **kw: asked.append(seqs) or decode(self, seqs)
+    )
+    new = max(tokenizer.get_vocab().values())  # the vocabulary's last token: in no earlier test's text
+    assert token_labels(tokenizer, [*ids, new, new]) == [*first, *tokenizer.batch_decode([[new]]) * 2]
+    assert asked[0] == [[new]]
+
+
 def test_a_chinese_answer_streams_without_replacement_characters(default_pair):
     steps = []
     finished = generate(

@@ -6,6 +6,7 @@ over tokens, and a token decoded alone then reads as U+FFFD. Trees label such a 
 from __future__ import annotations
 
 import functools
+import weakref
 
 from transformers import PreTrainedTokenizerBase
 
@@ -13,10 +14,18 @@ PARTIAL = "\ufffd"  # what decoding bytes that end inside a character gives
 MAX_PENDING = 4  # a character is at most 4 bytes: longer, the text really holds U+FFFD
 
 
+# tokenizer -> {token id: label}: a step's tree labels dozens of tokens, most of them seen before, and
+# decoding one costs microseconds of the tokenizer's Python
+_LABELS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
 def token_labels(tokenizer: PreTrainedTokenizerBase, ids: list[int]) -> list[str]:
     """Each token decoded alone; one that holds only part of a character as its bytes, `<e4 bd>`."""
-    texts = tokenizer.batch_decode([[i] for i in ids])
-    return [token_bytes(tokenizer, i) if PARTIAL in t else t for i, t in zip(ids, texts)]
+    known = _LABELS.setdefault(tokenizer, {})
+    new = [i for i in dict.fromkeys(ids) if i not in known]
+    for i, text in zip(new, tokenizer.batch_decode([[i] for i in new]) if new else []):
+        known[i] = token_bytes(tokenizer, i) if PARTIAL in text else text
+    return [known[i] for i in ids]
 
 
 @functools.cache
