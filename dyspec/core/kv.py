@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import inspect
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 import torch
 from transformers import DynamicCache, PreTrainedModel
@@ -13,6 +14,14 @@ from dyspec.core.draft_model import FINAL, draft_model
 from dyspec.errors import DyspecError
 
 BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)  # the sizes a static forward runs at (dyspec.forward.static)
+
+
+class Output(NamedTuple):
+    """What dyspec's own forwards return, read as KVSession reads a Hugging Face causal LM's output:
+    a plain tuple, where a transformers ModelOutput costs microseconds to build, several a step."""
+
+    logits: torch.Tensor
+    hidden_states: Sequence[torch.Tensor] | None = None
 
 
 def bucket(n: int) -> int:

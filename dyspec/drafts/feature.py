@@ -20,10 +20,9 @@ import torch
 from safetensors.torch import load_file, save_file
 from torch import nn
 from transformers import PreTrainedModel
-from transformers.modeling_outputs import CausalLMOutputWithPast
 
 from dyspec.core.copying import MATCHES
-from dyspec.core.kv import FINAL, cache_kwarg
+from dyspec.core.kv import FINAL, Output, cache_kwarg
 from dyspec.errors import DyspecError
 from dyspec.forward import lean_graph
 from dyspec.forward.lean import LeanCache, lean_dims, lean_layers, role_cache, rotary_rows, rotary_table, run_layers
@@ -257,7 +256,7 @@ class FeatureDraft(nn.Module):
         draft_vocab: bool = False,
         slots: torch.Tensor | None = None,
         **_,
-    ) -> CausalLMOutputWithPast:
+    ) -> Output:
         """The interface KVSession uses (as a Hugging Face causal LM): full-vocabulary logits, -inf
         outside `vocab` (with `draft_vocab`, over `vocab` alone: dyspec.core.vocab), and the predicted
         feature as the last hidden state. Without `input_features` (latency profiling) the features
@@ -274,7 +273,7 @@ class FeatureDraft(nn.Module):
         if not draft_vocab:
             full = torch.full((*logits.shape[:2], self.config.vocab_size), float("-inf"), device=logits.device)
             logits = full.index_copy_(-1, self.vocab, logits)
-        return CausalLMOutputWithPast(logits=logits, hidden_states=(feature,))
+        return Output(logits=logits, hidden_states=(feature,))
 
 
 def kept_rows(x: torch.Tensor, logits_to_keep: int | torch.Tensor) -> torch.Tensor:

@@ -31,9 +31,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 from transformers import PreTrainedModel
-from transformers.modeling_outputs import CausalLMOutputWithPast
 
-from dyspec.core.kv import FINAL
+from dyspec.core.kv import FINAL, Output
 from dyspec.drafts.checkpoint import read_weights
 from dyspec.errors import DyspecError
 from dyspec.forward.quant import quantize_int8
@@ -97,7 +96,7 @@ class MedusaDraft(nn.Module):
         input_features: torch.Tensor | None = None,
         logits_to_keep: int | torch.Tensor = 0,
         **_,
-    ) -> CausalLMOutputWithPast:
+    ) -> Output:
         """Logits [1, kept, V] after each input token and, as the last hidden state, what its children
         read: [h_t, their depth]. `input_features` [1, n, H] are the target's (a root's: head 0), or
         [1, n, H + 1] the draft's own (a tree node's: the head its depth names). Without them
@@ -118,7 +117,7 @@ class MedusaDraft(nn.Module):
             if k < len(self.heads):
                 rows = depth == k
                 logits[rows] = self.heads[k](h[rows].to(self.dtype)).float()
-        return CausalLMOutputWithPast(logits=logits[None], hidden_states=(children,))
+        return Output(logits=logits[None], hidden_states=(children,))
 
 
 def load_medusa(folder: Path, target: PreTrainedModel) -> MedusaDraft:

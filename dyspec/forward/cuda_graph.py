@@ -30,9 +30,8 @@ from dataclasses import dataclass, field
 
 import torch
 from torch import nn
-from transformers.modeling_outputs import CausalLMOutputWithPast
 
-from dyspec.core.kv import BUCKETS, KVSession, StaticModel
+from dyspec.core.kv import BUCKETS, KVSession, Output, StaticModel
 from dyspec.forward.lean import ROUND, LeanCache, new_cache
 from dyspec.forward.static import compile_forwards
 
@@ -43,7 +42,7 @@ class Recorded:
 
     inputs: dict[str, torch.Tensor]
     slots: torch.Tensor
-    out: CausalLMOutputWithPast
+    out: Output
     graph: torch.cuda.CUDAGraph | None
 
 
@@ -79,9 +78,9 @@ class Graphs:
             logits = logits[:, logits_to_keep]
         elif logits_to_keep:
             logits = logits[:, -logits_to_keep:]
-        return CausalLMOutputWithPast(logits=logits, hidden_states=rec.out.hidden_states)
+        return Output(logits=logits, hidden_states=rec.out.hidden_states)
 
-    def _run(self, inputs: dict, slots: torch.Tensor, flags: dict, hidden: bool) -> CausalLMOutputWithPast:
+    def _run(self, inputs: dict, slots: torch.Tensor, flags: dict, hidden: bool) -> Output:
         """The forward over the recorded tensors; leaves the cache's length as it found it."""
         start = self.cache.length
         out = self.model(cache=self.cache, slots=slots, output_hidden_states=hidden, **inputs, **flags)

@@ -28,8 +28,8 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils._triton import has_triton
 from transformers import PreTrainedModel
-from transformers.modeling_outputs import CausalLMOutputWithPast
 
+from dyspec.core.kv import Output
 from dyspec.errors import DyspecError
 from dyspec.forward import lean_graph
 from dyspec.forward.attention import prefix_attention, prefix_bias, rowwise_attention
@@ -397,7 +397,7 @@ class LeanForward(nn.Module):
         output_hidden_states: bool = False,
         slots: torch.Tensor | None = None,
         **_,
-    ) -> CausalLMOutputWithPast:
+    ) -> Output:
         """`slots`: run_layers'."""
         n, mask = input_ids.shape[1], attention_mask
         start = cache.length
@@ -414,7 +414,7 @@ class LeanForward(nn.Module):
             h = run_layers(self.layers, h, cos, sin, cache, start, mask, self.dims, self.exact_attention, hidden, slots)
         return self._output(h, cache, end, hidden, logits_to_keep)
 
-    def _output(self, h, cache: LeanCache, end: int, hidden: list | None, logits_to_keep) -> CausalLMOutputWithPast:
+    def _output(self, h, cache: LeanCache, end: int, hidden: list | None, logits_to_keep) -> Output:
         """The forward's result from the last layer's h: the final norm, the kept rows' logits."""
         cache.length = end
         h = F.rms_norm(h, h.shape[-1:], self.norm, self.dims.eps)
@@ -426,7 +426,7 @@ class LeanForward(nn.Module):
             h = h[-logits_to_keep:]
         hidden_states = BatchOfOne(hidden) if hidden is not None else None
         logits = self.graph.logits(h) if self.graph is not None else self.lm_head.forward(h)
-        return CausalLMOutputWithPast(logits=logits[None], hidden_states=hidden_states)
+        return Output(logits=logits[None], hidden_states=hidden_states)
 
 
 class BatchOfOne(Sequence):
