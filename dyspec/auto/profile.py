@@ -18,9 +18,7 @@ from transformers import PreTrainedModel
 from dyspec.cache import cache_dir, write_cache
 from dyspec.core.kv import bucket, sync
 from dyspec.drafts.feature import FeatureDraft
-from dyspec.forward.choose import Forward, ModelForward
-from dyspec.forward.cuda_graph import GraphForward
-from dyspec.forward.lean import graph_layers_run
+from dyspec.forward.choose import Forward, ModelForward, layers_stamp
 from dyspec.forward.quant import Int8Linear
 from dyspec.kernels.int8_mm import kernel_path
 from dyspec.load import load_model
@@ -153,9 +151,7 @@ def kernel_stamp(pair) -> dict[str, str]:
     not (dyspec.forward.cuda_graph)."""
     if pair.precision == "int8" and pair.device.type == "cpu":
         return {"int8_kernel": kernel_path()}
-    if isinstance(pair.forward(pair.target), GraphForward):
-        return {"graph_layers": graph_layers_run()}
-    return {}
+    return layers_stamp(pair.forward(pair.target))
 
 
 def stamp_text(profile: dict) -> str:

@@ -17,7 +17,7 @@ from dyspec.defaults import defaults_for
 from dyspec.errors import DyspecError
 from dyspec.forward import lean_graph
 from dyspec.forward.cuda_graph import GraphForward
-from dyspec.forward.lean import LeanForward, lean_unsupported
+from dyspec.forward.lean import LeanForward, graph_layers_run, lean_unsupported
 from dyspec.forward.quant import has_int8
 from dyspec.forward.static import StaticForward
 from dyspec.kernels.build import cpp_compiler
@@ -84,6 +84,12 @@ def choose_forward(model: nn.Module, fast_path: str) -> Forward:
         model.use_lean()
     run = model if declared.runs_lean else LeanForward(model)
     return GraphForward(run) if graphs else LeanRun(run, compiled=fast_path == "compiled")
+
+
+def layers_stamp(forward: Forward) -> dict[str, str]:
+    """How a forward's layers run where one GPU may run them either way: a graph forward's compiled
+    or not (`lean.graph_layers_run`); nothing for any other forward."""
+    return {"graph_layers": graph_layers_run()} if isinstance(forward, GraphForward) else {}
 
 
 def pick_fast_path(fast_path: str, device: torch.device, precision: str) -> str:
