@@ -60,7 +60,6 @@ void panel_avx2(const int16_t* wx, int64_t K, const int8_t* w, int32_t* out) {
 #endif
 
 #if defined(__AVX512VNNI__) || defined(DYSPEC_YMM_DPBUSD)
-constexpr int AHEAD = 4;  // prefetch distance in K steps
 
 #ifdef __AVX512VNNI__
 struct Zmm {  // 32 registers: up to 8 rows a pass, 2 sums each, 2 weight registers
@@ -113,8 +112,10 @@ void panel(const uint8_t* ux, int64_t K, const int8_t* w, const int32_t* comp, i
     for (int u = 0; u < U; ++u) {
       if (u >= n) break;
       const int8_t* b = w + (k + u) * 4 * PANEL;
-      _mm_prefetch(reinterpret_cast<const char*>(b + AHEAD * 4 * PANEL), _MM_HINT_T0);
-      _mm_prefetch(reinterpret_cast<const char*>(b + AHEAD * 4 * PANEL + 64), _MM_HINT_T0);
+      // the next panel's same K step into L2: a pass over many rows is bound by its arithmetic, and
+      // the next panel's weights then stream during it, not after it (prefetches never fault)
+      _mm_prefetch(reinterpret_cast<const char*>(b + K * PANEL), _MM_HINT_T1);
+      _mm_prefetch(reinterpret_cast<const char*>(b + K * PANEL + 64), _MM_HINT_T1);
       typename V::T a[R];
 #pragma GCC unroll 16
       for (int m = 0; m < R; ++m) {
