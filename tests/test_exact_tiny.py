@@ -13,6 +13,7 @@ from dyspec.auto.estimate import COPY
 from dyspec.auto.profile import (
     CONTEXT,
     DEFAULT_SIZES,
+    FIRST_SIZES,
     LONG_CONTEXT,
     LONG_SIZES,
     forward_ms,
@@ -250,6 +251,7 @@ def test_auto_times_the_target_behind_two_contexts_and_the_draft(pair, tmp_path,
     profiles = target_profiles(profile)
     assert [list(profiles[c]) for c in (CONTEXT, LONG_CONTEXT)] == [list(DEFAULT_SIZES), list(LONG_SIZES)]
     assert list(profile["draft"]) == [str(n) for n in DEFAULT_SIZES]
+    assert list(profile["draft_first"]) == [str(n) for n in FIRST_SIZES]  # on a CPU
     assert json.loads(profile_path(pair).read_text()) == profile
 
 

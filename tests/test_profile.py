@@ -22,6 +22,25 @@ def test_each_size_is_timed_right_after_a_forward_of_its_own_size(monkeypatch):
     assert ms == pytest.approx({1: 1, 2: 2, 8: 8})
 
 
+def test_before_runs_untimed_before_every_forward(monkeypatch):
+    """`before` (a target forward, for a step's first draft forward) runs before each forward, its
+    time left out: a fake clock charges it 1000 ms."""
+    clock, calls = [0.0], []
+
+    def before():
+        clock[0] += 1
+        calls.append("before")
+
+    def forward(tokens):
+        clock[0] += len(tokens) / 1000
+        calls.append(len(tokens))
+
+    monkeypatch.setattr(profile.time, "perf_counter", lambda: clock[0])
+    ms = profile.median_ms(forward, lambda: None, (1, 2), vocab=10, repeats=3, before=before)
+    assert ms == pytest.approx({1: 1, 2: 2})
+    assert calls == (["before", 1] * 3 + ["before", 2] * 3) * 2  # 2 rounds of an untimed turn and 2 timed
+
+
 def test_a_shaped_profile_times_steps_and_makes_a_results_section(tmp_path, capsys, monkeypatch):
     """`dyspec profile --shape`: a pair of a published shape with random weights, its t(n) and a
     step's split per policy, stamped; `dyspec report` makes a section of it."""

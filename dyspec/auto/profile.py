@@ -32,6 +32,9 @@ CONTEXT = 100  # cached tokens behind the profile's forwards
 # keys apart, a tree token costs more behind a longer context, and `--budget auto` reads t(n) at
 # each step's context (`cost.profile_at`)
 LONG_CONTEXT, LONG_SIZES = 400, (1, 2, 4, 8, 16, 32, 64)
+# a step's first draft forward (the root's: the tokens the last step committed), timed after a
+# target forward, as it runs (`after_target`)
+FIRST_SIZES = (1, 2, 4, 8)
 METHOD = 6  # how `forward_ms` measures: a change makes saved profiles stale (`profile_path`)
 
 
@@ -41,19 +44,28 @@ def forward_ms(
     context: int = CONTEXT,
     repeats: int = 9,
     forward: Forward | None = None,
+    before: Callable[[], None] | None = None,
 ) -> dict[int, float]:
     """Median wall milliseconds of a forward of n tokens after `context` cached tokens, with a tree
     mask for n > 1 as the engine sends it, on the engine's `forward` (`ModelPair.forward`; the
-    model's own by default), timed as `median_ms` times it."""
+    model's own by default), timed as `median_ms` times it (`before`, untimed, before each)."""
+    run, undo = profiled_forward(model, sizes, context, forward)
+    return median_ms(run, undo, sizes, model.config.vocab_size, repeats, before=before)
+
+
+def profiled_forward(
+    model: PreTrainedModel, sizes, context: int, forward: Forward | None = None
+) -> tuple[Callable[[list[int]], None], Callable[[], None]]:
+    """A session of `model` behind `context` random cached tokens, as `forward_ms` times it: a
+    forward of the tokens it is given, and what takes them out of the cache again."""
     g = torch.Generator().manual_seed(0)
-    vocab = model.config.vocab_size
     run = forward or ModelForward(model)
     # a draft as the engine runs it: its logits over its own vocabulary (dyspec.core.vocab)
     sizes_run = sorted({bucket(n) for n in sizes})
     kv = run.session("profile", context + bucket(max(sizes)), sizes_run, last_only=(False,), draft_vocab=True)
-    kv.append(torch.randint(vocab, (context,), generator=g).tolist())
+    kv.append(torch.randint(model.config.vocab_size, (context,), generator=g).tolist())
 
-    def forward(tokens: list[int]) -> None:
+    def forward_tokens(tokens: list[int]) -> None:
         n = len(tokens)
         # one token goes without a mask, as the engine sends a step that drafted nothing (`ar`):
         # a mask costs an fp32 forward more, and `--budget auto` would take that for what not
@@ -62,7 +74,20 @@ def forward_ms(
         kv.forward(tokens, list(range(context, context + n)), visible)
         sync(kv.device)
 
-    return median_ms(forward, lambda: kv.commit([]), sizes, vocab, repeats, g)
+    return forward_tokens, lambda: kv.commit([])
+
+
+def after_target(pair) -> Callable[[], None]:
+    """A one-token forward of the pair's target, as a step's verification runs just before the
+    next step's first draft forward: on a CPU it streams the target's weights through the caches
+    and the draft's weights leave them, so that draft forward reads them from memory."""
+    run, undo = profiled_forward(pair.target, (1,), CONTEXT, pair.forward(pair.target))
+
+    def target_forward() -> None:
+        run([0])
+        undo()
+
+    return target_forward
 
 
 def median_ms(
@@ -72,19 +97,23 @@ def median_ms(
     vocab: int,
     repeats: int = 9,
     g: torch.Generator | None = None,
+    before: Callable[[], None] | None = None,
 ) -> dict[int, float]:
     """Median wall milliseconds of `forward(tokens)` for n random tokens per size n (at least
     `repeats` of them), `undo()` (its tokens leave the cache) untimed after each. Sizes take turns
     within each round, so a slow spell of a shared machine hits all of them alike, and a turn is an
     untimed forward of its size, then two timed ones, as decoding runs them: on the compiled int8
     forward a one-token forward right after a long one is slower than after another of one, and
-    `--budget auto` took the difference for what a step of `ar` costs."""
+    `--budget auto` took the difference for what a step of `ar` costs. `before()`, untimed, runs
+    before each forward."""
     g = g or torch.Generator().manual_seed(0)
     times = {n: [] for n in sizes}
     for _ in range(-(-repeats // 2)):
         for n in sizes:
             for timed in (False, True, True):
                 tokens = torch.randint(vocab, (n,), generator=g).tolist()
+                if before is not None:
+                    before()
                 t = time.perf_counter()
                 forward(tokens)
                 if timed:
@@ -162,8 +191,9 @@ def stamp_text(profile: dict) -> str:
 
 def measure_profile(pair, baseline: bool = True, draft: bool = True, sizes=DEFAULT_SIZES) -> dict:
     """t(n) of the pair's target and (with `draft`) its draft as they run (precision included), at
-    `sizes`; with `baseline`, also the Hugging Face forward of the same target (where the pair runs
-    another one) and a plain fp32 Hugging Face forward at n = 1 and 8, measured in the same run."""
+    `sizes`, and on a CPU a step's first draft forward (`draft_first`, after a target forward);
+    with `baseline`, also the Hugging Face forward of the same target (where the pair runs another
+    one) and a plain fp32 Hugging Face forward at n = 1 and 8, measured in the same run."""
     target = pair.forward(pair.target)
     profile = {
         "device": str(pair.device),
@@ -178,8 +208,11 @@ def measure_profile(pair, baseline: bool = True, draft: bool = True, sizes=DEFAU
     }
     if draft and pair.draft is not None:
         drafted = [n for n in sizes if n <= max(DEFAULT_SIZES)]
-        draft_ms = forward_ms(pair.draft, drafted, forward=pair.forward(pair.draft))
-        profile["draft"] = {str(n): ms for n, ms in draft_ms.items()}
+        draft = pair.forward(pair.draft)
+        profile["draft"] = {str(n): ms for n, ms in forward_ms(pair.draft, drafted, forward=draft).items()}
+        if pair.device.type == "cpu":  # a GPU's draft weights stay in its memory whatever runs
+            cold = forward_ms(pair.draft, FIRST_SIZES, forward=draft, before=after_target(pair))
+            profile["draft_first"] = {str(n): ms for n, ms in cold.items()}
     measured = {"target": pair.target, **({"draft": pair.draft} if "draft" in profile else {})}
     profile["floor"] = floors(measured, pair.device)
     if baseline and not isinstance(target, ModelForward):  # the reference forward of the same target, beside
@@ -222,6 +255,7 @@ def profile_table(profile: dict) -> str:
         "target": "target",
         f"target_at_{LONG_CONTEXT}": f"@{LONG_CONTEXT}",
         "draft": "draft",
+        "draft_first": "1st draft",
         "target_hf": "HF",
         "llamacpp": "llama.cpp",
         "baseline_hf_fp32_eager": "fp32 HF",
@@ -231,6 +265,7 @@ def profile_table(profile: dict) -> str:
         f"forward latency, ms (median) on {profile['device']}, {profile['precision']} ({profile['dtype']}), "
         f"fast path {profile['fast_path']}{stamp_text(profile)}",
         f"behind {CONTEXT} cached tokens; @{LONG_CONTEXT}: the target behind {LONG_CONTEXT}"
+        + ("; 1st draft: right after a target forward, as a step's first" if "draft_first" in profile else "")
         + ("; HF: the same target on the Hugging Face forward" if "target_hf" in profile else ""),
         f"{'n':>4}" + "".join(f"{labels[c]:>10}" for c in columns),
     ]
