@@ -16,6 +16,7 @@ target's own answers to training prompts (dyspec.train.distill) and stores them 
 
 from __future__ import annotations
 
+import math
 from array import array
 from collections.abc import Iterator, Sequence
 
@@ -58,18 +59,21 @@ def mix(logits: torch.Tensor, tokens: Sequence[int], weights: Sequence[float], t
     T = 1: its argmax is the copy where weight + (1 - weight) q(token) beats (1 - weight) max q. Only
     the copy's logit changes: scaling every other token's probability by 1 - weight is the
     normaliser's work (one logsumexp over the copying rows, instead of a softmax, a log and three
-    more passes over the vocabulary at every node)."""
+    more passes over the vocabulary at every node). A draft round mixes a row or two, so the copies'
+    few numbers are worked out in Python: each tensor op costs more than its arithmetic."""
     rows = [i for i, weight in enumerate(weights) if weight]
     if not rows:  # most of a draft's forwards: no copy, no copy of the logits either
         return logits.float()
     tau = temperature if temperature > 0 else 1.0
-    mixed = logits.float().clone()
-    r = torch.tensor(rows, device=mixed.device)
-    t = torch.tensor([tokens[i] for i in rows], device=mixed.device)
-    w = torch.tensor([weights[i] for i in rows], device=mixed.device)
-    log_z = torch.logsumexp(mixed[r] / tau, -1)
-    q_token = torch.exp(mixed[r, t] / tau - log_z)
-    mixed[r, t] = tau * (torch.log((1 - w) * q_token + w) - torch.log1p(-w) + log_z)
+    mixed = logits.to(torch.float32, copy=True)
+    copying = mixed if len(rows) == len(mixed) else mixed[rows]
+    log_z = torch.logsumexp(copying if tau == 1.0 else copying / tau, -1).tolist()
+    columns = [tokens[i] for i in rows]
+    new = [
+        tau * (math.log((1 - weights[i]) * math.exp(x / tau - z) + weights[i]) - math.log1p(-weights[i]) + z)
+        for i, x, z in zip(rows, mixed[rows, columns].tolist(), log_z)
+    ]
+    mixed[rows, columns] = torch.tensor(new, device=mixed.device)
     return mixed
 
 
