@@ -96,7 +96,6 @@ def median_ms(
     sizes,
     vocab: int,
     repeats: int = 9,
-    g: torch.Generator | None = None,
     before: Callable[[], None] | None = None,
 ) -> dict[int, float]:
     """Median wall milliseconds of `forward(tokens)` for n random tokens per size n (at least
@@ -106,7 +105,7 @@ def median_ms(
     forward a one-token forward right after a long one is slower than after another of one, and
     `--budget auto` took the difference for what a step of `ar` costs. `before()`, untimed, runs
     before each forward."""
-    g = g or torch.Generator().manual_seed(0)
+    g = torch.Generator().manual_seed(0)
     times = {n: [] for n in sizes}
     for _ in range(-(-repeats // 2)):
         for n in sizes:

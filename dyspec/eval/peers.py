@@ -196,4 +196,4 @@ def llamacpp_forward_ms(pair: ModelPair, sizes, context: int, repeats: int = 9) 
     def undo() -> None:
         llm.n_tokens = context  # the next eval drops the cache past it
 
-    return median_ms(llm.eval, undo, sizes, vocab, repeats, g)
+    return median_ms(llm.eval, undo, sizes, vocab, repeats)
