@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-from dyspec.auto.profile import DEFAULT_SIZES, LONG_CONTEXT, LONG_SIZES, weight_bytes
+from dyspec.auto.profile import DEFAULT_SIZES, FIRST_SIZES, LONG_CONTEXT, LONG_SIZES, weight_bytes
 from dyspec.defaults import defaults_for
 from dyspec.forward.quant import quantize_int8
 
@@ -79,7 +79,7 @@ def test_profile_table_puts_the_baseline_under_its_sizes_and_saves_the_profile(t
     lines = r.stdout.splitlines()
     header = next(i for i, line in enumerate(lines) if line.split()[:1] == ["n"])
     # the lean default beside the Hugging Face forward; llama.cpp runs GGUF files only
-    assert lines[header].split() == ["n", "target", f"@{LONG_CONTEXT}", "draft", "HF", "fp32", "HF"]
+    assert lines[header].split() == ["n", "target", f"@{LONG_CONTEXT}", "draft", "1st-draft", "HF", "fp32", "HF"]
     assert "llama.cpp not measured" in r.stderr
     floor = next(i for i, line in enumerate(lines) if line.startswith("t(1) against the floor"))
     rows = {line[:4].strip(): line[4:] for line in lines[header + 1 : floor]}
@@ -93,7 +93,8 @@ def test_profile_table_puts_the_baseline_under_its_sizes_and_saves_the_profile(t
     default = defaults_for("cpu")
     assert lines[-1].startswith(f"a step on an MT-Bench question, {default.policy} at budget {default.budget} (the")
     assert "ms in the target's forward" in lines[-1] and "ar's step:" in lines[-1]
-    for column, sizes in ((1, LONG_SIZES), (3, LONG_SIZES), (4, (1, 8))):  # the long context's, HF's, fp32's
+    # the long context's, a step's first draft forward's, HF's, fp32's
+    for column, sizes in ((1, LONG_SIZES), (3, FIRST_SIZES), (4, LONG_SIZES), (5, (1, 8))):
         cells = {n: row[10 * column : 10 * (column + 1)].strip() for n, row in rows.items()}
         assert all((float(cells[n]) > 0) if int(n) in sizes else cells[n] == "" for n in cells)
     assert all(float(row[:10]) > 0 and float(row[20:30]) > 0 for row in rows.values())

@@ -254,7 +254,7 @@ def profile_table(profile: dict) -> str:
         "target": "target",
         f"target_at_{LONG_CONTEXT}": f"@{LONG_CONTEXT}",
         "draft": "draft",
-        "draft_first": "1st draft",
+        "draft_first": "1st-draft",
         "target_hf": "HF",
         "llamacpp": "llama.cpp",
         "baseline_hf_fp32_eager": "fp32 HF",
@@ -264,7 +264,7 @@ def profile_table(profile: dict) -> str:
         f"forward latency, ms (median) on {profile['device']}, {profile['precision']} ({profile['dtype']}), "
         f"fast path {profile['fast_path']}{stamp_text(profile)}",
         f"behind {CONTEXT} cached tokens; @{LONG_CONTEXT}: the target behind {LONG_CONTEXT}"
-        + ("; 1st draft: right after a target forward, as a step's first" if "draft_first" in profile else "")
+        + ("; 1st-draft: the draft right after a target forward, as a step's first" if "draft_first" in profile else "")
         + ("; HF: the same target on the Hugging Face forward" if "target_hf" in profile else ""),
         f"{'n':>4}" + "".join(f"{labels[c]:>10}" for c in columns),
     ]
