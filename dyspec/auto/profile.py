@@ -207,10 +207,10 @@ def measure_profile(pair, baseline: bool = True, draft: bool = True, sizes=DEFAU
     }
     if draft and pair.draft is not None:
         drafted = [n for n in sizes if n <= max(DEFAULT_SIZES)]
-        draft = pair.forward(pair.draft)
-        profile["draft"] = {str(n): ms for n, ms in forward_ms(pair.draft, drafted, forward=draft).items()}
+        run = pair.forward(pair.draft)
+        profile["draft"] = {str(n): ms for n, ms in forward_ms(pair.draft, drafted, forward=run).items()}
         if pair.device.type == "cpu":  # a GPU's draft weights stay in its memory whatever runs
-            cold = forward_ms(pair.draft, FIRST_SIZES, forward=draft, before=after_target(pair))
+            cold = forward_ms(pair.draft, FIRST_SIZES, forward=run, before=after_target(pair))
             profile["draft_first"] = {str(n): ms for n, ms in cold.items()}
     measured = {"target": pair.target, **({"draft": pair.draft} if "draft" in profile else {})}
     profile["floor"] = floors(measured, pair.device)
