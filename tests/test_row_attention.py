@@ -45,6 +45,24 @@ def test_it_is_attention_over_the_slots_each_row_sees(end, n, hkv, g, d):
     assert (got - reference(q, keys, values, slots, counts, d**-0.5)).abs().max() < 1e-5
 
 
+@pytest.mark.parametrize("seed", range(6))
+def test_visible_slots_are_each_rows_visible_slots_in_order(seed):
+    """Against each row's nonzero columns: boolean and additive masks whose rows share a prefix of any
+    length (none too), with gaps after it, and causal forwards (no mask)."""
+    g = torch.Generator().manual_seed(seed)
+    n, end = 1 + seed * 3, 40 + seed * 7
+    see = torch.rand(n, end, generator=g) < 0.5
+    see[:, : seed * 5] = True
+    see[torch.arange(n), end - n + torch.arange(n)] = True  # each row sees itself
+    additive = torch.zeros(n, end).masked_fill(~see, float("-inf"))
+    causal = torch.ones(n, end, dtype=torch.bool).tril(end - n)
+    for mask, visible in ((see[None, None], see), (additive[None, None], see), (None, causal)):
+        slots, counts = visible_slots(mask, n, end)
+        assert slots.shape[1] >= 2 and slots.is_contiguous()
+        for r in range(n):
+            assert slots[r, : counts[r]].tolist() == visible[r].nonzero()[:, 0].tolist()
+
+
 @pytest.mark.parametrize(("hkv", "g", "d"), SHAPES)
 def test_a_row_depends_on_its_own_keys_only(hkv, g, d):
     """Bit for bit: alone, beside other rows, with more slot columns than it reads, and with its keys

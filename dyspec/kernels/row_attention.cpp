@@ -11,6 +11,8 @@
 #include <cstdint>
 #include <cstring>
 #include <limits>
+#include <optional>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -191,4 +193,43 @@ at::Tensor row_attention(const at::Tensor& q, const at::Tensor& keys, const at::
   return out;
 }
 
+// The slots each of the last n of `end` tokens sees, in position order, [n, C] (C at least 2), and
+// their counts [n]: from a boolean mask [..., n, >= end] (True where visible), or causally (none).
+// One op where building them from tensor ops costs a decoding forward dozens of calls.
+std::tuple<at::Tensor, at::Tensor> visible_slots(const std::optional<at::Tensor>& mask, int64_t n, int64_t end) {
+  at::Tensor counts = at::empty({n}, at::kLong);
+  int64_t* c = counts.data_ptr<int64_t>();
+  if (!mask.has_value()) {  // row r sees slots 0 .. end - n + r
+    const int64_t C = std::max<int64_t>(2, end);
+    at::Tensor slots = at::zeros({n, C}, at::kLong);
+    int64_t* s = slots.data_ptr<int64_t>();
+    for (int64_t r = 0; r < n; ++r) {
+      c[r] = end - n + 1 + r;
+      for (int64_t j = 0; j < end; ++j) s[r * C + j] = j;
+    }
+    return {slots, counts};
+  }
+  const at::Tensor m = mask->cpu();
+  TORCH_CHECK(m.scalar_type() == at::kBool && m.dim() >= 2 && m.size(-2) == n && m.size(-1) >= end,
+              "visible_slots: a boolean mask [..., n, >= end]");
+  const bool* b = m.data_ptr<bool>();
+  const int64_t row = m.stride(-2), col = m.stride(-1);
+  int64_t C = 2;
+  for (int64_t r = 0; r < n; ++r) {
+    int64_t k = 0;
+    for (int64_t j = 0; j < end; ++j) k += b[r * row + j * col];
+    c[r] = k;
+    C = std::max(C, k);
+  }
+  at::Tensor slots = at::zeros({n, C}, at::kLong);
+  int64_t* s = slots.data_ptr<int64_t>();
+  for (int64_t r = 0; r < n; ++r)
+    for (int64_t j = 0, k = 0; j < end; ++j)
+      if (b[r * row + j * col]) s[r * C + k++] = j;
+  return {slots, counts};
+}
+
 TORCH_LIBRARY_IMPL(dyspec, CPU, m) { m.impl("row_attention", &row_attention); }
+TORCH_LIBRARY_FRAGMENT(dyspec, m) {
+  m.def("visible_slots(Tensor? mask, int n, int end) -> (Tensor, Tensor)", &visible_slots);
+}

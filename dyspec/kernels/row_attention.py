@@ -22,7 +22,6 @@ from pathlib import Path
 
 import torch
 
-from dyspec.forward.attention import visible_order
 from dyspec.kernels.build import build
 
 SOURCE = Path(__file__).with_suffix(".cpp")
@@ -45,21 +44,13 @@ def row_attention(
 
 def visible_slots(mask: torch.Tensor | None, n: int, end: int) -> tuple[torch.Tensor, torch.Tensor]:
     """The slots each of the last n of `end` tokens sees, in position order, [n, C] (C at least 2:
-    a graph would specialize a size of 1), and their counts [n]: from a mask as
-    `dyspec.forward.attention.visible_order` reads it."""
-    if n == 1:  # one row (ar's, a draft node's): its slots straight from its mask's row, no sort
-        row = None if mask is None else mask[0, 0, 0, :end].cpu()
-        seen = torch.arange(end) if row is None else (row if row.dtype == torch.bool else row == 0).nonzero()[:, 0]
-        slots = seen[None]  # contiguous [1, C]: no copy where it sees two slots or more
-        if len(seen) < 2:
-            slots = torch.zeros(1, 2, dtype=torch.long)
-            slots[0, : len(seen)] = seen
-        return slots, torch.tensor([len(seen)])
-    order, counts = visible_order(mask, n, end)
-    c = max(2, int(counts.max()))
-    slots = order.new_zeros(n, c)  # strides (c, 1) even for one row: a graph's guards check them
-    slots[:, : min(c, end)] = order[:, :c]
-    return slots, counts
+    a graph would specialize a size of 1), and their counts [n]: from a boolean mask [1, 1, n, >= end]
+    (True where visible) or an additive one (0 where visible), or causally (None). One op of the
+    kernel's library: a step's forwards each need them, and tensor ops would cost dozens of calls."""
+    if mask is not None and mask.dtype != torch.bool:
+        mask = mask == 0
+    load()
+    return torch.ops.dyspec.visible_slots(mask, n, end)
 
 
 SCHEMA = "(Tensor q, Tensor keys, Tensor values, Tensor slots, Tensor counts, float scale) -> Tensor"
