@@ -6,9 +6,10 @@ import torch
 from dyspec import generate, stream
 from dyspec.core.events import GenerationFinished, StepVerified, TreeExpanded
 from dyspec.core.kv import KVSession
+from dyspec.core.sampling import to_probs
 from dyspec.core.tree import Tree
-from dyspec.decode.engine import encode_prompt, plan, prefill, start
-from dyspec.decode.step import speculative_step
+from dyspec.decode.engine import _target_probs, encode_prompt, plan, prefill, start
+from dyspec.decode.step import Step, speculative_step
 from dyspec.forward.lean import LeanForward
 from dyspec.forward.static import StaticForward
 from dyspec.load import load_pair
@@ -235,3 +236,18 @@ def test_seeded_sampling_is_reproducible(pair):
     a = generate(pair, PROMPTS[3], policy="chain", temperature=0.9, seed=5, max_new_tokens=16)
     b = generate(pair, PROMPTS[3], policy="chain", temperature=0.9, seed=5, max_new_tokens=16)
     assert a.token_ids == b.token_ids
+
+
+@pytest.mark.parametrize("temperature", [0.0, 0.7])
+def test_a_steps_target_probs_are_each_tokens_probability_after_its_parent(temperature):
+    """The views' target probabilities (`_target_probs`): at T = 0 the softmax at T = 1 of the parent's
+    row, at T > 0 the verifier's p, read at each node's token."""
+    tree = Tree.root(5)
+    for parent, token in ((0, 7), (0, 3), (1, 11)):
+        tree.add(parent, token, 0.5)
+    logits = torch.randn(4, 16, generator=torch.Generator().manual_seed(0))
+    p = to_probs(logits, temperature) if temperature else None
+    step = Step(tree, [1], 2, logits, p, 0.0, 0.0, 0.0, 1, log_z=torch.logsumexp(logits, -1))
+    want = (p if temperature else torch.softmax(logits, -1))[[0, 0, 1], [7, 3, 11]].tolist()
+    assert _target_probs(step)[0] == 1.0
+    assert _target_probs(step)[1:] == pytest.approx(want, rel=1e-5)

@@ -123,7 +123,7 @@ class DraftSession:
             for node in nodes
         ]
         vocab = self.vocab
-        if vocab is not None and any(weight and vocab.index[token] < 0 for token, weight in copies):
+        if vocab is not None and any(weight and vocab.column_of[token] < 0 for token, weight in copies):
             logits = vocab.widen(logits, float("-inf"))
         width = logits.shape[-1]
         columns = [token if vocab is None or not weight else vocab.column(token, width) for token, weight in copies]
@@ -179,7 +179,9 @@ class DraftSession:
         while not self.needs_features and seen < len(accepted) and accepted[seen] in self.slot_of:
             seen += 1
         if self.needs_features and self.reads:
-            self.pending_features = torch.cat([self.pending_features, target_hidden[[0, *accepted]]])
+            path = [0, *accepted]  # a child's id is above its parent's: a path ending at len - 1 is 0..len - 1
+            rows = target_hidden[: len(path)] if path[-1] == len(path) - 1 else target_hidden[path]
+            self.pending_features = torch.cat([self.pending_features, rows]) if len(self.pending_features) else rows
             self.node_features = {}
         if self.kv is not None and self.slot_of:
             self.kv.commit([self.slot_of[node] for node in accepted[:seen]])

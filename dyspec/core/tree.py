@@ -69,6 +69,10 @@ class Tree:
         """Target token ids (a nested list, as `tolist`) of `columns` of draft distributions `width` wide."""
         return (columns if self.vocab is None else self.vocab.tokens(columns, width)).tolist()
 
+    def token_id(self, column: int, width: int) -> int:
+        """The target token id of column `column` of a draft distribution `width` wide."""
+        return column if self.vocab is None or width == self.vocab.size else self.vocab.token_of[column]
+
     def widened(self, q: torch.Tensor) -> torch.Tensor:
         """A q of this tree over the target's whole vocabulary (zero outside the draft's)."""
         return q if self.vocab is None else self.vocab.widen(q)

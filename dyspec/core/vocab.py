@@ -22,6 +22,10 @@ from dyspec.errors import DyspecError
 class DraftVocab:
     ids: torch.Tensor  # [V_d] the target token of each column
     index: torch.Tensor  # [V] the column of each target token, -1 outside
+    # the two as lists, for one token at a time: a list's item costs a fraction of a tensor op's, and
+    # a draft node looks up a token or two
+    token_of: list[int]
+    column_of: list[int]
 
     @classmethod
     def of(cls, ids: torch.Tensor, size: int) -> DraftVocab | None:
@@ -34,7 +38,7 @@ class DraftVocab:
             raise DyspecError(f"a draft vocabulary is fewer than {size} distinct tokens below {size}, got {len(ids)}")
         index = torch.full((size,), -1, dtype=torch.long)
         index[ids] = torch.arange(len(ids))
-        return cls(ids, index)
+        return cls(ids, index, ids.tolist(), index.tolist())
 
     @property
     def size(self) -> int:
@@ -55,4 +59,4 @@ class DraftVocab:
 
     def column(self, token: int, width: int) -> int:
         """The column of target token `token` in distributions `width` wide; -1 outside."""
-        return token if width == self.size else int(self.index[token])
+        return token if width == self.size else self.column_of[token]

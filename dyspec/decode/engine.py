@@ -86,15 +86,23 @@ def check_settings(policy: str, budget: int | str, temperature: float, max_new_t
 
 def _target_probs(s: Step) -> list[float]:
     """Target probability of each node's token after its parent (at T = 1 when decoding greedily);
-    NaN where the target did not run (a replay)."""
+    NaN where the target did not run (a replay). Read as Python floats, on a CPU through numpy: a
+    step's host work runs in caches the target's weights have just swept, where each tensor op costs
+    far more than its arithmetic; elsewhere in one gather."""
     tree = s.tree
     if tree.size == 0 or s.logits is None:
         return [1.0] + [math.nan] * tree.size
-    parents = torch.tensor(tree.parents[1:], device=s.logits.device)
-    tokens = torch.tensor(tree.tokens[1:], device=s.logits.device)
+    rows = s.logits if s.p is None else s.p
+    nodes = list(zip(tree.parents[1:], tree.tokens[1:]))
+    if rows.is_cpu:
+        table = rows.numpy()
+        picked = [float(table[p, t]) for p, t in nodes]
+    else:
+        picked = rows.flatten()[torch.tensor([p * rows.shape[-1] + t for p, t in nodes], device=rows.device)].tolist()
     if s.p is not None:
-        return [1.0] + s.p[parents, tokens].tolist()
-    return [1.0] + torch.exp(s.logits[parents, tokens].float() - s.log_z[parents]).tolist()
+        return [1.0, *picked]
+    log_z = s.log_z.tolist()
+    return [1.0, *(math.exp(x - log_z[p]) for x, (p, _) in zip(picked, nodes))]
 
 
 def _emit(event: Event, hooks: Sequence[Hook]) -> Event:

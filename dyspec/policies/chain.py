@@ -24,7 +24,7 @@ def extend(tree: Tree, node: int, logits: torch.Tensor, temperature: float, gene
         q = tree.q[node] = to_probs(logits, temperature)
         x = sample(q, generator)
         q_x = float(q[x])
-    tree.add(node, tree.token_ids(torch.tensor(x), len(logits)), q_x)
+    tree.add(node, tree.token_id(x, len(logits)), q_x)
     tree.end_expansion()
     return x
 
