@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from dyspec import generate
+from dyspec.core import entries
 from dyspec.core.copying import MATCHES, copied, copy_token, mix
 from dyspec.core.draft import DraftSession
 from dyspec.core.sampling import to_probs
@@ -138,3 +139,11 @@ def test_a_feature_draft_saves_and_loads_its_copy_weights(tmp_path):
         config.write_text(json.dumps({**json.loads(config.read_text()), "copy_weights": bad}))
         with pytest.raises(DyspecError, match="copy_weights must be 6 numbers in"):
             load_feature_draft(tmp_path, pair.target)
+
+
+def test_entries_are_read_and_written_in_place():
+    t = torch.randn(3, 10, generator=torch.Generator().manual_seed(0))
+    at = [(0, 4), (2, 9), (1, 0)]
+    assert entries.read(t, at) == [t[r, c].item() for r, c in at]
+    entries.write(t, at, [1.5, -2.0, 3.25])
+    assert [t[r, c].item() for r, c in at] == [1.5, -2.0, 3.25]

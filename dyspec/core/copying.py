@@ -22,6 +22,9 @@ from collections.abc import Iterator, Sequence
 
 import torch
 
+from dyspec.core import entries
+from dyspec.kernels.row_stats import row_stats
+
 MATCHES = 6  # weights for matches of 1 to 5 tokens, and 6 or more
 
 
@@ -67,13 +70,13 @@ def mix(logits: torch.Tensor, tokens: Sequence[int], weights: Sequence[float], t
     tau = temperature if temperature > 0 else 1.0
     mixed = logits.to(torch.float32, copy=True)
     copying = mixed if len(rows) == len(mixed) else mixed[rows]
-    log_z = torch.logsumexp(copying if tau == 1.0 else copying / tau, -1).tolist()
-    columns = [tokens[i] for i in rows]
+    log_z = row_stats(copying if tau == 1.0 else copying / tau)[1].tolist()
+    at = [(i, tokens[i]) for i in rows]
     new = [
         tau * (math.log((1 - weights[i]) * math.exp(x / tau - z) + weights[i]) - math.log1p(-weights[i]) + z)
-        for i, x, z in zip(rows, mixed[rows, columns].tolist(), log_z)
+        for i, x, z in zip(rows, entries.read(mixed, at), log_z)
     ]
-    mixed[rows, columns] = torch.tensor(new, device=mixed.device)
+    entries.write(mixed, at, new)
     return mixed
 
 

@@ -13,6 +13,7 @@ import torch
 
 from dyspec.auto.budget import AUTO_CAP, AutoState
 from dyspec.auto.controller import budget_controller
+from dyspec.core import entries
 from dyspec.core.contract import Budget, Policy
 from dyspec.core.draft import DraftSession
 from dyspec.core.events import Event, GenerationFinished, StepVerified, TreeExpanded
@@ -86,23 +87,15 @@ def check_settings(policy: str, budget: int | str, temperature: float, max_new_t
 
 def _target_probs(s: Step) -> list[float]:
     """Target probability of each node's token after its parent (at T = 1 when decoding greedily);
-    NaN where the target did not run (a replay). Read as Python floats, on a CPU through numpy: a
-    step's host work runs in caches the target's weights have just swept, where each tensor op costs
-    far more than its arithmetic; elsewhere in one gather."""
+    NaN where the target did not run (a replay)."""
     tree = s.tree
     if tree.size == 0 or s.logits is None:
         return [1.0] + [math.nan] * tree.size
-    rows = s.logits if s.p is None else s.p
     nodes = list(zip(tree.parents[1:], tree.tokens[1:]))
-    if rows.is_cpu:
-        table = rows.numpy()
-        picked = [float(table[p, t]) for p, t in nodes]
-    else:
-        picked = rows.flatten()[torch.tensor([p * rows.shape[-1] + t for p, t in nodes], device=rows.device)].tolist()
     if s.p is not None:
-        return [1.0, *picked]
+        return [1.0, *entries.read(s.p, nodes)]
     log_z = s.log_z.tolist()
-    return [1.0, *(math.exp(x - log_z[p]) for x, (p, _) in zip(picked, nodes))]
+    return [1.0, *(math.exp(x - log_z[p]) for x, (p, _) in zip(entries.read(s.logits, nodes), nodes))]
 
 
 def _emit(event: Event, hooks: Sequence[Hook]) -> Event:
