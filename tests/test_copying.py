@@ -141,8 +141,9 @@ def test_a_feature_draft_saves_and_loads_its_copy_weights(tmp_path):
             load_feature_draft(tmp_path, pair.target)
 
 
-def test_entries_are_read_and_written_in_place():
-    t = torch.randn(3, 10, generator=torch.Generator().manual_seed(0))
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])  # through numpy; as on a GPU
+def test_entries_are_read_and_written_in_place(dtype):
+    t = torch.randn(3, 10, generator=torch.Generator().manual_seed(0)).to(dtype)
     at = [(0, 4), (2, 9), (1, 0)]
     assert entries.read(t, at) == [t[r, c].item() for r, c in at]
     entries.write(t, at, [1.5, -2.0, 3.25])

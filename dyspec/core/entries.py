@@ -11,8 +11,8 @@ import torch
 
 
 def read(t: torch.Tensor, at: Sequence[tuple[int, int]]) -> list[float]:
-    """t[r, c] for each (r, c) of `at` (t float32 on a CPU, or on any device)."""
-    if t.is_cpu:
+    """t[r, c] for each (r, c) of `at`, t [rows, columns]."""
+    if _numpy(t):
         table = t.numpy()
         return [float(table[r, c]) for r, c in at]
     return t.flatten()[_flat(t, at)].tolist()
@@ -20,12 +20,17 @@ def read(t: torch.Tensor, at: Sequence[tuple[int, int]]) -> list[float]:
 
 def write(t: torch.Tensor, at: Sequence[tuple[int, int]], values: Sequence[float]) -> None:
     """t[r, c] = each value, in place."""
-    if t.is_cpu:
+    if _numpy(t):
         table = t.numpy()
         for (r, c), v in zip(at, values):
             table[r, c] = v
         return
     t.view(-1)[_flat(t, at)] = torch.tensor(values, dtype=t.dtype, device=t.device)
+
+
+def _numpy(t: torch.Tensor) -> bool:
+    """Whether numpy reads t in place: a CPU tensor of a dtype it has (not bf16)."""
+    return t.is_cpu and t.dtype in (torch.float32, torch.float64)
 
 
 def _flat(t: torch.Tensor, at: Sequence[tuple[int, int]]) -> torch.Tensor:
