@@ -20,11 +20,12 @@ PROMPT = [0, 3, 1, 2, 0, 3, 1, 4, 0]
 
 def test_the_map_between_columns_and_tokens():
     vocab = DraftVocab.of(torch.tensor([4, 0, 2]), 6)
-    assert vocab.size == 6 and vocab.index.tolist() == [1, -1, 2, -1, 0, -1]
+    assert vocab.size == 6 and vocab.column_of == [1, -1, 2, -1, 0, -1]
     assert vocab.tokens(torch.tensor([[0, 2], [1, 1]]), 3).tolist() == [[4, 2], [0, 0]]
     assert vocab.tokens(torch.tensor([5, 3]), 6).tolist() == [5, 3]  # a full-width call's columns are tokens
     assert [vocab.column(t, 3) for t in range(6)] == [1, -1, 2, -1, 0, -1]
     assert vocab.column(3, 6) == 3
+    assert [vocab.token(c, 3) for c in range(3)] == [4, 0, 2] and vocab.token(5, 6) == 5
     q = torch.tensor([[0.5, 0.25, 0.125]])
     assert vocab.widen(q).tolist() == [[0.25, 0.0, 0.125, 0.0, 0.5, 0.0]]
     assert vocab.widen(q, float("-inf"))[0, 1] == float("-inf")

@@ -71,7 +71,7 @@ class Tree:
 
     def token_id(self, column: int, width: int) -> int:
         """The target token id of column `column` of a draft distribution `width` wide."""
-        return column if self.vocab is None or width == self.vocab.size else self.vocab.token_of[column]
+        return column if self.vocab is None else self.vocab.token(column, width)
 
     def widened(self, q: torch.Tensor) -> torch.Tensor:
         """A q of this tree over the target's whole vocabulary (zero outside the draft's)."""

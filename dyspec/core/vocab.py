@@ -20,12 +20,10 @@ from dyspec.errors import DyspecError
 
 @dataclass(frozen=True)
 class DraftVocab:
-    ids: torch.Tensor  # [V_d] the target token of each column
-    index: torch.Tensor  # [V] the column of each target token, -1 outside
-    # the two as lists, for one token at a time: a list's item costs a fraction of a tensor op's, and
-    # a draft node looks up a token or two
-    token_of: list[int]
-    column_of: list[int]
+    ids: torch.Tensor  # [V_d] the target token of each column, for columns as tensors
+    # for one token at a time, as lists: a list's item costs a fraction of a tensor op's
+    token_of: list[int]  # ids
+    column_of: list[int]  # [V] the column of each target token, -1 outside
 
     @classmethod
     def of(cls, ids: torch.Tensor, size: int) -> DraftVocab | None:
@@ -36,14 +34,15 @@ class DraftVocab:
             return None
         if len(ids) >= size or len(set(ids.tolist())) < len(ids) or int(ids.min()) < 0 or int(ids.max()) >= size:
             raise DyspecError(f"a draft vocabulary is fewer than {size} distinct tokens below {size}, got {len(ids)}")
-        index = torch.full((size,), -1, dtype=torch.long)
-        index[ids] = torch.arange(len(ids))
-        return cls(ids, index, ids.tolist(), index.tolist())
+        token_of, column_of = ids.tolist(), [-1] * size
+        for column, token in enumerate(token_of):
+            column_of[token] = column
+        return cls(ids, token_of, column_of)
 
     @property
     def size(self) -> int:
         """The target's vocabulary size."""
-        return len(self.index)
+        return len(self.column_of)
 
     def tokens(self, columns: torch.Tensor, width: int) -> torch.Tensor:
         """Target token ids of `columns` of distributions `width` wide."""
@@ -56,6 +55,10 @@ class DraftVocab:
             return q
         out = q.new_full((*q.shape[:-1], self.size), fill)
         return out.index_copy_(-1, self.ids.to(q.device), q)
+
+    def token(self, column: int, width: int) -> int:
+        """The target token of column `column` of distributions `width` wide."""
+        return column if width == self.size else self.token_of[column]
 
     def column(self, token: int, width: int) -> int:
         """The column of target token `token` in distributions `width` wide; -1 outside."""
