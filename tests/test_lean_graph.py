@@ -69,7 +69,8 @@ def test_a_tree_row_is_the_one_token_forward_of_its_path(compiled):
 def test_a_saved_graph_loads_as_the_graph_it_was(monkeypatch, tmp_path):
     """Outside tests (no CHECK_GUARDS) a block's graphs are saved in the cache folder and a later
     model of the same shapes loads them instead of compiling: the same logits bit for bit, at other
-    sizes than they were compiled at. 7 layers: a block of 5 and a last block of 2, a graph each."""
+    sizes than they were compiled at. 7 layers: a block of 5 and a last block of 2, a graph each,
+    and the output rows' graph."""
     monkeypatch.setattr(lean_graph, "CHECK_GUARDS", False)
     monkeypatch.setenv("DYSPEC_CACHE", str(tmp_path))
     loaded = []
@@ -84,8 +85,9 @@ def test_a_saved_graph_loads_as_the_graph_it_was(monkeypatch, tmp_path):
         rows = kv.forward(tree.tokens, [kv.length + d for d in tree.depths], tree.ancestor_mask())
         kv.commit([kv.length])
         logits.append(torch.cat([rows, kv.forward([PROMPT[46]])]))
-    assert [x is None for x in loaded] == [True] * 6 + [False] * 6  # (prompt, row, tree) x 2 block lengths
-    assert len(list((tmp_path / "graphs").iterdir())) == 6
+    # (prompt, row, tree) x 2 block lengths, and the output rows' (row, tree: a prompt's is a tree's)
+    assert [x is None for x in loaded] == [True] * 8 + [False] * 8
+    assert len(list((tmp_path / "graphs").iterdir())) == 8
     assert torch.equal(logits[0], logits[1])
 
 

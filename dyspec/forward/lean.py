@@ -33,7 +33,7 @@ from dyspec.core.kv import Output
 from dyspec.errors import DyspecError
 from dyspec.forward import lean_graph
 from dyspec.forward.attention import prefix_attention, prefix_bias, rowwise_attention
-from dyspec.forward.lean_graph import CompiledLayers, warm_up
+from dyspec.forward.lean_graph import MAX_ROWS, CompiledLayers, warm_up
 from dyspec.forward.quant import Int8Linear, Int8Part
 
 # Llama's layer with optional q/k/v biases (Qwen2) and per-head q/k norms (Qwen3); full attention only.
@@ -415,17 +415,23 @@ class LeanForward(nn.Module):
         return self._output(h, cache, end, hidden, logits_to_keep)
 
     def _output(self, h, cache: LeanCache, end: int, hidden: list | None, logits_to_keep) -> Output:
-        """The forward's result from the last layer's h: the final norm, the kept rows' logits."""
+        """The forward's result from the last layer's h: the final norm, the kept rows' logits. The
+        norm is per row, so the kept rows are taken before it; compiled, their norm and logits run
+        as one graph, whichever rows a forward keeps (so every logit comes from the same code)."""
         cache.length = end
-        h = F.rms_norm(h, h.shape[-1:], self.norm, self.dims.eps)
-        if hidden is not None:
-            hidden[-1] = h  # the last hidden state is the normed one, as Hugging Face returns it
+        kept = h
         if isinstance(logits_to_keep, torch.Tensor):
-            h = h[logits_to_keep]
+            kept = h[logits_to_keep]
         elif logits_to_keep:
-            h = h[-logits_to_keep:]
+            kept = h[-logits_to_keep:]
+        if self.graph is not None and len(kept) <= MAX_ROWS:
+            normed, logits = self.graph.output(kept, self.norm, self.dims.eps)
+        else:
+            normed = F.rms_norm(kept, kept.shape[-1:], self.norm, self.dims.eps)
+            logits = self.graph.logits(normed) if self.graph is not None else self.lm_head.forward(normed)
+        if hidden is not None:  # the last hidden state is the normed one, as Hugging Face returns it
+            hidden[-1] = normed if kept is h else F.rms_norm(h, h.shape[-1:], self.norm, self.dims.eps)
         hidden_states = BatchOfOne(hidden) if hidden is not None else None
-        logits = self.graph.logits(h) if self.graph is not None else self.lm_head.forward(h)
         return Output(logits=logits[None], hidden_states=hidden_states)
 
 

@@ -15,6 +15,9 @@ tests/test_lean_graph.py checks tree rows against one-token forwards bit for bit
 forward runs other arithmetic than the eager int8 forward (its own activation quantization), so
 its logits differ from eager's: it is its own int8 model, exact with itself.
 
+A decoding forward's final norm and output layer run as one graph too (`output_rows`): eager,
+they are a dozen ops at the end of the forward, two of them passes over every row's logits.
+
 A feature draft's decoding forward runs as one graph from its input projection through its layers
 to its output rows (`draft_block`): inside a step each op outside a graph costs far more than its
 arithmetic, because the target's weights have just streamed through the caches.
@@ -136,6 +139,12 @@ def draft_block(ids, features, embed, fc_feature, fc_embed, cos, sin, slots, key
     return h, int8_linear(h, head)
 
 
+def output_rows(h, norm, eps, head):
+    """The final norm over h [n, H], and every row's logits through the int8 output layer."""
+    h = F.rms_norm(h, h.shape[-1:], norm, eps)
+    return h, int8_linear(h, head)
+
+
 class CompiledLayers:
     """A lean forward's layers (dyspec.forward.lean.Layer, int8) as compiled blocks, and its output
     layer on the same int8 product."""
@@ -201,6 +210,11 @@ class CompiledLayers:
         """Whether a forward of n tokens after `start` cached ones runs compiled: a prompt over an
         empty cache (causal, no mask), or up to MAX_ROWS tokens on a cache that holds some."""
         return n <= MAX_ROWS if start else mask is None
+
+    def output(self, h: torch.Tensor, norm: torch.Tensor, eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+        """The final norm's rows of a forward's last h [n, H] (the rows it keeps, n <= MAX_ROWS)
+        and their logits (`output_rows`)."""
+        return self.run(output_rows, "row" if len(h) == 1 else "tree", 0, (h, norm, eps, self.head), (h,), None)
 
     def logits(self, h: torch.Tensor) -> torch.Tensor:
         """The output layer over the final norm's rows h [n, H], each row quantized alone, as the
