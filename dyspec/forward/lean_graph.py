@@ -15,8 +15,9 @@ tests/test_lean_graph.py checks tree rows against one-token forwards bit for bit
 forward runs other arithmetic than the eager int8 forward (its own activation quantization), so
 its logits differ from eager's: it is its own int8 model, exact with itself.
 
-A decoding forward's final norm and output layer run as one graph too (`output_rows`): eager,
-they are a dozen ops at the end of the forward, two of them passes over every row's logits.
+A forward's final norm and output layer, over the rows it keeps, run as one graph too
+(`output_rows`): eager, they are a dozen ops at the end of the forward, two of them passes over
+every row's logits.
 
 A feature draft's decoding forward runs as one graph from its input projection through its layers
 to its output rows (`draft_block`): inside a step each op outside a graph costs far more than its
