@@ -59,6 +59,7 @@ CASES = [
     ("dyspec", {"score": "head", "batch": 1}),  # the random head's predictions shape the tree
     ("lookup", {"min_ngram": 1, "fallback": 0}),  # copied tokens only, one-hot proposals
     ("lookup", {"min_ngram": 2, "fallback": 2}),  # a chain from the draft where nothing matches
+    ("lookup", {"fallback": 4, "confidence": 0.3}),  # that chain cut where its value falls
     ("suffix", {}),  # a tree of copies, one-hot proposals
     ("recycling", {"width": 2}),  # the target's own earlier top-k, one-hot proposals
 ]

@@ -9,7 +9,7 @@ import torch
 from dyspec.core.contract import BINS, AutoNeeds
 from dyspec.core.tree import Tree
 from dyspec.errors import DyspecError
-from dyspec.policies import dyspec, dyspec_threshold, eagle2, lookup, specinfer, suffix
+from dyspec.policies import chain, dyspec, dyspec_threshold, eagle2, lookup, specinfer, suffix
 from dyspec.policies.sequoia import optimal_tree, tree_score
 
 V = 4
@@ -259,6 +259,32 @@ def test_lookup_falls_back_to_the_draft_only_where_nothing_matches():
     assert tree.tokens == [1, 2, 3, 1, 2] and tree.copied_after == 2 and draft.forwards == 0
 
 
+@pytest.mark.parametrize("confidence", [0.0, 0.3, 0.5, 0.8, 0.95])
+def test_chain_stops_once_its_value_falls_below_the_confidence(confidence):
+    draft = SyntheticDraft()
+    tree = chain.build(draft, 2, 6, 0.0, torch.Generator(), confidence=confidence)
+    full = chain.build(SyntheticDraft(), 2, 6, 0.0, torch.Generator())
+    # the same chain, cut after its first node valued below the confidence (the draft's top
+    # guesses at T = 1: their values fall along it)
+    below = [i for i in range(1, len(full)) if full.values[i] < confidence]
+    size = below[0] if below else full.size
+    assert tree.tokens == full.tokens[: size + 1] and draft.forwards == size
+    assert all(v >= confidence for v in tree.values[1:-1])
+    assert tree.values[-1] < confidence or tree.size == 6
+
+
+def test_lookup_fallback_chain_stops_at_the_confidence():
+    options = {"fallback": 4, "confidence": 0.5}
+    tree = lookup.build(Context([3, 1, 2], kv="a draft"), 2, 4, 0.0, torch.Generator(), **options)
+    assert tree.tokens == chain.build(SyntheticDraft(), 2, 4, 0.0, torch.Generator(), confidence=0.5).tokens
+
+
+@pytest.mark.parametrize("confidence", [-0.1, 1.0])
+def test_chain_rejects_a_confidence_outside_0_1(confidence):
+    with pytest.raises(DyspecError, match="confidence"):
+        chain.build(SyntheticDraft(), 2, 4, 0.0, torch.Generator(), confidence=confidence)
+
+
 @pytest.mark.parametrize("options", [{"min_ngram": 3, "ngram": 2}, {"min_ngram": 0}, {"fallback": -1}])
 def test_lookup_rejects_bad_options(options):
     with pytest.raises(DyspecError):
@@ -271,7 +297,7 @@ def test_the_policy_contract_is_checked_when_a_policy_is_made():
     from dyspec.policies.chain import build as chain_build
     from dyspec.policies.lookup import build as lookup_build
 
-    assert Policy("mine", chain_build, needs_draft=True).options == {}
+    assert Policy("mine", chain_build, needs_draft=True).options == {"confidence": 0.0}
     with pytest.raises(TypeError, match="build must take"):
         Policy("multi", chain_build, needs_draft=True, multi_draft=True)  # a multi-draft build takes `drafts`
     with pytest.raises(TypeError, match="free_budget"):

@@ -8,6 +8,7 @@ from dyspec.core.contract import Policy
 from dyspec.core.draft import DraftSession
 from dyspec.core.sampling import sample, to_probs
 from dyspec.core.tree import Tree
+from dyspec.errors import DyspecError
 from dyspec.kernels.row_stats import row_stats
 
 
@@ -29,10 +30,26 @@ def extend(tree: Tree, node: int, logits: torch.Tensor, temperature: float, gene
     return x
 
 
-def build(draft: DraftSession, root: int, budget: int, temperature: float, generator: torch.Generator) -> Tree:
+def build(
+    draft: DraftSession,
+    root: int,
+    budget: int,
+    temperature: float,
+    generator: torch.Generator,
+    *,
+    confidence: float = 0.0,
+) -> Tree:
+    """`confidence`: stop early, once the chain's value (the product of its draft probabilities, the
+    chance its last token is reached) falls below it: each further token costs a draft forward and
+    a row of the target's, and pays only where it is likely reached. The stop reads the draft alone,
+    so the outputs keep the target's distribution."""
+    if not 0 <= confidence < 1:
+        raise DyspecError(f"confidence must be in [0, 1), got {confidence}")
     tree = Tree.root(root, "iid", draft.vocab)
     for node in range(budget):
         extend(tree, node, draft.logits(tree, [node])[0], temperature, generator)
+        if tree.values[-1] < confidence:
+            break
     return tree
 
 

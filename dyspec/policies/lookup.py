@@ -6,13 +6,15 @@ tokens is accepted well, at no draft cost; 1-grams match often but are accepted 
 min_ngram defaults to 2.
 
 A copied token is a proposal chosen, not sampled: its q is one-hot, and at T > 0 it is verified as
-such (`verify_sampled`, "deterministic"), so outputs keep the target's distribution. Where
-nothing matches, the step drafts `fallback` tokens as a chain from the draft model, when one is
-loaded (the feature draft's one node a step is what pays on a CPU), or none: `fallback=0` is
-plain prompt lookup. Under `--budget auto` the budget bounds the fallback alone: copies cost no
-draft time, so the engine asks for up to `free_budget` of them and cuts them to what pays at the
-acceptance rate it learns for copies after matches of their length (`budget.copy_bin`: 0.40 for
-the first token after a 2-token match, 0.95 after 6 or more).
+such (`verify_sampled`, "deterministic"), so outputs keep the target's distribution. Where nothing
+matches, the step drafts `fallback` tokens as a chain from the draft model, when one is loaded, or
+none: `fallback=0` is plain prompt lookup. With `confidence` the fallback chain stops once its value
+falls below it (`chain.build`): `fallback=4, confidence=0.5` drafts a second token only after a
+confident first, which beats one token a step on a CPU (docs/results). Under `--budget auto` the
+budget bounds the fallback alone: copies cost no draft time, so the engine asks for up to
+`free_budget` of them and cuts them to what pays at the acceptance rate it learns for copies after
+matches of their length (`budget.copy_bin`: 0.40 for the first token after a 2-token match, 0.95
+after 6 or more).
 """
 
 import torch
@@ -35,6 +37,7 @@ def build(
     ngram: int = 6,
     min_ngram: int = 2,
     fallback: int = 1,
+    confidence: float = 0.0,
     free_budget: int | None = None,
 ) -> Tree:
     if not 1 <= min_ngram <= ngram:
@@ -43,7 +46,7 @@ def build(
         raise DyspecError(f"fallback must be >= 0 draft tokens, got {fallback}")
     tokens, match = copied(draft.context, ngram, min_ngram, budget if free_budget is None else free_budget)
     if not tokens and fallback and budget and draft.kv is not None:
-        return chain_build(draft, root, min(fallback, budget), temperature, generator)
+        return chain_build(draft, root, min(fallback, budget), temperature, generator, confidence=confidence)
     tree = Tree.root(root, sampling="deterministic")
     for token in tokens:
         tree.add(tree.size, token, 1.0)
