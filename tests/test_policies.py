@@ -285,7 +285,9 @@ def test_chain_rejects_a_confidence_outside_0_1(confidence):
         chain.build(SyntheticDraft(), 2, 4, 0.0, torch.Generator(), confidence=confidence)
 
 
-@pytest.mark.parametrize("options", [{"min_ngram": 3, "ngram": 2}, {"min_ngram": 0}, {"fallback": -1}])
+@pytest.mark.parametrize(
+    "options", [{"min_ngram": 3, "ngram": 2}, {"min_ngram": 0}, {"fallback": -1}, {"confidence": 1.0}]
+)
 def test_lookup_rejects_bad_options(options):
     with pytest.raises(DyspecError):
         lookup.build(Context([1, 2, 1]), 2, 4, 0.0, torch.Generator(), **options)

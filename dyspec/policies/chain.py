@@ -30,6 +30,11 @@ def extend(tree: Tree, node: int, logits: torch.Tensor, temperature: float, gene
     return x
 
 
+def check_confidence(confidence: float) -> None:
+    if not 0 <= confidence < 1:
+        raise DyspecError(f"confidence must be in [0, 1), got {confidence}")
+
+
 def build(
     draft: DraftSession,
     root: int,
@@ -43,8 +48,7 @@ def build(
     chance its last token is reached) falls below it: each further token costs a draft forward and
     a row of the target's, and pays only where it is likely reached. The stop reads the draft alone,
     so the outputs keep the target's distribution."""
-    if not 0 <= confidence < 1:
-        raise DyspecError(f"confidence must be in [0, 1), got {confidence}")
+    check_confidence(confidence)
     tree = Tree.root(root, "iid", draft.vocab)
     for node in range(budget):
         extend(tree, node, draft.logits(tree, [node])[0], temperature, generator)

@@ -25,6 +25,7 @@ from dyspec.core.draft import DraftSession
 from dyspec.core.tree import Tree
 from dyspec.errors import DyspecError
 from dyspec.policies.chain import build as chain_build
+from dyspec.policies.chain import check_confidence
 
 
 def build(
@@ -44,6 +45,7 @@ def build(
         raise DyspecError(f"lookup needs 1 <= min_ngram <= ngram, got min_ngram={min_ngram}, ngram={ngram}")
     if fallback < 0:
         raise DyspecError(f"fallback must be >= 0 draft tokens, got {fallback}")
+    check_confidence(confidence)  # here, not only when a step falls back
     tokens, match = copied(draft.context, ngram, min_ngram, budget if free_budget is None else free_budget)
     if not tokens and fallback and budget and draft.kv is not None:
         return chain_build(draft, root, min(fallback, budget), temperature, generator, confidence=confidence)
