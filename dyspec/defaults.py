@@ -1,11 +1,12 @@
 """What a user gets without flags: per device, the fastest exact configuration measured there.
 
 The models are chosen by `dyspec.load.load_pair` (precision "auto": int8 Linear layers on a CPU,
-bf16 on a GPU; draft "auto": the feature draft shipped for the target). The policy and budget are
-here, one row per device type, each the fastest in a bench on that device
-(docs/results/cpu-default.md and cpu-intel-default.md have the runs and their numbers): on a CPU a
-forward of n tokens costs more with every n, so small trees win, and `lookup` (copies where the
-context repeats, else one drafted token) at a small budget measured fastest, on the compiled int8
+bf16 on a GPU; draft "auto": the feature draft shipped for the target). The policy, its options
+and the budget are here, one row per device type, each the fastest in a bench on that device
+(docs/results/cpu-default.md has the runs and their numbers): on a CPU a forward of n tokens
+costs more with every n, so small trees win, and `lookup` at a small budget measured fastest
+(copies where the context repeats, else a drafted chain that stops once the draft is unsure, so a
+second drafted token is verified only where it is likely accepted), on the compiled int8
 forward (dyspec.forward.lean_graph), whose fallback is the eager lean forward
 (`dyspec.forward.choose.pick_fast_path`). On a GPU the lean forward replayed as CUDA graphs
 (dyspec.forward.cuda_graph) measured fastest by far (an architecture it does not cover runs the
@@ -17,9 +18,20 @@ at a small budget measured closest to plain decoding, the best of the speculativ
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 
 import torch
+
+
+def policy_spec(policy: str, options: Mapping[str, object]) -> str:
+    """A policy with its options as `dyspec bench --policies` spells it: `lookup:confidence=0.5:fallback=4`."""
+    return ":".join([policy, *(f"{k}={v}" for k, v in sorted(options.items()))])
+
+
+def options_text(options: Mapping[str, object]) -> str:
+    """A policy's options in words after its name: ` (fallback=4, confidence=0.5)`, or nothing."""
+    return f" ({', '.join(f'{k}={v}' for k, v in options.items())})" if options else ""
 
 
 @dataclass(frozen=True)
@@ -28,12 +40,25 @@ class Defaults:
     budget: int | str
     bench_budgets: tuple[int | str, ...]  # what `dyspec bench` compares without --budgets
     fast_path: str = "off"  # dyspec.forward.choose.FAST_PATHS; "off" wherever no other has measured faster
+    # options on top of the policy's own defaults: kept here, not in the policy, so that a policy
+    # named alone (and every bench record of it) keeps meaning the same thing on every device
+    options: Mapping[str, object] = field(default_factory=dict)
+
+    @property
+    def spec(self) -> str:
+        return policy_spec(self.policy, self.options)
+
+    @property
+    def text(self) -> str:
+        """In words, for a front end: `lookup (fallback=4, confidence=0.5) at budget 4`."""
+        return f"{self.policy}{options_text(self.options)} at budget {self.budget}"
 
 
-BENCH_POLICIES = ("ar", "chain", "dyspec", "lookup")  # what `dyspec bench` compares without --policies
+BENCH_POLICIES = ("ar", "chain", "dyspec", "default")  # what `dyspec bench` compares without --policies
+DEFAULT = "default"  # the policy name that stands for the device's default setting in `dyspec bench`
 
 DEFAULTS = {
-    "cpu": Defaults("lookup", 4, (1, 2, 4, "auto"), fast_path="compiled"),
+    "cpu": Defaults("lookup", 4, (1, 2, 4, "auto"), fast_path="compiled", options={"fallback": 4, "confidence": 0.5}),
     "cuda": Defaults("lookup", 4, (4, 16, 64, "auto"), fast_path="compiled"),
 }
 UNMEASURED = Defaults("dyspec", 8, (2, 8, 32, "auto"))  # a device no bench has run on yet (mps)
@@ -43,3 +68,18 @@ def defaults_for(device: torch.device | str) -> Defaults:
     """The defaults for a device (`torch.device` or its type, e.g. "cpu")."""
     kind = device.type if isinstance(device, torch.device) else torch.device(device).type
     return DEFAULTS.get(kind, UNMEASURED)
+
+
+def settings(
+    device: torch.device | str, policy: str | None, budget: int | str | None, options: Mapping | None
+) -> tuple[str, int | str, dict]:
+    """What a generation runs: what the caller gave, the device's defaults for the rest. The
+    default options come with the default policy only when no policy is named: a named policy is
+    that policy with its own defaults."""
+    d = defaults_for(device)
+    given = dict(options or {})
+    return (
+        policy or d.policy,
+        d.budget if budget is None else budget,
+        given if policy else {**d.options, **given},
+    )

@@ -126,6 +126,19 @@ def test_one_pass_over_the_prompts_per_seed_ar_first_then_a_rotated_order(pair, 
     ]
 
 
+def test_default_stands_for_the_devices_default_setting(pair):
+    """`default` in --policies runs the device's default policy with its options, once even when its
+    spec is also given, and a bench spec of the defaults reads back as them."""
+    from dyspec.defaults import defaults_for
+    from dyspec.eval.bench import parse_policy_spec, plan_bench
+
+    default = defaults_for(pair.device)
+    assert parse_policy_spec(default.spec) == (default.policy, dict(default.options))
+    config = BenchConfig(num_prompts=1, policies=("ar", "default", default.spec), budgets=(2,), max_new_tokens=2)
+    runs = [(policy, options, budget) for *_, policy, options, budget in plan_bench(pair, config)]
+    assert runs == [("ar", {}, 1), (default.policy, dict(default.options), 2)]
+
+
 def test_policy_specs_carry_options():
     from dyspec.errors import DyspecError
     from dyspec.eval.bench import parse_policy_spec

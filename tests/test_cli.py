@@ -91,7 +91,7 @@ def test_profile_table_puts_the_baseline_under_its_sizes_and_saves_the_profile(t
     assert all(f"({mb:.3g} MB)" in line for line in lines[floor + 1 : -1])
     # where a step of the default policy went, beside ar's
     default = defaults_for("cpu")
-    assert lines[-1].startswith(f"a step on an MT-Bench question, {default.policy} at budget {default.budget} (the")
+    assert lines[-1].startswith(f"a step on an MT-Bench question, {default.text} (the")
     assert "ms in the target's forward" in lines[-1] and "ar's step:" in lines[-1]
     # the long context's, a step's first draft forward's, HF's, fp32's
     for column, sizes in ((1, LONG_SIZES), (3, FIRST_SIZES), (4, LONG_SIZES), (5, (1, 8))):

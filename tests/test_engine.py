@@ -26,10 +26,16 @@ def ar_outputs(pair):
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the default device is the GPU")
 def test_default_pair_on_cpu(default_pair):
     """The fastest exact configuration: the int8 target and the feature draft shipped for it, and the
-    device's default policy and budget when none is given (dyspec.defaults)."""
+    device's default policy, budget and options when none is given (dyspec.defaults); a policy
+    named alone runs with its own defaults."""
     assert default_pair.precision == "int8" and default_pair.draft_name == "distilled"
     r = generate(default_pair, PROMPTS[0], max_new_tokens=4)
-    assert (r.policy, r.budget) == ("lookup", 4)
+    assert (r.policy, r.budget, r.options) == ("lookup", 4, {"fallback": 4, "confidence": 0.5})
+    assert generate(default_pair, PROMPTS[0], max_new_tokens=4, options={"fallback": 2}).options == {
+        "fallback": 2,
+        "confidence": 0.5,
+    }
+    assert generate(default_pair, PROMPTS[0], policy="lookup", max_new_tokens=4).options == {}
 
 
 def test_ar_matches_hf_generate(pair, ar_outputs):

@@ -218,6 +218,6 @@ def test_default_policy_on_a_cpu_is_in_the_range_that_makes_it_faster(default_pa
     steps = default_runs(default_pair)["default"]
     tokens_per_forward = sum(len(s.emitted) for s in steps) / len(steps)
     draft_share = sum(s.draft_s for s in steps) / sum(s.draft_s + s.target_s + s.overhead_s for s in steps)
-    assert (defaults.policy, defaults.budget) == ("lookup", 4)
+    assert (defaults.policy, defaults.budget, defaults.options) == ("lookup", 4, {"fallback": 4, "confidence": 0.5})
     assert tokens_per_forward >= 1.4, tokens_per_forward
     assert draft_share <= 0.2, draft_share

@@ -116,6 +116,22 @@ def test_a_finished_run_opens_on_its_longest_accepted_path(vm, finished):
     assert "Same text as plain decoding, token for token" in vm.stats(finished)
 
 
+def test_the_default_policy_runs_the_default_setting_and_says_so(vm):
+    """The policy a page opens on runs with the default's options, which the stats name; another
+    policy runs with its own defaults; options a front end gives go on top."""
+    opts = dict(vm.defaults.options)
+    *_, live = vm.run("Name a color you like.", vm.default_policy, 2, max_new_tokens=4, measure_ar=False)
+    assert live.options == opts and live.finished.options == opts
+    assert vm.stats(live).startswith(f"<b>{vm.default_policy}</b> ({', '.join(f'{k}={v}' for k, v in opts.items())})")
+    assert vm.default_text == f"{vm.default_policy} ({', '.join(f'{k}={v}' for k, v in opts.items())}) at budget 4"
+    *_, live = vm.run(
+        "Name a color you like.", vm.default_policy, 2, max_new_tokens=4, measure_ar=False, options={"fallback": 1}
+    )
+    assert live.finished.options == {**opts, "fallback": 1}
+    *_, live = vm.run("Name a color you like.", "chain", 2, max_new_tokens=4, measure_ar=False)
+    assert live.options == {} and vm.stats(live).startswith("<b>chain</b> at budget 2")
+
+
 def test_a_live_run_says_what_it_waits_for(vm):
     first = next(iter(vm.run("Name a color you like.", "chain", 2, max_new_tokens=4)))
     assert vm.stats(first).startswith("Measuring ar (plain decoding)")

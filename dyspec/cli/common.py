@@ -116,7 +116,7 @@ def add_option_arg(p: argparse.ArgumentParser, help: str) -> None:
 
 
 def add_decoding_args(p: argparse.ArgumentParser) -> None:
-    defaults = "; ".join(f"{device}: {d.policy} at budget {d.budget}" for device, d in DEFAULTS.items())
+    defaults = "; ".join(f"{device}: {d.text}" for device, d in DEFAULTS.items())
     p.add_argument(
         "--policy", default=None, help=f"decoding policy (default: the fastest measured on the device: {defaults})"
     )

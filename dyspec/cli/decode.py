@@ -7,7 +7,7 @@ import json
 import sys
 
 from dyspec.cli.common import add_decoding_args, add_model_args, command_line, csv, pair_of
-from dyspec.defaults import defaults_for
+from dyspec.defaults import policy_spec, settings
 from dyspec.errors import DyspecError
 from dyspec.export import FORMATS
 
@@ -16,10 +16,7 @@ def cmd_generate(args: argparse.Namespace) -> None:
     from dyspec.decode.engine import check_settings, generate
     from dyspec.load import pick_device
 
-    options = dict(args.option)
-    defaults = defaults_for(pick_device(args.device))
-    policy = args.policy or defaults.policy
-    budget = defaults.budget if args.budget is None else args.budget
+    policy, budget, options = settings(pick_device(args.device), args.policy, args.budget, dict(args.option))
     check_settings(policy, budget, args.temperature, args.max_new_tokens, options)  # before a model loads
     pair = pair_of(args)
     result = generate(
@@ -37,7 +34,8 @@ def cmd_generate(args: argparse.Namespace) -> None:
         return
     print(result.text)
     print(
-        f"[{result.policy} budget={result.budget} T={result.temperature}; {pair.precision} target, draft "
+        f"[{policy_spec(result.policy, options)} budget={result.budget} T={result.temperature}; "
+        f"{pair.precision} target, draft "
         f"{pair.drafts_label}, fast path {pair.fast_path}] {result.new_tokens} tokens in "
         f"{result.target_forwards} target forwards ({result.tokens_per_forward:.2f} per forward), "
         f"{result.wall_s:.2f} s, {result.tokens_per_s:.1f} tokens/s",

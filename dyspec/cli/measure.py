@@ -69,7 +69,9 @@ def add_bench(sub) -> None:
         default=BENCH_POLICIES,
         help="comma-separated; besides the engine's policies: hf (model.generate), hf-assisted (with an "
         "independent draft, e.g. --draft int8), hf-lookup, and with the llamacpp extra llamacpp and "
-        "llamacpp-lookup (the target's GGUF); a policy may carry options, e.g. specdecpp:h=0.3 "
+        "llamacpp-lookup (the target's GGUF), and default (the device's default policy with its options: "
+        + "; ".join(f"{device}: {d.spec}" for device, d in DEFAULTS.items())
+        + "); a policy may carry options, e.g. specdecpp:h=0.3 "
         f"(default: {','.join(BENCH_POLICIES)})",
     )
     b.add_argument(

@@ -20,7 +20,7 @@ from dyspec.core.events import Event, GenerationFinished, StepVerified, TreeExpa
 from dyspec.core.kv import BUCKETS, FINAL, bucket, sync
 from dyspec.decode.step import Decoding, Step, speculative_step
 from dyspec.decode.text import stream_texts, token_labels
-from dyspec.defaults import defaults_for
+from dyspec.defaults import settings
 from dyspec.errors import DyspecError
 from dyspec.load import ModelPair
 from dyspec.policies import check_options, get_policy
@@ -316,8 +316,8 @@ def stream(
     knobs: Knobs | None = None,
 ) -> Iterator[Event]:
     """Generate, yielding `TreeExpanded` and `StepVerified` events per step and a final
-    `GenerationFinished`. `policy` and `budget` default to the fastest measured on the pair's
-    device (`dyspec.defaults`); the final event says which ran. `budget="auto"` sizes each step's
+    `GenerationFinished`. `policy`, `budget` and the options default to the fastest measured on
+    the pair's device (`dyspec.defaults.settings`); the final event says which ran. `budget="auto"` sizes each step's
     tree by expected gain against the pair's measured latency profile (dyspec.auto.controller),
     with acceptance rates learnt in earlier steps, and in earlier generations when the caller
     passes the same `auto_state` (a `dyspec.auto.budget.AutoState`) again: without one, each call
@@ -325,8 +325,7 @@ def stream(
     returns True the generation ends cleanly with stop_reason "stopped". With `knobs`, the budget and
     temperature are read from it before every step (`Knobs`), and each `StepVerified` says which
     it ran with; `budget` and `temperature` are then its values at the start."""
-    defaults = defaults_for(pair.device)
-    policy, budget = policy or defaults.policy, defaults.budget if budget is None else budget
+    policy, budget, options = settings(pair.device, policy, budget, options)
     knobs = knobs or Knobs(budget, temperature)
     budget, temperature = knobs.budget, knobs.temperature
     ids = encode_prompt(pair, prompt, chat)

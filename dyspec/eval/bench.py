@@ -38,6 +38,7 @@ from dyspec.core.draft_model import draft_model
 from dyspec.core.events import GenerationFinished, StepVerified
 from dyspec.core.kv import sync
 from dyspec.decode.engine import check_settings, encode_prompt, stream
+from dyspec.defaults import DEFAULT, defaults_for
 from dyspec.errors import DyspecError
 from dyspec.eval import summary
 from dyspec.eval.peers import LLAMACPP_POLICIES, LlamaCpp, PeerCrashed, check_llamacpp
@@ -235,9 +236,10 @@ def plan_bench(pair: ModelPair, config: BenchConfig) -> list[tuple]:
     options, budget), in one pass over the prompts per seed. Within each (prompt, temperature, seed),
     `ar` runs first so every other run has its reference; the others follow in an order rotated
     from group to group. A policy may carry its own options (`parse_policy_spec`), on top of
-    `config.options`."""
+    `config.options`; `default` stands for the device's default policy with its options."""
     specs = {}
-    for spec in config.policies:
+    for given in config.policies:
+        spec = defaults_for(pair.device).spec if given == DEFAULT else given
         name, opts = parse_policy_spec(spec)
         specs[spec] = (name, {**(config.options or {}).get(name, {}), **opts})
         if name not in PEERS:

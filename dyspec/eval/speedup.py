@@ -189,5 +189,7 @@ def default_step_text(pair: ModelPair, prompt: str, max_new_tokens: int = 64) ->
     default = defaults_for(pair.device)
     warm_up(pair, default.policy, default.budget, {})
     ar = steps_of(pair, prompt, "ar", 1, max_new_tokens=max_new_tokens)
-    steps = steps_of(pair, prompt, default.policy, default.budget, max_new_tokens=max_new_tokens)
-    return f"{default.policy} at budget {default.budget} (the default here): {step_split_text(steps, ar)}"
+    steps = steps_of(
+        pair, prompt, default.policy, default.budget, max_new_tokens=max_new_tokens, options=default.options
+    )
+    return f"{default.text} (the default here): {step_split_text(steps, ar)}"

@@ -7,10 +7,12 @@ import math
 import statistics
 from collections import defaultdict
 
+from dyspec.defaults import policy_spec
+
 
 def policy_label(record: dict) -> str:
     """The policy with the options it ran with, as in a bench spec: `specdecpp:h=0.3`."""
-    return ":".join([record["policy"], *(f"{k}={v}" for k, v in sorted(record["options"].items()))])
+    return policy_spec(record["policy"], record["options"])
 
 
 def _row_order(dataset: str, policy: str, budget: int | str, temperature: float) -> tuple:

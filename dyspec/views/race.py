@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from dyspec import figures
 from dyspec.auto import whatif
 from dyspec.core.events import StepVerified
+from dyspec.defaults import options_text
 from dyspec.eval import speedup
 from dyspec.views.state import BELOW_ONE, Live, ViewModel, identity_text
 
@@ -66,7 +67,11 @@ def progress_text(race: Race) -> str:
     """What is being measured while the race runs, before its replay."""
     running = race.run if race.run.policy else race.ar
     tokens = sum(len(s.emitted) for s in running.steps)
-    name = "ar (plain decoding)" if running is race.ar else f"{running.policy} at budget {race.budget}"
+    name = (
+        "ar (plain decoding)"
+        if running is race.ar
+        else f"{running.policy}{options_text(running.options)} at budget {race.budget}"
+    )
     return f"Measuring {name}: {tokens} tokens. The replay on their measured clocks follows."
 
 
@@ -90,7 +95,7 @@ def race_frame(vm: ViewModel, race: Race, t: float, model: whatif.LatencyModel) 
     """The race at `t` seconds of decoding: both lanes, and once both are done the measured ratio
     and the one modelled on `model`, each labelled."""
     lanes = lane(vm, "ar: plain decoding", race.ar, t) + lane(
-        vm, f"{race.run.policy} at budget {race.budget}", race.run, t
+        vm, f"{race.run.policy}{options_text(race.run.options)} at budget {race.budget}", race.run, t
     )
     body = f"<div style='display:flex;gap:12px'>{lanes}</div>"
     if t < race.seconds or not race.run.steps:

@@ -16,7 +16,7 @@ from dyspec.auto.budget import AUTO_CAP
 from dyspec.core.events import GenerationFinished, StepVerified
 from dyspec.decode.engine import MAX_BUDGET, MAX_TEMPERATURE, Knobs, check_settings, stream
 from dyspec.decode.replay import ReplayRun, Trace, record_trace, replay
-from dyspec.defaults import defaults_for
+from dyspec.defaults import Defaults, defaults_for, options_text
 from dyspec.errors import DyspecError
 from dyspec.eval import bench, speedup
 from dyspec.eval.sweep import REPLAY_NOTE
@@ -71,6 +71,7 @@ class Live:
     finished: GenerationFinished | None = None
     repeats: list[float] = field(default_factory=list)  # the speedups measured so far with these settings
     policy: str = ""
+    options: dict = field(default_factory=dict)  # what the policy ran with beyond its own defaults
     prompt: str = ""
     status: str = ""  # what the run is doing before its first step, in words
     made_on: str = ""  # the machine a loaded run was measured on; empty: this one
@@ -84,7 +85,7 @@ def settings_text(live: Live) -> str:
     """Which policy, budget and temperature made what is on screen, and the steps where a change
     made while it ran took effect."""
     last = live.steps[-1]
-    text = f"<b>{live.policy}</b> at budget {last.budget}, temperature {last.temperature:g}"
+    text = f"<b>{live.policy}</b>{options_text(live.options)} at budget {last.budget}, temperature {last.temperature:g}"
     sizes = [len(s.tokens) - 1 for s in live.steps if s.budget == "auto"]
     if sizes:  # what auto chose: on a CPU often one node, or none, where a tree does not pay
         text += (
@@ -148,8 +149,8 @@ class ViewModel:
         self.limits = limits_for(pair)
         self.policies = available_policies(pair)
         defaults = defaults_for(pair.device)
-        self.default_policy = defaults.policy if defaults.policy in self.policies else "ar"
-        self.default_budget = defaults.budget
+        self.defaults = defaults if defaults.policy in self.policies else Defaults("ar", 1, ())
+        self.default_policy, self.default_budget = self.defaults.policy, self.defaults.budget
         self.replay_policies = [p for p in self.policies if p != "ar" and replayable(p)]  # side by side
         self.side_by_side = [p for p in SIDE_BY_SIDE if p in self.policies] or self.policies[:1]
         self.racers = [p for p in self.policies if p != "ar"]  # what the race runs against ar
@@ -175,7 +176,7 @@ class ViewModel:
 
     @property
     def default_text(self) -> str:
-        return f"{self.default_policy} at budget {self.default_budget}"
+        return self.defaults.text
 
     def check(self, prompt: str, budget: int | str, temperature: float, max_new_tokens: int, replay=False) -> None:
         """A web user's request within the limits, before anything runs or any output changes."""
@@ -226,7 +227,10 @@ class ViewModel:
             budget, temperature = knobs.budget, knobs.temperature
         self.check(prompt, budget, temperature, max_new_tokens)
         self.check_policies([policy])
-        live = Live(policy=policy, prompt=prompt)
+        # the default policy runs with the default's options, so the policy a page opens on is the
+        # default setting; options given (a front end's controls) go on top
+        options = {**(self.defaults.options if policy == self.default_policy else {}), **(options or {})}
+        live = Live(policy=policy, options=options, prompt=prompt)
         if measure_ar and policy != "ar":
             if speedup.ar_key(prompt, temperature, seed, max_new_tokens) not in self.ar_cache:
                 live.status = "Measuring ar (plain decoding) on this prompt first, for the speedup: once a prompt."
