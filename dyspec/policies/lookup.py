@@ -1,9 +1,9 @@
-"""Prompt lookup decoding (Saxena 2023; `prompt_lookup_num_tokens` in transformers): no draft
-model. Where the context's last n tokens (n = ngram down to min_ngram) occurred before, the tokens
-that followed their latest earlier occurrence are proposed as a chain. A small target's answers
-repeat their prompt and themselves, so matches of 2 or 3 tokens are common and a chain of copied
-tokens is accepted well, at no draft cost; 1-grams match often but are accepted poorly, so
-min_ngram defaults to 2.
+"""Prompt lookup decoding (Saxena 2023; `prompt_lookup_num_tokens` in transformers): copies, and
+the draft model only where nothing matches. Where the context's last n tokens (n = ngram down to
+min_ngram) occurred before, the tokens that followed their latest earlier occurrence are proposed
+as a chain. A small target's answers repeat their prompt and themselves, so matches of 2 or 3
+tokens are common and a chain of copied tokens is accepted well, at no draft cost; 1-grams match
+often but are accepted poorly, so min_ngram defaults to 2.
 
 A copied token is a proposal chosen, not sampled: its q is one-hot, and at T > 0 it is verified as
 such (`verify_sampled`, "deterministic"), so outputs keep the target's distribution. Where nothing
@@ -64,5 +64,6 @@ POLICY = Policy(
     needs_draft=False,
     draft_option="fallback",
     auto=AutoNeeds(free_nodes=True),
-    summary="prompt lookup: no draft model; copies what followed the last words where they occurred before",
+    summary="prompt lookup: copies what followed the last words where they occurred before; "
+    "where nothing matches, the draft's next token (`fallback` tokens)",
 )
