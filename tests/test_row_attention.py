@@ -4,7 +4,7 @@ cache slots each row sees, and a row's bits independent of everything but its ow
 import pytest
 import torch
 
-from dyspec.kernels.row_attention import load, row_attention, visible_slots
+from dyspec.kernels.row_attention import keep_slots, load, row_attention, visible_slots
 
 load()
 HKV, G, D, CAPACITY = 3, 3, 64, 256
@@ -92,3 +92,33 @@ def test_it_names_what_is_wrong():
         row_attention(q, keys, values, torch.tensor([[0, 1]]), torch.tensor([3]), 0.125)
     with pytest.raises(RuntimeError, match="float32"):
         row_attention(q.double(), keys, values, torch.tensor([[0, 1]]), torch.tensor([2]), 0.125)
+
+
+@pytest.mark.parametrize("slots", [[5, 9, 12], [3, 4, 5], [3, 10], [20], [7, 3]])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_keep_slots_moves_each_tensors_slots_as_tensor_ops_do(slots, dtype):
+    """A commit's moves, in one call of the kernel where the slots ascend from `start` ([7, 3] does
+    not: it takes the tensor ops), equal moving them with index_select, in every layer's tensor."""
+    start = 3
+    g = torch.Generator().manual_seed(len(slots))
+    caches = [torch.randn(1, HKV, 32, D, generator=g).to(dtype) for _ in range(4)]
+    expected = [t.clone() for t in caches]
+    for t in expected:
+        t[:, :, start : start + len(slots)] = t[:, :, slots].clone()
+    kernel = [t.clone() for t in caches]
+    keep_slots(caches, slots, start)
+    for got, want in zip(caches, expected):
+        assert torch.equal(got, want)
+    if slots == sorted(slots):  # the kernel itself, as `keep_slots` calls it here
+        torch.ops.dyspec.keep_slots(kernel, slots, start)
+        assert all(torch.equal(got, want) for got, want in zip(kernel, expected))
+
+
+def test_keep_slots_refuses_slots_the_kernel_cannot_move_in_place():
+    caches = [torch.zeros(HKV, 32, D)]
+    with pytest.raises(RuntimeError, match="ascending slots"):
+        torch.ops.dyspec.keep_slots(caches, [4, 2], 1)
+    with pytest.raises(RuntimeError, match="ascending slots"):
+        torch.ops.dyspec.keep_slots(caches, [1], 2)  # before its place: a copy would overwrite
+    with pytest.raises(RuntimeError, match="hold the slots"):
+        torch.ops.dyspec.keep_slots(caches, [40], 1)

@@ -12,6 +12,7 @@ from transformers import DynamicCache, PreTrainedModel
 
 from dyspec.core.draft_model import FINAL, draft_model
 from dyspec.errors import DyspecError
+from dyspec.kernels.row_attention import keep_slots
 
 BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)  # the sizes a static forward runs at (dyspec.forward.static)
 
@@ -216,9 +217,7 @@ class KVSession:
         contiguous positions right after it; drop every other uncommitted slot."""
         keep = self.length + len(slots)
         if slots != list(range(self.length, keep)):
-            idx = torch.tensor(slots, device=self.device)
-            for layer in self.cache.layers:
-                layer.keys[:, :, self.length : keep] = layer.keys.index_select(2, idx)
-                layer.values[:, :, self.length : keep] = layer.values.index_select(2, idx)
+            caches = [t for layer in self.cache.layers for t in (layer.keys, layer.values)]
+            keep_slots(caches, slots, self.length)
         self.cache.crop(keep - self.cached)  # a negative count removes that many from the end
         self.length = self.cached = keep

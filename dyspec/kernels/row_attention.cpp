@@ -2,6 +2,8 @@
 // place at `slots`, in position order. A row's result depends on its query, its keys and values and
 // nothing else: no padding, no batch, the same loops whatever rows share the call. So a token tree's
 // row computes bit for bit what the one-token forward of its path computes. See row_attention.py.
+// Beside it, the cache's other per-step work: the slots each row sees (visible_slots) and a commit's
+// moves (keep_slots).
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <torch/library.h>
@@ -229,7 +231,28 @@ std::tuple<at::Tensor, at::Tensor> visible_slots(const std::optional<at::Tensor>
   return {slots, counts};
 }
 
+// A commit: cache slots `slots` of each tensor [..., capacity, d] moved in place to start, start + 1,
+// ... (ascending, none before its place, so a copy never overwrites a slot still to be read). One
+// call for every layer, where tensor ops cost two calls a layer.
+void keep_slots(at::TensorList caches, at::IntArrayRef slots, int64_t start) {
+  const int64_t n = static_cast<int64_t>(slots.size());
+  for (int64_t j = 0; j < n; ++j)
+    TORCH_CHECK(slots[j] >= start + j && (j == 0 || slots[j] > slots[j - 1]),
+                "keep_slots: ascending slots, each at or after its place");
+  for (const at::Tensor& t : caches) {
+    TORCH_CHECK(t.is_cpu() && t.is_contiguous() && t.dim() >= 2 && (n == 0 || slots[n - 1] < t.size(-2)),
+                "keep_slots: contiguous CPU tensors [..., capacity, d] that hold the slots");
+    const int64_t capacity = t.size(-2), row = t.size(-1) * t.element_size();
+    const int64_t heads = t.numel() / std::max<int64_t>(1, capacity * t.size(-1));
+    char* base = static_cast<char*>(t.data_ptr());
+    for (int64_t h = 0; h < heads; ++h)
+      for (int64_t j = 0; j < n; ++j)
+        std::memmove(base + (h * capacity + start + j) * row, base + (h * capacity + slots[j]) * row, row);
+  }
+}
+
 TORCH_LIBRARY_IMPL(dyspec, CPU, m) { m.impl("row_attention", &row_attention); }
 TORCH_LIBRARY_FRAGMENT(dyspec, m) {
   m.def("visible_slots(Tensor? mask, int n, int end) -> (Tensor, Tensor)", &visible_slots);
+  m.def("keep_slots(Tensor(a!)[] caches, int[] slots, int start) -> ()", &keep_slots);
 }

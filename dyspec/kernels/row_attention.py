@@ -22,7 +22,7 @@ from pathlib import Path
 
 import torch
 
-from dyspec.kernels.build import build
+from dyspec.kernels.build import BUILD_ERRORS, build, cpp_compiler
 
 SOURCE = Path(__file__).with_suffix(".cpp")
 
@@ -31,6 +31,32 @@ SOURCE = Path(__file__).with_suffix(".cpp")
 def load() -> None:
     """Build the kernel (once per machine) and load it."""
     torch.ops.load_library(str(build(SOURCE, ["-march=native"])))
+
+
+@functools.cache
+def kernel_available() -> bool:
+    """Whether the kernel runs here, for what has another way: it needs a C++ compiler."""
+    if cpp_compiler() is None:
+        return False
+    try:
+        load()
+    except BUILD_ERRORS:
+        return False
+    return True
+
+
+def keep_slots(caches: list[torch.Tensor], slots: list[int], start: int) -> None:
+    """Move cache slots `slots` of every tensor [..., capacity, d] in `caches` to start, start + 1,
+    ... in place: a commit of a tree's accepted path. Ascending slots from `start` on (a path's, in
+    a cache written in tree order) take one call of the kernel for every layer on a CPU; other
+    slots, devices or layouts two tensor ops a tensor."""
+    ascending = slots[0] >= start and all(a < b for a, b in zip(slots, slots[1:]))
+    if ascending and all(t.is_cpu and t.is_contiguous() for t in caches) and kernel_available():
+        torch.ops.dyspec.keep_slots(caches, slots, start)
+        return
+    idx = torch.tensor(slots, device=caches[0].device)
+    for t in caches:
+        t[..., start : start + len(slots), :] = t.index_select(-2, idx)
 
 
 def row_attention(
