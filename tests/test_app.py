@@ -14,6 +14,7 @@ import psutil
 import pytest
 import requests
 
+from dyspec.defaults import defaults_for, options_text
 from dyspec.views.examples import EXAMPLES
 
 CHROMIUM = "/usr/bin/chromium"
@@ -388,10 +389,12 @@ def test_browser_race(page, tmp_path):
 
     page.get_by_role("tab", name="Race against plain decoding").click()
     page.locator("#race-max input[type=number]").fill("48")
-    expect(page.locator("#race-policy")).to_contain_text("no draft model")  # the default policy, in words
+    expect(page.locator("#race-policy")).to_contain_text("where nothing matches")  # the default policy, in words
     page.locator("#race-run").click()
     board = page.locator("#race")
     expect(board).to_contain_text("· done", timeout=180_000)  # the replay is under way
+    default = defaults_for("cpu")  # the server's device
+    expect(board).to_contain_text(f"{default.policy}{options_text(default.options)} at budget")  # as it ran
     expect(board).to_contain_text("measured on this machine", timeout=60_000)
     expect(board).to_contain_text("modelled on H100")
     expect(board).to_contain_text("Same text as plain decoding, token for token")

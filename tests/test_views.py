@@ -63,6 +63,8 @@ def test_a_prompt_that_closes_the_script_element_survives(vm, finished):
         (lambda r: {**r, "steps": [{**r["steps"][0], "tokens": ["a"] * len(r["steps"][0]["tokens"])}]}, "wrong kind"),
         (lambda r: {**r, "steps": [{**r["steps"][0], "accepted": [999]}]}, "not a tree"),
         (lambda r: {**r, "steps": []}, "no steps"),
+        (lambda r: {**r, "options": ["fallback", 4]}, "'options'"),
+        (lambda r: {**r, "options": {"fallback": {"nested": 1}}}, "'options'"),
     ],
 )
 def test_a_bad_file_gets_a_clear_error(vm, finished, mangle, message):
@@ -122,6 +124,7 @@ def test_the_default_policy_runs_the_default_setting_and_says_so(vm):
     opts = dict(vm.defaults.options)
     *_, live = vm.run("Name a color you like.", vm.default_policy, 2, max_new_tokens=4, measure_ar=False)
     assert live.options == opts and live.finished.options == opts
+    assert vm.load(vm.download(live, "h100")).options == opts  # a shared run says what it ran with
     assert vm.stats(live).startswith(f"<b>{vm.default_policy}</b> ({', '.join(f'{k}={v}' for k, v in opts.items())})")
     assert vm.default_text == f"{vm.default_policy} ({', '.join(f'{k}={v}' for k, v in opts.items())}) at budget 4"
     *_, live = vm.run(

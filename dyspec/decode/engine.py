@@ -317,14 +317,15 @@ def stream(
 ) -> Iterator[Event]:
     """Generate, yielding `TreeExpanded` and `StepVerified` events per step and a final
     `GenerationFinished`. `policy`, `budget` and the options default to the fastest measured on
-    the pair's device (`dyspec.defaults.settings`); the final event says which ran. `budget="auto"` sizes each step's
-    tree by expected gain against the pair's measured latency profile (dyspec.auto.controller),
-    with acceptance rates learnt in earlier steps, and in earlier generations when the caller
-    passes the same `auto_state` (a `dyspec.auto.budget.AutoState`) again: without one, each call
-    starts afresh and a seeded call repeats exactly. `stop()` is polled between steps: when it
-    returns True the generation ends cleanly with stop_reason "stopped". With `knobs`, the budget and
-    temperature are read from it before every step (`Knobs`), and each `StepVerified` says which
-    it ran with; `budget` and `temperature` are then its values at the start."""
+    the pair's device (`dyspec.defaults.settings`); the final event says which ran.
+    `budget="auto"` sizes each step's tree by expected gain against the pair's measured latency
+    profile (dyspec.auto.controller), with acceptance rates learnt in earlier steps, and in earlier
+    generations when the caller passes the same `auto_state` (a `dyspec.auto.budget.AutoState`)
+    again: without one, each call starts afresh and a seeded call repeats exactly. `stop()` is
+    polled between steps: when it returns True the generation ends cleanly with stop_reason
+    "stopped". With `knobs`, the budget and temperature are read from it before every step
+    (`Knobs`), and each `StepVerified` says which it ran with; `budget` and `temperature` are then
+    its values at the start."""
     policy, budget, options = settings(pair.device, policy, budget, options)
     knobs = knobs or Knobs(budget, temperature)
     budget, temperature = knobs.budget, knobs.temperature

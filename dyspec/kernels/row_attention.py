@@ -50,6 +50,8 @@ def keep_slots(caches: list[torch.Tensor], slots: list[int], start: int) -> None
     ... in place: a commit of a tree's accepted path. Ascending slots from `start` on (a path's, in
     a cache written in tree order) take one call of the kernel for every layer on a CPU; other
     slots, devices or layouts two tensor ops a tensor."""
+    if not slots:
+        return
     ascending = slots[0] >= start and all(a < b for a, b in zip(slots, slots[1:]))
     if ascending and all(t.is_cpu and t.is_contiguous() for t in caches) and kernel_available():
         torch.ops.dyspec.keep_slots(caches, slots, start)

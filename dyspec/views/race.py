@@ -27,6 +27,11 @@ class Race:
     budget: int | str = 1
 
     @property
+    def setting(self) -> str:
+        """The policy raced against `ar`, with its options and budget."""
+        return f"{self.run.policy}{options_text(self.run.options)} at budget {self.budget}"
+
+    @property
     def seconds(self) -> float:
         """The longer runner's decoding time: how long the replay lasts."""
         return max((clock(r.steps)[-1] for r in (self.ar, self.run) if r.steps), default=0.0)
@@ -67,11 +72,7 @@ def progress_text(race: Race) -> str:
     """What is being measured while the race runs, before its replay."""
     running = race.run if race.run.policy else race.ar
     tokens = sum(len(s.emitted) for s in running.steps)
-    name = (
-        "ar (plain decoding)"
-        if running is race.ar
-        else f"{running.policy}{options_text(running.options)} at budget {race.budget}"
-    )
+    name = "ar (plain decoding)" if running is race.ar else race.setting
     return f"Measuring {name}: {tokens} tokens. The replay on their measured clocks follows."
 
 
@@ -94,9 +95,7 @@ def lane(vm: ViewModel, title: str, live: Live, t: float) -> str:
 def race_frame(vm: ViewModel, race: Race, t: float, model: whatif.LatencyModel) -> str:
     """The race at `t` seconds of decoding: both lanes, and once both are done the measured ratio
     and the one modelled on `model`, each labelled."""
-    lanes = lane(vm, "ar: plain decoding", race.ar, t) + lane(
-        vm, f"{race.run.policy}{options_text(race.run.options)} at budget {race.budget}", race.run, t
-    )
+    lanes = lane(vm, "ar: plain decoding", race.ar, t) + lane(vm, race.setting, race.run, t)
     body = f"<div style='display:flex;gap:12px'>{lanes}</div>"
     if t < race.seconds or not race.run.steps:
         return body

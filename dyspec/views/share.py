@@ -26,6 +26,7 @@ NOT_A_RUN = "This file is not a run downloaded from dyspec"
 
 def run_record(
     policy: str,
+    options: dict,
     prompt: str,
     steps: Sequence[StepVerified],
     ar: Sequence[StepVerified],
@@ -36,6 +37,7 @@ def run_record(
     return {
         "dyspec_run": FORMAT,
         "policy": policy,
+        "options": options,  # beyond the policy's own defaults (absent in records from before it)
         "prompt": prompt,
         "made_on": made_on,
         "steps": [dataclasses.asdict(s) for s in steps],
@@ -74,6 +76,9 @@ def parse_record(text: str | bytes) -> dict:
     for key, kind in (("policy", str), ("prompt", str), ("made_on", str), ("steps", list), ("ar", list)):
         if not isinstance(record.get(key), kind):
             raise DyspecError(f"{NOT_A_RUN}: its record has no valid {key!r}.")
+    options = record.get("options", {})
+    if not isinstance(options, dict) or not all(isinstance(v, (str, int, float, bool)) for v in options.values()):
+        raise DyspecError(f"{NOT_A_RUN}: its record has no valid 'options'.")
     return record
 
 

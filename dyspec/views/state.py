@@ -85,7 +85,8 @@ def settings_text(live: Live) -> str:
     """Which policy, budget and temperature made what is on screen, and the steps where a change
     made while it ran took effect."""
     last = live.steps[-1]
-    text = f"<b>{live.policy}</b>{options_text(live.options)} at budget {last.budget}, temperature {last.temperature:g}"
+    setting = f"<b>{html.escape(live.policy)}</b>{html.escape(options_text(live.options))}"
+    text = f"{setting} at budget {last.budget}, temperature {last.temperature:g}"
     sizes = [len(s.tokens) - 1 for s in live.steps if s.budget == "auto"]
     if sizes:  # what auto chose: on a CPU often one node, or none, where a tree does not pay
         text += (
@@ -346,7 +347,7 @@ class ViewModel:
         if not live.steps:
             raise DyspecError("Run a generation first: there is nothing to download yet.")
         made_on = live.made_on or bench.host_stamp(self.pair, None)["host"]
-        record = share.run_record(live.policy, live.prompt, live.steps, live.ar, live.finished, made_on)
+        record = share.run_record(live.policy, live.options, live.prompt, live.steps, live.ar, live.finished, made_on)
         best = live.steps[featured_step(live.steps)]
         sections = [
             f"<p><b>Prompt:</b> {html.escape(live.prompt)}</p>",
@@ -361,6 +362,7 @@ class ViewModel:
         """A run downloaded by `download` (its page or its bare record), checked, as a finished run."""
         record = share.parse_record(text)
         live = Live(policy=record["policy"], prompt=record["prompt"], made_on=str(record["made_on"]))
+        live.options = dict(record.get("options") or {})
         live.steps, live.ar = share.steps_from(record["steps"], "steps"), share.steps_from(record["ar"], "ar")
         live.finished = share.finished_from(record.get("finished"))
         if not live.steps:
