@@ -34,6 +34,11 @@ def options_text(options: Mapping[str, object]) -> str:
     return f" ({', '.join(f'{k}={v}' for k, v in options.items())})" if options else ""
 
 
+def setting_text(policy: str, options: Mapping[str, object], budget: int | str) -> str:
+    """A policy, its options and its budget in words: `lookup (fallback=4, confidence=0.5) at budget 4`."""
+    return f"{policy}{options_text(options)} at budget {budget}"
+
+
 @dataclass(frozen=True)
 class Defaults:
     policy: str
@@ -50,8 +55,7 @@ class Defaults:
 
     @property
     def text(self) -> str:
-        """In words, for a front end: `lookup (fallback=4, confidence=0.5) at budget 4`."""
-        return f"{self.policy}{options_text(self.options)} at budget {self.budget}"
+        return setting_text(self.policy, self.options, self.budget)
 
 
 BENCH_POLICIES = ("ar", "chain", "dyspec", "default")  # what `dyspec bench` compares without --policies

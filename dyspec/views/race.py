@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from dyspec import figures
 from dyspec.auto import whatif
 from dyspec.core.events import StepVerified
-from dyspec.defaults import options_text
+from dyspec.defaults import setting_text
 from dyspec.eval import speedup
 from dyspec.views.state import BELOW_ONE, Live, ViewModel, identity_text
 
@@ -29,7 +29,7 @@ class Race:
     @property
     def setting(self) -> str:
         """The policy raced against `ar`, with its options and budget."""
-        return f"{self.run.policy}{options_text(self.run.options)} at budget {self.budget}"
+        return setting_text(self.run.policy, self.run.options, self.budget)
 
     @property
     def seconds(self) -> float:
