@@ -178,10 +178,11 @@ at::Tensor row_attention(const at::Tensor& q, const at::Tensor& keys, const at::
   at::parallel_for(0, n * Hkv, 1, [&](int64_t first, int64_t last) {
     std::vector<float> p(g * C);
     for (int64_t unit = first; unit < last; ++unit) {  // a row's query heads that read one key head
-      const int64_t r = unit / Hkv, kv = unit % Hkv, m = counts_[r];
-      const float *k = K + kv * k_head, *v = V + kv * v_head, *q_heads = Q + unit * g * d;
+      // a key head's rows in turn: a thread reads each key head's keys once for all its rows
+      const int64_t kv = unit / n, r = unit % n, m = counts_[r], at = (r * Hkv + kv) * g * d;
+      const float *k = K + kv * k_head, *v = V + kv * v_head, *q_heads = Q + at;
       const int64_t* seen = S + r * C;
-      float* o = O + unit * g * d;
+      float* o = O + at;
       if (d == 64)
         attend<64>(q_heads, g, k, k_slot, v, v_slot, seen, m, factor, p.data(), C, o,
                    std::make_integer_sequence<int, HEADS_TOGETHER<64>>{});
