@@ -92,10 +92,14 @@ struct Ymm {  // 16 registers (AVX-VNNI): up to 2 rows a pass, 4 sums each
 // VNNI: rows R of x over one panel, S registers of weights a K step. vpdpbusd multiplies unsigned by
 // signed bytes, so x ^ 0x80 = x + 128 (`ux`, flipped once per product) goes in and `comp` (128 *
 // sum_k w, per output) comes off. Few rows take U K steps a pass into U sets of sums: each vpdpbusd
-// waits for the previous one into its sum, and fewer than 8 sums would leave the unit idle. The
+// waits for the previous one into its sum, and fewer than 8 sums would leave the unit idle. With
+// PREFETCH each K step brings the next panel's into L2 (prefetches never fault): a pass over many
+// rows is bound by its arithmetic, and the next panel's weights then stream during it; one row also
+// streams its weights faster so, but a single pass of 2 to V::ROWS rows streams them faster without
+// (the hardware's own prefetching keeps up, the extra requests only compete with it). The
 // loops are unrolled so that the sums stay in registers: GCC keeps an array indexed in a loop on
 // the stack, and each vpdpbusd then also waits for a store.
-template <class V, int R>
+template <class V, int R, bool PREFETCH>
 void panel(const uint8_t* ux, int64_t K, const int8_t* w, const int32_t* comp, int32_t* out, int64_t N) {
   constexpr int S = 4 * PANEL / V::BYTES, U = R * S >= 8 ? 1 : 8 / (R * S);
   typename V::T acc[U][R][S];
@@ -112,10 +116,10 @@ void panel(const uint8_t* ux, int64_t K, const int8_t* w, const int32_t* comp, i
     for (int u = 0; u < U; ++u) {
       if (u >= n) break;
       const int8_t* b = w + (k + u) * 4 * PANEL;
-      // the next panel's same K step into L2: a pass over many rows is bound by its arithmetic, and
-      // the next panel's weights then stream during it, not after it (prefetches never fault)
-      _mm_prefetch(reinterpret_cast<const char*>(b + K * PANEL), _MM_HINT_T1);
-      _mm_prefetch(reinterpret_cast<const char*>(b + K * PANEL + 64), _MM_HINT_T1);
+      if (PREFETCH) {
+        _mm_prefetch(reinterpret_cast<const char*>(b + K * PANEL), _MM_HINT_T1);
+        _mm_prefetch(reinterpret_cast<const char*>(b + K * PANEL + 64), _MM_HINT_T1);
+      }
       typename V::T a[R];
 #pragma GCC unroll 16
       for (int m = 0; m < R; ++m) {
@@ -143,10 +147,10 @@ void panel(const uint8_t* ux, int64_t K, const int8_t* w, const int32_t* comp, i
   }
 }
 
-template <class V, int... R>
+template <class V, bool PREFETCH, int... R>
 void rows(int r, const uint8_t* ux, int64_t K, const int8_t* w, const int32_t* comp, int32_t* out, int64_t N,
           std::integer_sequence<int, R...>) {
-  ((r == R + 1 ? panel<V, R + 1>(ux, K, w, comp, out, N) : void()), ...);
+  ((r == R + 1 ? panel<V, R + 1, PREFETCH>(ux, K, w, comp, out, N) : void()), ...);
 }
 
 // every panel on every core, V::ROWS rows of x a pass over it (later passes read it from the cache)
@@ -154,12 +158,19 @@ template <class V>
 void vnni_product(const int8_t* xp, int64_t M, int64_t K, const int8_t* wp, const int32_t* cp, int32_t* op, int64_t N) {
   std::vector<uint8_t> flipped(M * K);
   for (int64_t i = 0; i < M * K; ++i) flipped[i] = static_cast<uint8_t>(xp[i]) ^ 0x80;
+  const bool prefetch = M == 1 || M > V::ROWS;  // see `panel`
   at::parallel_for(0, N / PANEL, 1, [&](int64_t first, int64_t last) {
     for (int64_t p = first; p < last; ++p)
       for (int64_t m = 0; m < M; m += V::ROWS) {
         const int r = static_cast<int>(std::min<int64_t>(V::ROWS, M - m));
-        rows<V>(r, flipped.data() + m * K, K, wp + p * PANEL * K, cp + p * PANEL, op + m * N + p * PANEL, N,
-                std::make_integer_sequence<int, V::ROWS>{});
+        const uint8_t* ux = flipped.data() + m * K;
+        const int8_t* w = wp + p * PANEL * K;
+        int32_t* out = op + m * N + p * PANEL;
+        const auto sizes = std::make_integer_sequence<int, V::ROWS>{};
+        if (prefetch)
+          rows<V, true>(r, ux, K, w, cp + p * PANEL, out, N, sizes);
+        else
+          rows<V, false>(r, ux, K, w, cp + p * PANEL, out, N, sizes);
       }
   });
 }
