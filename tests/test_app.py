@@ -212,7 +212,7 @@ def test_browser_side_by_side(page, tmp_path):
     last = page.locator("#sbs-position input[type=number]").get_attribute("max")
     page.locator("#sbs-position input[type=number]").fill(last)
     page.locator("#sbs-position input[type=number]").press("Enter")
-    expect(page.locator("#sbs-tree-2 .gtitle")).not_to_have_text(titles[2], timeout=30_000)
+    expect(page.locator("#sbs-tree-2 .gtitle")).not_to_have_text(titles[2], timeout=120_000)
     expect(page.locator("#sbs-answer span[style*='outline']")).to_have_count(1)
     expect(page.locator("#sbs-sweep .main-svg").first).to_be_visible(timeout=180_000)
     expect(page.locator("#sbs-sweep")).to_contain_text("against budget")
