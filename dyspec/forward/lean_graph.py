@@ -25,7 +25,8 @@ arithmetic, because the target's weights have just streamed through the caches.
 
 A prompt (a causal forward over an empty cache) runs compiled too, as its own attention kind: its
 rows attend through SDPA (every policy prefills alike, so its loop order is free) and its products
-run oneDNN's `torch._int_mm`, the fastest measured at many rows. Only a forward of over MAX_ROWS tokens on a cache that
+run oneDNN's `torch._int_mm` where that is fast at many rows (`int8_mm.ONEDNN_INT8`), dyspec's
+kernel elsewhere. Only a forward of over MAX_ROWS tokens on a cache that
 holds tokens runs eager. Graphs are compiled once per block shape and kind of forward (a prompt;
 one row; a tree), with dynamic sizes: `warm_up` compiles them behind a progress bar; inductor keeps
 its code on disk, so a later process mostly traces.
@@ -67,7 +68,7 @@ CHECK_GUARDS = False  # tests set it: each call checks its graph's guards, as to
 def linear_operands(linear: Int8Linear) -> tuple:
     """An Int8Linear's weights as `int8_linear` reads them: the int8 product's operands
     (dyspec.kernels.int8_mm), per-channel scales / 127, the bias, and the int8 weight transposed
-    for `torch._int_mm` (a prompt's products)."""
+    for `torch._int_mm` (a prompt's products, where oneDNN is fast)."""
     weight = torch.ops.quantized.linear_unpack(linear._packed)[0]
     packed, comp, plain = int8_operands(weight.int_repr())
     scale = weight.q_per_channel_scales().float() / 127
@@ -76,12 +77,12 @@ def linear_operands(linear: Int8Linear) -> tuple:
 
 def int8_linear(x: torch.Tensor, operands: tuple, prompt: bool = False) -> torch.Tensor:
     """x [n, in] @ weight.T + bias, x quantized per row to int8. The int32 sums are exact, so the
-    product's kernel does not change the result: a prompt's many rows run oneDNN's `torch._int_mm`
-    (faster at many rows), a decoding forward's few rows dyspec's kernel."""
+    product's kernel does not change the result: a prompt's many rows may run oneDNN's
+    `torch._int_mm` (`int8_mm`), a decoding forward's few rows run dyspec's kernel."""
     weight, comp, scale, bias, plain = operands
     amax = x.abs().amax(dim=1, keepdim=True).clamp_min(1e-12)
     xq = torch.round(x * (127 / amax)).to(torch.int8)
-    y = (torch._int_mm(xq, plain) if prompt else int8_mm(xq, weight, comp, plain)).float() * amax * scale
+    y = int8_mm(xq, weight, comp, plain, prompt).float() * amax * scale
     return y if bias is None else y + bias
 
 

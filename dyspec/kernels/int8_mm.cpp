@@ -5,9 +5,9 @@
 //   at 8 to 16 rows VNNI's arithmetic, not the weights' reading, would be the bound.
 // - AVX-512 VNNI (built with -mavx512vnni): up to 8 rows a pass.
 // - AVX-VNNI (built with -mavxvnni; or its twin in AVX-512 VNNI with VL): up to 2 rows a pass.
-// - AVX2 (any x86-64 since 2013): bytes widened to int16 and multiplied in pairs (vpmaddwd), a row
-//   at a time over a panel the first row brought into the cache; beyond AVX2_ROWS rows, where that
-//   arithmetic costs more than oneDNN's, torch._int_mm on the plain weights.
+// - AVX2 (any x86-64 since 2013): bytes widened to int16 and multiplied in pairs (vpmaddwd), two
+//   rows a pass over a panel the first pass brought into the cache, at every row count: on a CPU
+//   without VNNI, torch._int_mm (oneDNN) runs int8 at a small fraction of this.
 // Every path sums the same products in int32 exactly, so all give torch._int_mm's result. See int8_mm.py.
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
@@ -28,27 +28,41 @@
 namespace {
 
 constexpr int PANEL = 32;  // outputs per panel; weights packed [N / PANEL][K / 4][PANEL][4]
-constexpr int AVX2_ROWS = 4;
 
-// AVX2: row x (`wx`, widened to int16 once per product) over one panel. A 16-byte piece of a k-group
-// (4 outputs x 4 k) widened to int16 and multiplied by x's 4 values in pairs gives each output's two
-// pair sums; they are added at the end.
-void panel_avx2(const int16_t* wx, int64_t K, const int8_t* w, int32_t* out) {
-  __m256i acc[PANEL / 4];
-  for (auto& a : acc) a = _mm256_setzero_si256();
+// AVX2: rows R of x (`wx`, widened to int16 once per product) over one panel. A 16-byte piece of a
+// k-group (4 outputs x 4 k) is widened to int16 once for the R rows and multiplied by each row's 4
+// values in pairs (vpmaddwd), giving each output's two pair sums; they are added at the end. Two rows
+// a pass: the widening is shared, and more sums than 16 registers hold would go to the stack.
+template <int R>
+void panel_avx2(const int16_t* wx, int64_t K, const int8_t* w, int32_t* out, int64_t N) {
+  __m256i acc[R][PANEL / 4];
+#pragma GCC unroll 2
+  for (int m = 0; m < R; ++m)
+#pragma GCC unroll 8
+    for (int c = 0; c < PANEL / 4; ++c) acc[m][c] = _mm256_setzero_si256();
   for (int64_t k = 0; k < K / 4; ++k) {
-    int64_t four;  // x's 4 values as int16, repeated over the register
-    std::memcpy(&four, wx + 4 * k, 8);
-    const __m256i a = _mm256_set1_epi64x(four);
+    __m256i a[R];  // each row's 4 values as int16, repeated over the register
+#pragma GCC unroll 2
+    for (int m = 0; m < R; ++m) {
+      int64_t four;
+      std::memcpy(&four, wx + m * K + 4 * k, 8);
+      a[m] = _mm256_set1_epi64x(four);
+    }
     const int8_t* b = w + k * 4 * PANEL;
+#pragma GCC unroll 8
     for (int c = 0; c < PANEL / 4; ++c) {
       const __m256i piece = _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(b + 16 * c)));
-      acc[c] = _mm256_add_epi32(acc[c], _mm256_madd_epi16(piece, a));
+#pragma GCC unroll 2
+      for (int m = 0; m < R; ++m) acc[m][c] = _mm256_add_epi32(acc[m][c], _mm256_madd_epi16(piece, a[m]));
     }
   }
-  int32_t pairs[2 * PANEL];
-  for (int c = 0; c < PANEL / 4; ++c) _mm256_storeu_si256(reinterpret_cast<__m256i*>(pairs + 8 * c), acc[c]);
-  for (int o = 0; o < PANEL; ++o) out[o] = pairs[2 * o] + pairs[2 * o + 1];
+#pragma GCC unroll 2
+  for (int m = 0; m < R; ++m) {
+    int32_t pairs[2 * PANEL];
+#pragma GCC unroll 8
+    for (int c = 0; c < PANEL / 4; ++c) _mm256_storeu_si256(reinterpret_cast<__m256i*>(pairs + 8 * c), acc[m][c]);
+    for (int o = 0; o < PANEL; ++o) out[m * N + o] = pairs[2 * o] + pairs[2 * o + 1];
+  }
 }
 
 // vpdpbusd at two widths: AVX-512 VNNI's zmm, and ymm, which AVX-VNNI (Intel's laptops since Alder
@@ -246,7 +260,7 @@ std::string int8_mm_path(const std::string& path) {
   return NAMES[path_in_use()];
 }
 
-at::Tensor int8_mm(const at::Tensor& x, const at::Tensor& w, const at::Tensor& comp, const at::Tensor& plain) {
+at::Tensor int8_mm(const at::Tensor& x, const at::Tensor& w, const at::Tensor& comp) {
   TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kChar && x.is_contiguous(), "x: a contiguous int8 [M, K]");
   TORCH_CHECK(w.dim() == 4 && w.scalar_type() == at::kChar && w.is_contiguous() && w.size(2) == PANEL &&
                   w.size(3) == 4 && w.size(1) * 4 == x.size(1),
@@ -284,11 +298,18 @@ at::Tensor int8_mm(const at::Tensor& x, const at::Tensor& w, const at::Tensor& c
     return out;
   }
 #endif
-  if (M > AVX2_ROWS) return at::_int_mm(x, plain);
   const std::vector<int16_t> wide(xp, xp + M * K);
   at::parallel_for(0, N / PANEL, 1, [&](int64_t first, int64_t last) {
     for (int64_t p = first; p < last; ++p)
-      for (int64_t m = 0; m < M; ++m) panel_avx2(wide.data() + m * K, K, wp + p * PANEL * K, op + m * N + p * PANEL);
+      for (int64_t m = 0; m < M; m += 2) {
+        const int16_t* wx = wide.data() + m * K;
+        const int8_t* pw = wp + p * PANEL * K;
+        int32_t* out = op + m * N + p * PANEL;
+        if (M - m >= 2)
+          panel_avx2<2>(wx, K, pw, out, N);
+        else
+          panel_avx2<1>(wx, K, pw, out, N);
+      }
   });
   return out;
 }

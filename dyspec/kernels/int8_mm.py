@@ -31,6 +31,9 @@ from dyspec.kernels.build import BUILD_ERRORS, build, build_failure, cpu_flags
 
 PANEL = 32  # outputs per packed panel, as in int8_mm.cpp
 SOURCE = Path(__file__).with_suffix(".cpp")
+# whether oneDNN's `torch._int_mm` multiplies int8 at speed here: with AVX-512 VNNI it is the fastest
+# at a prompt's many rows; without, it runs int8 at a small fraction of this kernel's speed
+ONEDNN_INT8 = "avx512_vnni" in cpu_flags()
 PATHS = ("amx", "vnni", "avx-vnni", "avx2")  # fastest first
 # builds to try, fastest first: the CPU flags each needs, and the compiler's
 BUILDS = (
@@ -90,8 +93,8 @@ def packable(weight: torch.Tensor) -> bool:
 def int8_operands(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
     """An int8 weight [N, K] as `int8_mm` reads it: packed [N / 32, K / 4, 32, 4] with 128 * its row
     sums (the VNNI path's offset, see int8_mm.cpp), where the kernel runs and the shape suits it,
-    else None for both; and its transpose [K, N] for `torch._int_mm` (the fallback, and the AVX2
-    path's for many rows)."""
+    else None for both; and its transpose [K, N] for `torch._int_mm` (the fallback, and a prompt's
+    products where oneDNN is fast)."""
     plain = weight.t()
     if not (kernel_available() and packable(weight)):
         return plain, None, plain
@@ -100,17 +103,20 @@ def int8_operands(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | No
     return packed, 128 * weight.sum(1, dtype=torch.int32), plain
 
 
-def int8_mm(x: torch.Tensor, weight: torch.Tensor, comp: torch.Tensor | None, plain: torch.Tensor) -> torch.Tensor:
-    """x [M, K] int8 @ the weight `int8_operands` gave: int32 [M, N], exact."""
-    if comp is None:
+def int8_mm(
+    x: torch.Tensor, weight: torch.Tensor, comp: torch.Tensor | None, plain: torch.Tensor, prompt: bool = False
+) -> torch.Tensor:
+    """x [M, K] int8 @ the weight `int8_operands` gave: int32 [M, N], exact. `prompt`: many rows,
+    which run oneDNN's `torch._int_mm` where it is fast (`ONEDNN_INT8`)."""
+    if comp is None or (prompt and ONEDNN_INT8):
         return torch._int_mm(x, plain)
-    return torch.ops.dyspec.int8_mm(x, weight, comp, plain)
+    return torch.ops.dyspec.int8_mm(x, weight, comp)
 
 
 _library = torch.library.Library("dyspec", "DEF")
-_library.define("int8_mm(Tensor x, Tensor w, Tensor comp, Tensor plain) -> Tensor")
+_library.define("int8_mm(Tensor x, Tensor w, Tensor comp) -> Tensor")
 
 
 @torch.library.register_fake("dyspec::int8_mm")
-def _(x: torch.Tensor, weight: torch.Tensor, comp: torch.Tensor, plain: torch.Tensor) -> torch.Tensor:
+def _(x: torch.Tensor, weight: torch.Tensor, comp: torch.Tensor) -> torch.Tensor:
     return x.new_empty(x.shape[0], comp.shape[0], dtype=torch.int32)
