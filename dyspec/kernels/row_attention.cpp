@@ -25,15 +25,24 @@ namespace {
 using namespace dyspec_vec;
 
 // the lanes of s0..s3, each in the halving tree of lanes_sum, four at once for a quarter of the shuffles
-inline quarter_vec lanes_sums(vec s0, vec s1, vec s2, vec s3) {
+inline vec4 lanes_sums(vec s0, vec s1, vec s2, vec s3) {
+#if DYSPEC_LANES == 16
   const vec a = __builtin_shufflevector(s0, s1, 0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19, 20, 21, 22, 23) +
                 __builtin_shufflevector(s0, s1, 8, 9, 10, 11, 12, 13, 14, 15, 24, 25, 26, 27, 28, 29, 30, 31);
   const vec b = __builtin_shufflevector(s2, s3, 0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19, 20, 21, 22, 23) +
                 __builtin_shufflevector(s2, s3, 8, 9, 10, 11, 12, 13, 14, 15, 24, 25, 26, 27, 28, 29, 30, 31);
   const vec c = __builtin_shufflevector(a, b, 0, 1, 2, 3, 8, 9, 10, 11, 16, 17, 18, 19, 24, 25, 26, 27) +
                 __builtin_shufflevector(a, b, 4, 5, 6, 7, 12, 13, 14, 15, 20, 21, 22, 23, 28, 29, 30, 31);
-  const half_vec e = __builtin_shufflevector(c, c, 0, 1, 4, 5, 8, 9, 12, 13) +
-                     __builtin_shufflevector(c, c, 2, 3, 6, 7, 10, 11, 14, 15);
+  const vec8 e = __builtin_shufflevector(c, c, 0, 1, 4, 5, 8, 9, 12, 13) +
+                 __builtin_shufflevector(c, c, 2, 3, 6, 7, 10, 11, 14, 15);
+#else
+  const vec8 a = __builtin_shufflevector(s0, s1, 0, 1, 2, 3, 8, 9, 10, 11) +
+                 __builtin_shufflevector(s0, s1, 4, 5, 6, 7, 12, 13, 14, 15);
+  const vec8 b = __builtin_shufflevector(s2, s3, 0, 1, 2, 3, 8, 9, 10, 11) +
+                 __builtin_shufflevector(s2, s3, 4, 5, 6, 7, 12, 13, 14, 15);
+  const vec8 e = __builtin_shufflevector(a, b, 0, 1, 4, 5, 8, 9, 12, 13) +
+                 __builtin_shufflevector(a, b, 2, 3, 6, 7, 10, 11, 14, 15);
+#endif
   return __builtin_shufflevector(e, e, 0, 2, 4, 6) + __builtin_shufflevector(e, e, 1, 3, 5, 7);
 }
 
@@ -92,7 +101,7 @@ void attend_heads(const float* queries, const float* K, int64_t k_slot, const fl
         s[t] = q[h][0] * k[t][0];
         for (int c = 1; c < C; ++c) s[t] += q[h][c] * k[t][c];
       }
-      const quarter_vec scores = lanes_sums(s[0], s[1], s[2], s[3]) * factor;
+      const vec4 scores = lanes_sums(s[0], s[1], s[2], s[3]) * factor;
       std::memcpy(p + h * P + j, &scores, std::min<int64_t>(4, m - j) * sizeof(float));
     }
   }
@@ -114,9 +123,9 @@ void attend_heads(const float* queries, const float* K, int64_t k_slot, const fl
     }
 }
 
-// heads taken together: their queries (or their sums) fill at most 16 of the 32 vector registers
+// heads taken together: their queries (or their sums) fill at most half the vector registers
 template <int D>
-constexpr int HEADS_TOGETHER = std::max(1, 16 * LANES / D);
+constexpr int HEADS_TOGETHER = std::max(1, REGISTERS / 2 * LANES / D);
 
 // the g query heads of a row that read one key head, HEADS_TOGETHER<D> at a time
 template <int D, int... G>

@@ -80,14 +80,19 @@ std::tuple<at::Tensor, at::Tensor> row_stats(const at::Tensor& logits) {
   return {argmax, lse};
 }
 
-// a block's sum in double: its two halves widened, added, then halved down to one lane
+// a block's sum in double: its two halves widened and added, then halved down to one lane
 inline double block_sum(vec v) {
-  typedef double dvec8 __attribute__((vector_size(8 * sizeof(double))));
   typedef double dvec4 __attribute__((vector_size(4 * sizeof(double))));
   typedef double dvec2 __attribute__((vector_size(2 * sizeof(double))));
+#if DYSPEC_LANES == 16
+  typedef double dvec8 __attribute__((vector_size(8 * sizeof(double))));
   const dvec8 s = __builtin_convertvector(__builtin_shufflevector(v, v, 0, 1, 2, 3, 4, 5, 6, 7), dvec8) +
                   __builtin_convertvector(__builtin_shufflevector(v, v, 8, 9, 10, 11, 12, 13, 14, 15), dvec8);
   const dvec4 h = __builtin_shufflevector(s, s, 0, 1, 2, 3) + __builtin_shufflevector(s, s, 4, 5, 6, 7);
+#else
+  const dvec4 h = __builtin_convertvector(__builtin_shufflevector(v, v, 0, 1, 2, 3), dvec4) +
+                  __builtin_convertvector(__builtin_shufflevector(v, v, 4, 5, 6, 7), dvec4);
+#endif
   const dvec2 q = __builtin_shufflevector(h, h, 0, 1) + __builtin_shufflevector(h, h, 2, 3);
   return q[0] + q[1];
 }

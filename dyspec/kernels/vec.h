@@ -7,13 +7,21 @@
 namespace dyspec_vec {
 
 // GCC's and Clang's vector extensions: the compiler lowers them to the machine's SIMD, and the order of
-// every sum is the one written here (no reassociation), so every row of every call sums alike
-constexpr int LANES = 16;
+// every sum is the one written here (no reassociation), so every row of every call sums alike. A vector
+// is one register wide: wider than the machine's, GCC passes it through memory, many times slower.
+#ifdef __AVX512F__
+#define DYSPEC_LANES 16
+constexpr int REGISTERS = 32;
+#else
+#define DYSPEC_LANES 8
+constexpr int REGISTERS = 16;
+#endif
+constexpr int LANES = DYSPEC_LANES;
 typedef float vec __attribute__((vector_size(LANES * sizeof(float))));
-typedef float half_vec __attribute__((vector_size(LANES / 2 * sizeof(float))));
-typedef float quarter_vec __attribute__((vector_size(LANES / 4 * sizeof(float))));
-typedef float eighth_vec __attribute__((vector_size(LANES / 8 * sizeof(float))));
 typedef int32_t ivec __attribute__((vector_size(LANES * sizeof(int32_t))));
+typedef float vec8 __attribute__((vector_size(8 * sizeof(float))));
+typedef float vec4 __attribute__((vector_size(4 * sizeof(float))));
+typedef float vec2 __attribute__((vector_size(2 * sizeof(float))));
 
 inline vec load(const float* p) {
   vec v;
@@ -21,12 +29,21 @@ inline vec load(const float* p) {
   return v;
 }
 
+// 16 lanes added in halves to 8 (one register of 8 as it is)
+inline vec8 to_eight(vec s) {
+#if DYSPEC_LANES == 16
+  return __builtin_shufflevector(s, s, 0, 1, 2, 3, 4, 5, 6, 7) +
+         __builtin_shufflevector(s, s, 8, 9, 10, 11, 12, 13, 14, 15);
+#else
+  return s;
+#endif
+}
+
 // the lanes of s in a halving tree
 inline float lanes_sum(vec s) {
-  const half_vec h = __builtin_shufflevector(s, s, 0, 1, 2, 3, 4, 5, 6, 7) +
-                     __builtin_shufflevector(s, s, 8, 9, 10, 11, 12, 13, 14, 15);
-  const quarter_vec q = __builtin_shufflevector(h, h, 0, 1, 2, 3) + __builtin_shufflevector(h, h, 4, 5, 6, 7);
-  const eighth_vec e = __builtin_shufflevector(q, q, 0, 1) + __builtin_shufflevector(q, q, 2, 3);
+  const vec8 h = to_eight(s);
+  const vec4 q = __builtin_shufflevector(h, h, 0, 1, 2, 3) + __builtin_shufflevector(h, h, 4, 5, 6, 7);
+  const vec2 e = __builtin_shufflevector(q, q, 0, 1) + __builtin_shufflevector(q, q, 2, 3);
   return e[0] + e[1];
 }
 
