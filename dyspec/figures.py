@@ -157,6 +157,10 @@ LABEL_ALL = 24  # nodes up to which every node's token is written in the tree
 # room for labels (a 256-node dynamic tree tries a hundred children of one node), only the
 # accepted path and its LABEL_REJECTED likeliest rejected siblings; the hover names every node.
 LABEL_ROWS, LABEL_REJECTED = 40, 8
+# A label's box for 13 px monospace type, and the narrowest plot a tree is drawn in (the app's two a row on a
+# 1280 px screen): labels that would overlap there are left to the hover
+LABEL_PX, CHAR_PX, TREE_WIDTH_PX = 16, 8, 380
+TREE_MARGIN = {"l": 20, "r": 20, "t": 60, "b": 160}  # the bottom holds the legend wrapped at that width
 # Markers shrink where columns or rows are denser than this, so that a long chain stays a line of
 # dots and not a smear
 ROOM_COLUMNS, ROOM_ROWS = 40, 30
@@ -233,13 +237,43 @@ def depth_window(x: list[int], outcome: list[str]) -> int:
     return min(deepest, reached + ROOM_COLUMNS // 2)
 
 
-def shown_labels(outcome: list[str], probs: list[float], rows: float) -> list[bool]:
-    """Which nodes a tree writes the token of (LABEL_ALL, LABEL_ROWS, LABEL_REJECTED)."""
-    if len(outcome) <= LABEL_ALL:
-        return [True] * len(outcome)
-    rejected = sorted((i for i, k in enumerate(outcome) if k == "rejected"), key=lambda i: -probs[i])
-    shown = set(rejected if rows <= LABEL_ROWS else rejected[:LABEL_REJECTED])
-    return [k in ("root", "accepted", "target") or i in shown for i, k in enumerate(outcome)]
+def tree_height(rows: float) -> int:
+    """A tree figure's height in pixels for its number of rows (leaves)."""
+    return max(400, min(960, 250 + 42 * rows))
+
+
+def shown_labels(
+    outcome: list[str], probs: list[float], texts: list[str], x: list[int], y: list[float], sizes: list[float]
+) -> list[bool]:
+    """Which nodes a tree writes the token of: the root, the target's token and the path first, then
+    rejected nodes likeliest first (LABEL_ROWS, LABEL_REJECTED), then the unreached ones of a small
+    tree (LABEL_ALL), each only where its label's box, at the plot's narrowest, overlaps none
+    written before it: the hover names every node."""
+    rows, columns = max(y, default=0) + 1, depth_window(x, outcome) + 1.3  # the axes' spans
+    plot_height = tree_height(rows) - TREE_MARGIN["t"] - TREE_MARGIN["b"]
+
+    def box(i: int) -> tuple[float, float, float]:  # centre x, centre y, half width, in pixels
+        # where plotly puts a label's centre from its marker's, measured in a browser
+        shift = -0.63 * sizes[i] - 9 if x[i] % 2 == 0 else 0.63 * sizes[i] + 6.5
+        cy = (y[i] + 1) / (rows + 0.6) * plot_height + shift
+        return (x[i] + 0.5) / columns * TREE_WIDTH_PX, cy, len(texts[i]) * CHAR_PX / 2
+
+    rank = {"root": 0, "target": 1, "accepted": 2, "rejected": 3, "unreached": 4}
+    order = sorted(
+        range(len(outcome)), key=lambda i: (rank[outcome[i]], x[i] if outcome[i] == "accepted" else -probs[i])
+    )
+    rejected_room = LABEL_REJECTED if rows > LABEL_ROWS else len(outcome)
+    shown: list[tuple[float, float, float]] = []
+    keep = [False] * len(outcome)
+    for i in order:
+        if outcome[i] == "unreached" and len(outcome) > LABEL_ALL or outcome[i] == "rejected" and not rejected_room:
+            continue
+        cx, cy, half = box(i)
+        if all(abs(cx - ox) >= half + oh or abs(cy - oy) >= LABEL_PX for ox, oy, oh in shown):
+            shown.append((cx, cy, half))
+            keep[i] = True
+            rejected_room -= outcome[i] == "rejected"
+    return keep
 
 
 def tree_edges(parents: list[int], x: list, y: list, outcome: list[str]) -> list[go.Scatter]:
@@ -286,7 +320,7 @@ def tree_figure(step, upto: int | None = None, title: str | None = None) -> go.F
     room = min(1.0, ROOM_COLUMNS / (deepest + 1), ROOM_ROWS / leaves)
     size = [max(4.0, room * s) for s in [9 + 16 * p for p in step.draft_probs[:n]] + [14] * (len(x) - n)]
     probs = [*step.draft_probs[:n], *[math.nan] * (len(x) - n)]
-    labelled = shown_labels(outcome, [*step.draft_probs[:n], *[1.0] * (len(x) - n)], leaves)
+    labelled = shown_labels(outcome, [*step.draft_probs[:n], *[1.0] * (len(x) - n)], texts, x, y, size)
     target_p = [*step.target_probs[:n], *[math.nan] * (len(x) - n)]
     values = [*step.values[:n], *[math.nan] * (len(x) - n)]
     fig = go.Figure(tree_edges(parents, x, y, outcome))
@@ -328,8 +362,8 @@ def tree_figure(step, upto: int | None = None, title: str | None = None) -> go.F
             "range": [-0.5, deepest + 0.8],
         },
         yaxis={"visible": False, "range": [leaves - 0.4, -1.0]},  # first leaf at the top; room for its label
-        height=max(340, min(900, 190 + 42 * leaves)),
-        margin={"l": 20, "r": 20, "t": 60, "b": 100},
+        height=tree_height(leaves),
+        margin=TREE_MARGIN,
         # in the bottom margin, its symbols at one size however small a dense tree's markers are
         legend={"orientation": "h", "yref": "container", "y": 0, "yanchor": "bottom", "itemsizing": "constant"},
     )

@@ -13,9 +13,10 @@ from dyspec.policies import available_policies, replayable
 
 from .conftest import PROMPTS
 
-# a short answer ending on its stop token, one that copies the prompt, one that runs to max_new_tokens
+# a short answer ending on its stop token (its greedy tokens win by a wide logit margin, so it ends
+# there on every CPU), one that copies the prompt, one that runs to max_new_tokens
 REPLAY_PROMPTS = [
-    "Is the sky blue? Answer yes or no.",
+    "What is the opposite of hot? Answer in one word.",
     "Repeat this sentence exactly, twice: the quick brown fox jumps over the lazy dog near the river bank.",
     PROMPTS[4],
 ]
@@ -107,15 +108,15 @@ def test_at_position_finds_the_step_that_drafted_a_token():
 
 
 def test_example_expectations_hold_on_the_default_pair(default_pair):
-    """The examples' "what to expect" against what the default pair does: the one said to pay most
-    gets the most tokens per forward from `dyspec` at budget 16, the one said to pay least the fewest."""
+    """The examples' "what to expect" against what the default pair does: the one said to pay least
+    gets the fewest tokens per forward from `dyspec` at budget 16, and no example claims a ranking
+    finer than that (greedy text shifts with a CPU's float rounding, so close ranks flip)."""
     from dyspec.views.examples import EXAMPLES
 
     tpf = {
         e.label: replay(default_pair, e.prompt, ["dyspec"], [16], progress=False)[0].tokens_per_forward
         for e in EXAMPLES
     }
-    most = [e.label for e in EXAMPLES if e.expect.startswith("Trees pay most")]
     least = [e.label for e in EXAMPLES if e.expect.startswith("Trees pay least")]
-    assert len(most) == len(least) == 1, "one example pays most, one least"
-    assert max(tpf, key=tpf.get) == most[0] and min(tpf, key=tpf.get) == least[0], tpf
+    assert len(least) == 1 and not any("most" in e.expect for e in EXAMPLES), "one example pays least"
+    assert min(tpf, key=tpf.get) == least[0], tpf

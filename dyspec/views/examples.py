@@ -17,8 +17,8 @@ EXAMPLES = [
     Example(
         "A list",
         "List the twelve months of the year, one per line.",
-        "Trees pay well: a familiar sequence (this small target writes the months in one sentence) that the "
-        "draft predicts almost as well as the target, so deep paths are accepted.",
+        "Trees pay well: a familiar sequence that the draft predicts almost as well as the target, so deep "
+        "paths are accepted.",
     ),
     Example(
         "Fix a passage",
@@ -26,21 +26,21 @@ EXAMPLES = [
         "Teh library opens at nine in the morning and closes at six in the evening. Visitors can borow "
         "up to five books at a time, and each book can be kept for two weeks. Late returns cost ten "
         "cents a day.",
-        "Trees pay most: this small target copies the passage back whole, typos included, and text already "
-        "in the prompt is what drafts predict best, so the longest paths are accepted.",
+        "Trees pay well: the answer reuses the passage, and text already in the prompt is what drafts (and "
+        "prompt lookup) predict best, so long paths are accepted.",
     ),
     Example(
         "Edit code",
         "Rename the variable x to total in this Python function and return the whole function:\n\n"
         "def add_all(items):\n    x = 0\n    for item in items:\n        x = x + item\n    return x",
-        "Trees pay well on predictable sentences: this small target rewrites the function its own way "
-        "(`return sum(items)`) instead of renaming the variable, then explains itself.",
+        "Trees pay well on code and predictable sentences. A target this small may rewrite the function its "
+        "own way instead of renaming the variable: whatever it writes is what it writes without speculation.",
     ),
     Example(
         "Arithmetic",
         "A shop sells pens at 3 dollars each. How much do 4 pens cost? Explain step by step.",
-        'Trees pay: step-by-step answers repeat their own phrases ("the cost of 4 pens"). Whatever this small '
-        "target writes, right or wrong, is exactly what it writes without speculation.",
+        "Trees pay: step-by-step answers repeat their own phrases. Whatever this small target writes, right "
+        "or wrong, is exactly what it writes without speculation.",
     ),
     Example(
         "A story",
