@@ -32,8 +32,9 @@ from dyspec.kernels.build import BUILD_ERRORS, build, build_failure, cpu_flags
 PANEL = 32  # outputs per packed panel, as in int8_mm.cpp
 SOURCE = Path(__file__).with_suffix(".cpp")
 # whether oneDNN's `torch._int_mm` multiplies int8 at speed here: with AVX-512 VNNI it is the fastest
-# at a prompt's many rows; without, it runs int8 at a small fraction of this kernel's speed
-ONEDNN_INT8 = "avx512_vnni" in cpu_flags()
+# at a prompt's many rows; without, it runs int8 at a small fraction of this kernel's speed (and a
+# path forced below AVX-512 stands for a CPU without it, prompts included)
+ONEDNN_INT8 = "avx512_vnni" in cpu_flags() and os.environ.get("DYSPEC_INT8_PATH") not in ("avx-vnni", "avx2")
 PATHS = ("amx", "vnni", "avx-vnni", "avx2")  # fastest first
 # builds to try, fastest first: the CPU flags each needs, and the compiler's
 BUILDS = (
