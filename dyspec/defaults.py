@@ -19,7 +19,7 @@ at a small budget measured closest to plain decoding, the best of the speculativ
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import torch
 
@@ -61,26 +61,35 @@ class Defaults:
 BENCH_POLICIES = ("ar", "chain", "dyspec", "default")  # what `dyspec bench` compares without --policies
 DEFAULT = "default"  # the policy name that stands for the device's default setting in `dyspec bench`
 
+CPU = Defaults("lookup", 4, (1, 2, 4, "auto"), fast_path="compiled", options={"fallback": 4, "confidence": 0.5})
 DEFAULTS = {
-    "cpu": Defaults("lookup", 4, (1, 2, 4, "auto"), fast_path="compiled", options={"fallback": 4, "confidence": 0.5}),
+    "cpu": CPU,
+    # a CPU int8 pair whose kernel runs the avx2 path (no VNNI) pays each further row of a forward in
+    # arithmetic, so one drafted token a step measured fastest there (docs/results/cpu-avx2-default.md)
+    "cpu:avx2": replace(CPU, budget=1),
     "cuda": Defaults("lookup", 4, (4, 16, 64, "auto"), fast_path="compiled"),
 }
 UNMEASURED = Defaults("dyspec", 8, (2, 8, 32, "auto"))  # a device no bench has run on yet (mps)
 
 
-def defaults_for(device: torch.device | str) -> Defaults:
-    """The defaults for a device (`torch.device` or its type, e.g. "cpu")."""
+def defaults_for(device: torch.device | str, int8_kernel: str | None = None) -> Defaults:
+    """The defaults for a device (`torch.device` or its type, e.g. "cpu") and, for a CPU int8 pair,
+    its int8 kernel's path (`ModelPair.int8_kernel`)."""
     kind = device.type if isinstance(device, torch.device) else torch.device(device).type
-    return DEFAULTS.get(kind, UNMEASURED)
+    return DEFAULTS.get(f"{kind}:{int8_kernel}") or DEFAULTS.get(kind, UNMEASURED)
 
 
 def settings(
-    device: torch.device | str, policy: str | None, budget: int | str | None, options: Mapping | None
+    device: torch.device | str,
+    policy: str | None,
+    budget: int | str | None,
+    options: Mapping | None,
+    int8_kernel: str | None = None,
 ) -> tuple[str, int | str, dict]:
     """What a generation runs: what the caller gave, the device's defaults for the rest. The
     default options come with the default policy only when no policy is named: a named policy is
     that policy with its own defaults."""
-    d = defaults_for(device)
+    d = defaults_for(device, int8_kernel)
     given = dict(options or {})
     return (
         policy or d.policy,

@@ -9,6 +9,7 @@ import pytest
 from dyspec.auto.profile import DEFAULT_SIZES, FIRST_SIZES, LONG_CONTEXT, LONG_SIZES, weight_bytes
 from dyspec.defaults import defaults_for
 from dyspec.forward.quant import quantize_int8
+from dyspec.kernels.int8_mm import kernel_path
 
 from .tiny import tiny_model, tiny_tokenizer
 
@@ -90,7 +91,7 @@ def test_profile_table_puts_the_baseline_under_its_sizes_and_saves_the_profile(t
     assert [line.split(":")[0].strip() for line in lines[floor + 1 : -1]] == ["target", "draft"]
     assert all(f"({mb:.3g} MB)" in line for line in lines[floor + 1 : -1])
     # where a step of the default policy went, beside ar's
-    default = defaults_for("cpu")
+    default = defaults_for("cpu", kernel_path() if int8 else None)
     assert lines[-1].startswith(f"a step on an MT-Bench question, {default.text} (the")
     assert "ms in the target's forward" in lines[-1] and "ar's step:" in lines[-1]
     # the long context's, a step's first draft forward's, HF's, fp32's

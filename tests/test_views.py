@@ -126,7 +126,10 @@ def test_the_default_policy_runs_the_default_setting_and_says_so(vm):
     assert live.options == opts and live.finished.options == opts
     assert vm.load(vm.download(live, "h100")).options == opts  # a shared run says what it ran with
     assert vm.stats(live).startswith(f"<b>{vm.default_policy}</b> ({', '.join(f'{k}={v}' for k, v in opts.items())})")
-    assert vm.default_text == f"{vm.default_policy} ({', '.join(f'{k}={v}' for k, v in opts.items())}) at budget 4"
+    assert (
+        vm.default_text
+        == f"{vm.default_policy} ({', '.join(f'{k}={v}' for k, v in opts.items())}) at budget {vm.defaults.budget}"
+    )
     *_, live = vm.run(
         "Name a color you like.", vm.default_policy, 2, max_new_tokens=4, measure_ar=False, options={"fallback": 1}
     )

@@ -20,7 +20,6 @@ from dyspec.core.kv import bucket, sync
 from dyspec.drafts.feature import FeatureDraft
 from dyspec.forward.choose import Forward, ModelForward, layers_stamp
 from dyspec.forward.quant import Int8Linear
-from dyspec.kernels.int8_mm import kernel_path
 from dyspec.load import load_model
 
 # Every n up to 16: fp32 forwards of a few rows on a CPU are lumpy, not smooth between powers of
@@ -177,8 +176,8 @@ def kernel_stamp(pair) -> dict[str, str]:
     """What the target's kernels run on where one machine may run either of two: the int8 products'
     path (a CPU int8 pair, dyspec.kernels.int8_mm), or the GPU graph forward's layers, compiled or
     not (dyspec.forward.cuda_graph)."""
-    if pair.precision == "int8" and pair.device.type == "cpu":
-        return {"int8_kernel": kernel_path()}
+    if pair.int8_kernel:
+        return {"int8_kernel": pair.int8_kernel}
     return layers_stamp(pair.forward(pair.target))
 
 

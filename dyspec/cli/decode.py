@@ -16,14 +16,15 @@ def cmd_generate(args: argparse.Namespace) -> None:
     from dyspec.decode.engine import check_settings, generate
     from dyspec.load import pick_device
 
+    # checked before a model loads; the pair's int8 kernel may pick another default budget
     policy, budget, options = settings(pick_device(args.device), args.policy, args.budget, dict(args.option))
-    check_settings(policy, budget, args.temperature, args.max_new_tokens, options)  # before a model loads
+    check_settings(policy, budget, args.temperature, args.max_new_tokens, options)
     pair = pair_of(args)
     result = generate(
         pair,
         args.prompt,
         policy=policy,
-        budget=budget,
+        budget=args.budget,
         temperature=args.temperature,
         seed=args.seed,
         max_new_tokens=args.max_new_tokens,

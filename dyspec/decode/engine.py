@@ -317,7 +317,7 @@ def stream(
 ) -> Iterator[Event]:
     """Generate, yielding `TreeExpanded` and `StepVerified` events per step and a final
     `GenerationFinished`. `policy`, `budget` and the options default to the fastest measured on
-    the pair's device (`dyspec.defaults.settings`); the final event says which ran.
+    the pair's device and int8 kernel (`dyspec.defaults.settings`); the final event says which ran.
     `budget="auto"` sizes each step's tree by expected gain against the pair's measured latency
     profile (dyspec.auto.controller), with acceptance rates learnt in earlier steps, and in earlier
     generations when the caller passes the same `auto_state` (a `dyspec.auto.budget.AutoState`)
@@ -326,7 +326,7 @@ def stream(
     "stopped". With `knobs`, the budget and temperature are read from it before every step
     (`Knobs`), and each `StepVerified` says which it ran with; `budget` and `temperature` are then
     its values at the start."""
-    policy, budget, options = settings(pair.device, policy, budget, options)
+    policy, budget, options = settings(pair.device, policy, budget, options, pair.int8_kernel)
     knobs = knobs or Knobs(budget, temperature)
     budget, temperature = knobs.budget, knobs.temperature
     ids = encode_prompt(pair, prompt, chat)

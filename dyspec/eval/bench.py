@@ -239,7 +239,7 @@ def plan_bench(pair: ModelPair, config: BenchConfig) -> list[tuple]:
     `config.options`; `default` stands for the device's default policy with its options."""
     specs = {}
     for given in config.policies:
-        spec = defaults_for(pair.device).spec if given == DEFAULT else given
+        spec = defaults_for(pair.device, pair.int8_kernel).spec if given == DEFAULT else given
         name, opts = parse_policy_spec(spec)
         specs[spec] = (name, {**(config.options or {}).get(name, {}), **opts})
         if name not in PEERS:

@@ -186,7 +186,7 @@ def steps_of(pair: ModelPair, prompt: str, policy: str, budget: int | str, **kwa
 
 def default_step_text(pair: ModelPair, prompt: str, max_new_tokens: int = 64) -> str:
     """Where a step of the device's default policy went on `prompt`, beside ar's step, both warm."""
-    default = defaults_for(pair.device)
+    default = defaults_for(pair.device, pair.int8_kernel)
     warm_up(pair, default.policy, default.budget, {})
     ar = steps_of(pair, prompt, "ar", 1, max_new_tokens=max_new_tokens)
     steps = steps_of(

@@ -13,6 +13,7 @@ from dyspec.errors import DyspecError
 from dyspec.forward import attention
 from dyspec.forward.choose import Forward, check_lean, choose_forward, pick_fast_path
 from dyspec.forward.quant import quantize_int8
+from dyspec.kernels.int8_mm import kernel_path
 from dyspec.load.draft_spec import DEFAULT_DRAFT, load_draft, parse_drafts
 from dyspec.load.loading import DEFAULT_TARGET, load_model, load_tokenizer, pick_device, pick_dtype, pick_precision
 
@@ -55,6 +56,12 @@ class ModelPair:
         config = getattr(self.target.generation_config, "eos_token_id", None)
         ids = config if isinstance(config, list) else [self.tokenizer.eos_token_id if config is None else config]
         return frozenset(int(t) for t in ids if t is not None)
+
+    @property
+    def int8_kernel(self) -> str | None:
+        """The path a CPU int8 pair's products run on (dyspec.kernels.int8_mm.PATHS, or
+        "torch._int_mm"); None for other pairs."""
+        return kernel_path() if self.precision == "int8" and self.device.type == "cpu" else None
 
     @property
     def max_context(self) -> int:

@@ -149,7 +149,7 @@ class ViewModel:
         self.pair = pair
         self.limits = limits_for(pair)
         self.policies = available_policies(pair)
-        defaults = defaults_for(pair.device)
+        defaults = defaults_for(pair.device, pair.int8_kernel)
         self.defaults = defaults if defaults.policy in self.policies else Defaults("ar", 1, ())
         self.default_policy, self.default_budget = self.defaults.policy, self.defaults.budget
         self.replay_policies = [p for p in self.policies if p != "ar" and replayable(p)]  # side by side
