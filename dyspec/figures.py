@@ -440,9 +440,10 @@ def steps_figure(steps, running: list[float | None] | None = None) -> go.Figure:
         title="Per step",
         xaxis={"title": "step", "tick0": 0, "dtick": max(1, math.ceil(len(steps) / TICKS))},  # whole steps
         yaxis={"title": "tokens per forward", "automargin": True, "rangemode": "tozero"},
-        height=320,
-        legend={"orientation": "h", "y": -0.25},
-        margin={"l": 50, "r": 50, "t": 50, "b": 40},
+        height=380,
+        # in the bottom margin, below the axis title, however many lines a narrow plot wraps it into
+        legend={"orientation": "h", "yref": "container", "y": 0, "yanchor": "bottom"},
+        margin={"l": 50, "r": 50, "t": 50, "b": 110},
     )
     return fig
 
