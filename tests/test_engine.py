@@ -117,10 +117,23 @@ def test_every_policy_has_a_greedy_case():
 
 @pytest.mark.parametrize("temperature", [0.0, 0.7])
 def test_self_draft_accepts_everything(self_pair, temperature):
-    """With the target as its own draft, a chain of 4 commits 5 tokens per target forward."""
+    """With the target as its own draft, a chain of 4 commits 5 tokens per target forward; the
+    answer's last token, one past a multiple of 5, is the target's own: its step drafts nothing."""
     r = generate(self_pair, PROMPTS[0], policy="chain", budget=4, max_new_tokens=50, temperature=temperature)
     assert r.stop_reason == "max_new_tokens"
     assert r.tokens_per_forward == 5.0
+    steps = []
+    generate(
+        self_pair,
+        PROMPTS[0],
+        policy="chain",
+        budget=4,
+        max_new_tokens=51,
+        temperature=temperature,
+        hooks=[steps.append],
+    )
+    steps = [e for e in steps if isinstance(e, StepVerified)]
+    assert [(len(e.tokens), e.draft_forwards, len(e.emitted)) for e in steps] == [(5, 4, 5)] * 10 + [(1, 0, 1)]
 
 
 def session(model, cache: str, keep_hidden: bool = False, role: str = "test") -> KVSession:

@@ -58,7 +58,10 @@ def test_a_shaped_profile_times_steps_and_makes_a_results_section(tmp_path, caps
     assert profile["pair"] == "shape:smollm2-135m + shape:smollm2-135m-eagle3"
     assert profile["command"].startswith("dyspec")
     assert set(profile["steps"]) == {"ar@1", "chain@4"}
-    assert profile["steps"]["chain@4"]["draft_forwards"] == 4  # a random draft: each step drafts its whole chain
+    # a random draft: each of the 32 steps makes one token and drafts its whole chain, but the last,
+    # where the answer's one token left is the target's own
+    chain = profile["steps"]["chain@4"]
+    assert chain["tokens"] == 1 and chain["draft_forwards"] == 4 * 31 / 32
     path = tmp_path / "shaped.json"
     path.write_text(json.dumps(profile))
     page = results_page([path], "Shapes")

@@ -25,15 +25,18 @@ from dyspec.core.contract import Budget, Plan, Policy
 from dyspec.core.draft import DraftSession
 from dyspec.core.tree import Tree
 
+NOTHING = Plan(None)
+
 
 class FixedBudget:
-    """Every tree is built up to `budget` nodes and verified whole."""
+    """Every tree is built up to `budget` nodes and verified whole, but for the answer's last token:
+    the target's forward of the root alone gives it, and no drafted node could be kept."""
 
     def __init__(self, budget: int):
         self.fixed = Plan(budget)  # the same every step: made once, not per step
 
     def plan(self, context: int, left: int) -> Plan:
-        return self.fixed
+        return self.fixed if left else NOTHING
 
     def cut(self, plan: Plan, tree: Tree, drafts: list[DraftSession]) -> tuple[Tree, list[int] | None, Plan]:
         return tree, None, plan
