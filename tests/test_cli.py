@@ -209,8 +209,9 @@ def test_fit_copy_needs_a_feature_draft(tmp_path):
 
 
 def test_replay_sweep_records_table_and_page(tmp_path):
-    """`dyspec replay`: a record per prompt, policy and budget; the table's tokens per forward are the
-    records' totals; `dyspec report` makes a results page from them, each speedup labelled modelled."""
+    """`dyspec replay`: a record per prompt, policy and budget; the table's nodes and tokens per
+    forward are the records' totals (a tree is full but at an answer's last token, where it is the
+    root alone); `dyspec report` makes a results page from them, each speedup labelled modelled."""
     out = tmp_path / "replay.jsonl"
     r = dyspec(
         "replay", "--dataset", "mtbench", "--num-prompts", "2", "--max-new-tokens", "16",
@@ -223,8 +224,10 @@ def test_replay_sweep_records_table_and_page(tmp_path):
     rows = [line.strip("|").split("|") for line in r.stdout.splitlines()[2:]]
     for policy, budget, *_ in rows:
         mine = [x for x in records if x["policy"] == policy.strip() and x["budget"] == int(budget)]
-        tpf = sum(x["new_tokens"] for x in mine) / sum(x["target_forwards"] for x in mine)
-        assert f"| {policy.strip()} | {budget.strip()} | 2 | {budget.strip()}.0 | {tpf:.2f} |" in r.stdout
+        forwards = sum(x["target_forwards"] for x in mine)
+        npf, tpf = (sum(x[key] for x in mine) / forwards for key in ("tree_nodes", "new_tokens"))
+        assert 0 < npf <= int(budget)
+        assert f"| {policy.strip()} | {budget.strip()} | 2 | {npf:.1f} | {tpf:.2f} |" in r.stdout
     assert "modelled on H100" in r.stdout.splitlines()[0] and "not measured" in r.stderr
     page = dyspec("report", str(out), "--whatif", "h100", "--title", "Replay")
     assert page.returncode == 0 and "not measured" in page.stdout and "| chain | 16 | 2 |" in page.stdout
