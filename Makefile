@@ -20,8 +20,8 @@ $(VENV)/.installed: pyproject.toml Makefile
 
 setup: $(VENV)/.installed
 
-# Test workers (pytest-xdist): two of one thread each take ~10 minutes on two cores, one worker of
-# two threads ~16 (the tiny-model tests are Python-bound). TEST_WORKERS=1 for one.
+# Test workers (pytest-xdist): two of one thread each on two cores, faster than one worker of two
+# threads (the tiny-model tests are Python-bound). TEST_WORKERS=1 for one.
 TEST_WORKERS ?= 2
 
 test: setup
