@@ -129,12 +129,20 @@ def test_head_training_learns(pair, tmp_path):
     assert report["loss"]["heldout"] < untrained["loss"]["heldout"]
 
 
+def drafted(events) -> list[StepVerified]:
+    """A generation's steps but the answer's last where its one token left is the target's own (a
+    step of the root alone: dyspec.auto.controller.FixedBudget); every other step drafts."""
+    steps = [e for e in events if isinstance(e, StepVerified)]
+    assert all(len(s.tokens) > 1 for s in steps[:-1])
+    return steps if len(steps[-1].tokens) > 1 else steps[:-1]
+
+
 @pytest.mark.parametrize("bias,expected_k", [((9.0, -9.0), 2), ((-9.0, 9.0), 6)])
 def test_specdecpp_stops_by_predicted_acceptance(pair, tmp_path, bias, expected_k):
     """A head sure of rejection stops at min_k; one sure of acceptance drafts up to max_k."""
     head = tiny_head_file(tmp_path / "head.safetensors", bias)
     events = stream(pair, [0, 3, 1], "specdecpp", 16, 0.0, max_new_tokens=20, options={"head": head, "max_k": 6})
-    steps = [e for e in events if isinstance(e, StepVerified)]
+    steps = drafted(events)
     assert {len(s.tokens) - 1 for s in steps} == {expected_k}
     for s in steps:
         predicted = s.extra["predicted_acceptance"]  # one per node; none for the last at max_k
@@ -176,7 +184,7 @@ def test_dyspec_head_score_shapes_the_tree(pair, tmp_path):
         head = tiny_head_file(tmp_path / f"head{bias[1]}.safetensors", bias)
         options = {"score": "head", "head": head, "batch": 1}
         events = stream(pair, [0, 3, 1], "dyspec", 4, 0.0, max_new_tokens=20, options=options)
-        steps = [e for e in events if isinstance(e, StepVerified)]
+        steps = drafted(events)
         depth[bias[1] > 0] = sum(max(s.depths) for s in steps) / len(steps)
         for s in steps:
             predicted = s.extra["predicted_acceptance"]
