@@ -201,11 +201,20 @@ def test_train_head_and_distill_run_from_the_command_line(tmp_path):
     assert refit["eval"]["dataset"] == "mtbench" and refit["eval"]["positions"] > 0 and refit["eval"]["spread"]
     assert len(list((tmp_path / "c").glob("eval-mtbench-spread3-*.jsonl"))) == 1  # not the first-3 answers
     assert json.loads((draft / "feature_draft.json").read_text())["copy_weights"] == refit["weights"]
+    # and its vocabulary's size chosen by measurement, for a setting of the user's
+    args = ("--draft", str(draft), "--out", str(tmp_path / "v"), "--num-prompts", "6", "--max-new-tokens", "6")
+    chosen = dyspec("draft-vocab", "--target", tiny, *args, "--sizes", "2,4", "--policy", "chain", "--budget", "2")
+    assert chosen.returncode == 0, chosen.stderr
+    assert "chain at budget 2, replayed on 1 held-out answers" in chosen.stdout and "(best)" in chosen.stdout
+    report = json.loads((tmp_path / "v" / "report.json").read_text())
+    assert [row["draft_vocab"] for row in report["candidates"]] == [4, 2]
+    assert f"draft: {report['best']['folder']}" in chosen.stderr
 
 
 def test_fit_copy_needs_a_feature_draft(tmp_path):
     assert_one_line_error(dyspec("fit-copy", "--out", str(tmp_path), "--draft", "int8"), "--draft must be", "int8")
     assert_one_line_error(dyspec("fit-copy", "--out", str(tmp_path), "--num-prompts", "2"), "at least 5 prompts")
+    assert_one_line_error(dyspec("draft-vocab", "--out", str(tmp_path), "--draft", "int8"), "--draft must be", "int8")
 
 
 def test_replay_sweep_records_table_and_page(tmp_path):

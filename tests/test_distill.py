@@ -18,7 +18,6 @@ from dyspec.load import DEFAULT_TARGET, SHIPPED_DRAFTS, shipped_draft
 from dyspec.train.corpus import read_sharegpt, sharegpt_sequences
 from dyspec.train.distill import (
     batch_windows,
-    choose_vocab,
     collect_features,
     corpus_label,
     corpus_texts,
@@ -38,13 +37,6 @@ DRAFTS = {"final": (FINAL, 1), "lower-and-final": (LOWER, 1), "two-decoder-layer
 @pytest.fixture(scope="module")
 def feature_pair():
     return tiny_feature_pair()
-
-
-def test_the_draft_vocabulary_keeps_the_stop_and_special_tokens():
-    """The most frequent tokens, and the answer's end however rare it is in the training text."""
-    seqs = [(torch.tensor([5, 5, 5, 6, 6, 7, 7, 3]), None)]
-    assert choose_vocab(seqs, 3, 10).tolist() == [5, 6, 7]
-    assert choose_vocab(seqs, 3, 10, always={1, 3}).tolist() == [1, 3, 5]
 
 
 @pytest.fixture(scope="module")

@@ -23,6 +23,7 @@ COMMANDS = (  # in the order `dyspec --help` lists them
     measure.add_calibrate,
     train.add_distill,
     train.add_fit_copy,
+    train.add_draft_vocab,
     train.add_train_head,
 )
 

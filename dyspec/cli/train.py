@@ -6,7 +6,7 @@ import argparse
 import json
 import sys
 
-from dyspec.cli.common import SPREAD_HELP, add_model_args, csv, pair_of
+from dyspec.cli.common import SPREAD_HELP, add_model_args, add_option_arg, budget, csv, pair_of
 
 
 def cmd_distill(args: argparse.Namespace) -> None:
@@ -65,7 +65,12 @@ def add_distill(sub) -> None:
         default="float32",
         help="precision of the target's teacher forcing (bfloat16: ~3x faster on a CPU with AMX)",
     )
-    d.add_argument("--draft-vocab", type=int, default=8192, help="tokens the draft can propose (most frequent)")
+    d.add_argument(
+        "--draft-vocab",
+        type=int,
+        default=8192,
+        help="tokens the draft can propose (the most frequent; `dyspec draft-vocab` measures smaller ones)",
+    )
     d.add_argument("--steps", type=int, default=600)
     d.add_argument("--batch", type=int, default=16, help="windows of 128 tokens per step")
     d.add_argument("--lr", type=float, default=5e-4)
@@ -93,6 +98,54 @@ def add_distill(sub) -> None:
     )
     add_model_args(d, with_draft=False)
     d.set_defaults(func=cmd_distill)
+
+
+def cmd_draft_vocab(args: argparse.Namespace) -> None:
+    from pathlib import Path
+
+    from dyspec.defaults import settings
+    from dyspec.load.draft_spec import feature_folder
+    from dyspec.train.vocab import choose_draft_vocab, vocab_table
+
+    folder = feature_folder(args.draft, args.target, "--draft")
+    pair = pair_of(args, str(folder))
+    report = choose_draft_vocab(
+        pair,
+        folder,
+        Path(args.out),
+        lambda folders: pair_of(args, ",".join(map(str, folders))),
+        sizes=args.sizes,
+        num_prompts=args.num_prompts,
+        max_new_tokens=args.max_new_tokens,
+        setting=settings(pair.device, args.policy, args.budget, dict(args.option), pair.int8_kernel),
+    )
+    print(vocab_table(report))
+    print(f"draft: {report['best']['folder']} (use it with --draft PATH)", file=sys.stderr)
+
+
+def add_draft_vocab(sub) -> None:
+    dv = sub.add_parser(
+        "draft-vocab", help="choose how many tokens a feature draft can propose, by measured speed on this machine"
+    )
+    dv.add_argument("--out", required=True, help="folder for a draft per vocabulary size and report.json")
+    dv.add_argument(
+        "--sizes",
+        type=csv(int),
+        default=None,
+        help="vocabulary sizes to try (default: the draft's own, halved down to 512)",
+    )
+    dv.add_argument(
+        "--num-prompts",
+        type=int,
+        default=160,
+        help="Arena-Hard and IFEval prompts the target answers: four fifths rank the tokens, the rest measure",
+    )
+    dv.add_argument("--max-new-tokens", type=int, default=96, help="length of each target answer")
+    dv.add_argument("--policy", default=None, help="the policy measured (default: the device's)")
+    dv.add_argument("--budget", type=budget, default=None, help="its budget (default: the device's)")
+    add_option_arg(dv, "a policy option (repeatable; default: the device's with its policy)")
+    add_model_args(dv)
+    dv.set_defaults(func=cmd_draft_vocab, draft="distilled")
 
 
 def cmd_fit_copy(args: argparse.Namespace) -> None:

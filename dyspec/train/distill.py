@@ -19,7 +19,6 @@ from __future__ import annotations
 import json
 import math
 import time
-from collections.abc import Iterable
 from dataclasses import replace
 from pathlib import Path
 
@@ -44,6 +43,7 @@ from dyspec.drafts.feature import (
 from dyspec.errors import DyspecError
 from dyspec.load import ModelPair
 from dyspec.train.corpus import continuations, sharegpt_sequences, training_prompts
+from dyspec.train.vocab import draft_vocab
 
 SHARD = 32  # sequences per feature shard
 REG_WEIGHT = 0.1
@@ -129,23 +129,6 @@ def load_sequences(paths: list[Path], layers: tuple[int, ...] = FINAL) -> list[t
         lengths = shard["lengths"].tolist()
         out += zip(shard["tokens"].long().split(lengths), features.split(lengths))
     return out
-
-
-def choose_vocab(
-    seqs: list[tuple[torch.Tensor, torch.Tensor]], size: int, vocab_size: int, always: Iterable[int] = ()
-) -> torch.Tensor:
-    """The `size` most frequent token ids in the training text, with `always` (the stop and special
-    tokens, so that the draft can propose an answer's end) among them: the draft can only propose
-    these (dyspec.core.vocab)."""
-    counts = torch.bincount(torch.cat([tokens for tokens, _ in seqs]), minlength=vocab_size).double()
-    counts[list(always)] = math.inf
-    return counts.topk(min(size, vocab_size)).indices.sort().values
-
-
-def draft_vocab(pair: ModelPair, seqs: list[tuple[torch.Tensor, torch.Tensor]], size: int) -> torch.Tensor:
-    """A new draft's vocabulary for `pair`'s target: `choose_vocab` with its stop and special tokens."""
-    always = {*pair.stop_ids, *pair.tokenizer.all_special_ids}
-    return choose_vocab(seqs, size, pair.target.config.vocab_size, always)
 
 
 def windows(
