@@ -1,5 +1,6 @@
 """End to end at T > 0: every policy samples the first 3 tokens exactly as the target does."""
 
+import copy
 import dataclasses
 import json
 
@@ -9,6 +10,7 @@ from scipy.stats import chisquare
 
 from dyspec import figures, generate
 from dyspec.auto.budget import PROBE_AFTER, AutoState, Growth
+from dyspec.auto.controller import budget_controller
 from dyspec.auto.estimate import COPY
 from dyspec.auto.profile import (
     CONTEXT,
@@ -25,10 +27,11 @@ from dyspec.core.copying import MATCHES
 from dyspec.core.draft import DraftSession
 from dyspec.core.events import StepVerified
 from dyspec.core.kv import KVSession
+from dyspec.core.tree import Tree
 from dyspec.core.vocab import DraftVocab
 from dyspec.errors import DyspecError
 from dyspec.eval.calibrate import calibrate
-from dyspec.policies import POLICIES, available_policies
+from dyspec.policies import POLICIES, available_policies, get_policy
 
 from .tiny import (
     exact_distribution,
@@ -307,6 +310,32 @@ def test_auto_sizes_lookups_copies_apart_from_the_drafts_cap(pair, flat_profile)
     assert "copied after a" in figures.tree_figure(copy).layout.title.text and copy.copied_after >= 1
     reached = state.acceptance.reached
     assert state.growth.cap == 1 and sum(reached[COPY:]) > 0 and sum(reached[:COPY]) == 0
+
+
+@pytest.mark.parametrize("policy", ["chain", "lookup", "specinfer"])
+def test_auto_drafts_nothing_for_the_answers_last_token(pair, flat_profile, policy):
+    """As a fixed budget: with one token of the answer left, the target's one-row forward gives it
+    (no drafted node could be kept), and that step teaches `auto` nothing."""
+    pairs = {"specinfer": dataclasses.replace(pair, extra_drafts=[pair.draft], extra_draft_names=["tiny-draft"])}
+    run_pair, last_steps = pairs.get(policy, pair), 0
+    profile_path(run_pair).write_text(profile_path(pair).read_text())  # the flat profile, for two drafts too
+    for n in range(4, 20):
+        steps, state = [], AutoState()
+        kwargs = {"max_new_tokens": n, "hooks": [steps.append], "auto_state": state}
+        r = generate(run_pair, PROMPT, policy=policy, budget="auto", **kwargs)
+        assert r.token_ids == generate(pair, PROMPT, policy="ar", max_new_tokens=n).token_ids
+        verified = [s for s in steps if isinstance(s, StepVerified)]
+        if sum(len(s.emitted) for s in verified[:-1]) == n - 1:  # the last step began with one token left
+            last_steps += 1
+            assert len(verified[-1].tokens) == 1 and verified[-1].draft_forwards == 0
+        # such a step, asked of the controller again, leaves its learnt state as it was
+        controller = budget_controller(run_pair, get_policy(policy), "auto", {}, 0.0, state)
+        before = copy.deepcopy(state)
+        plan = controller.plan(len(PROMPT) + n, 0)
+        tree, old_ids, plan = controller.cut(plan, Tree.root(0), [])
+        controller.learn(plan, tree, [])
+        assert plan.cap is None and old_ids is None and state == before
+    assert last_steps >= 2  # the test saw such steps
 
 
 @pytest.fixture

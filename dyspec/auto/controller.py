@@ -57,6 +57,7 @@ class AutoPlan(Plan):
     asked: int = 0
     spent_ms: float = 0.0
     bins: tuple[int, ...] = ()
+    last: bool = False  # the answer's last token: nothing drafted, and nothing to learn from
 
 
 class AutoBudget:
@@ -73,9 +74,11 @@ class AutoBudget:
         self.drafts = 1 + (len(pair.extra_drafts) if policy.multi_draft else 0)
 
     def plan(self, context: int, left: int) -> AutoPlan:
+        if not left:  # as FixedBudget: no drafted node could be kept
+            return AutoPlan(None, cost=self.cost.at(context), last=True)
         cap = step_cap(self.state.growth)
-        if cap:  # no node deeper than the answer's end, but a node per merged draft
-            cap = min(cap, max(self.drafts, left))
+        if cap:  # no node deeper than the answer's end, but a node per merged draft (a probe's cap is 1)
+            cap = max(self.drafts, min(cap, left))
         args = {}
         if self.needs.rates:
             args["auto_rates"] = bin_rates(self.state.acceptance, sampled=True)
@@ -84,6 +87,8 @@ class AutoBudget:
         return AutoPlan(cap if cap or self.needs.free_nodes else None, args, self.cost.at(context), asked=cap)
 
     def cut(self, plan: AutoPlan, tree: Tree, drafts: list[DraftSession]) -> tuple[Tree, list[int] | None, AutoPlan]:
+        if plan.last:
+            return tree, None, plan
         calls = [call for draft in drafts for call in draft.calls]  # (tree size when issued, tokens)
         spent_ms = sum(self.cost.draft_forward_ms(tokens) for _, tokens in calls)
         plan = replace(plan, spent_ms=spent_ms)
@@ -116,6 +121,8 @@ class AutoBudget:
         return padded_size(plan.cost.measured_ms, n)
 
     def learn(self, plan: AutoPlan, tree: Tree, accepted: list[int]) -> None:
+        if plan.last:
+            return
         step_ms = plan.spent_ms + interpolate_ms(plan.cost.target_ms, len(tree))
         learn(self.state.acceptance, tree, list(plan.bins), accepted, step_ms)
 
