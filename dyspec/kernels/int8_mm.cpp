@@ -32,7 +32,11 @@ constexpr int PANEL = 32;  // outputs per panel; weights packed [N / PANEL][K / 
 // AVX2: rows R of x (`wx`, widened to int16 once per product) over one panel. A 16-byte piece of a
 // k-group (4 outputs x 4 k) is widened to int16 once for the R rows and multiplied by each row's 4
 // values in pairs (vpmaddwd), giving each output's two pair sums; they are added at the end. Two rows
-// a pass: the widening is shared, and more sums than 16 registers hold would go to the stack.
+// a pass: the widening is shared, and more sums than 16 registers hold would go to the stack. Each K
+// step asks for the weights AVX2_AHEAD bytes on (prefetches never fault): the hardware's prefetching
+// alone leaves a pass waiting on memory, more so at two rows; non-temporal, as each weight is read
+// once a forward.
+constexpr int64_t AVX2_AHEAD = 1024;
 template <int R>
 void panel_avx2(const int16_t* wx, int64_t K, const int8_t* w, int32_t* out, int64_t N) {
   __m256i acc[R][PANEL / 4];
@@ -49,6 +53,8 @@ void panel_avx2(const int16_t* wx, int64_t K, const int8_t* w, int32_t* out, int
       a[m] = _mm256_set1_epi64x(four);
     }
     const int8_t* b = w + k * 4 * PANEL;
+    _mm_prefetch(reinterpret_cast<const char*>(b + AVX2_AHEAD), _MM_HINT_NTA);
+    _mm_prefetch(reinterpret_cast<const char*>(b + AVX2_AHEAD + 64), _MM_HINT_NTA);
 #pragma GCC unroll 8
     for (int c = 0; c < PANEL / 4; ++c) {
       const __m256i piece = _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(b + 16 * c)));
