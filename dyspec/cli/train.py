@@ -38,7 +38,12 @@ def cmd_distill(args: argparse.Namespace) -> None:
         draft_layers=args.draft_layers,
     )
     print(json.dumps(report, indent=2))
-    print(f"draft: {Path(args.out) / 'draft'} (use it with --draft PATH)", file=sys.stderr)
+    draft = Path(args.out) / "draft"
+    print(
+        f"draft: {draft} (use it with --draft PATH; `dyspec draft-vocab --draft {draft} --out DIR` measures "
+        "smaller vocabularies for it on this machine)",
+        file=sys.stderr,
+    )
 
 
 def add_distill(sub) -> None:
