@@ -89,6 +89,13 @@ def after_target(pair) -> Callable[[], None]:
     return target_forward
 
 
+def first_draft_ms(pair) -> dict[int, float]:
+    """The pair's draft forward at FIRST_SIZES as a step's first runs: on a CPU right after a target
+    forward (`after_target`); elsewhere its weights stay where they are, and it runs as any other."""
+    before = after_target(pair) if pair.device.type == "cpu" else None
+    return forward_ms(pair.draft, FIRST_SIZES, forward=pair.forward(pair.draft), before=before)
+
+
 def median_ms(
     forward: Callable[[list[int]], None],
     undo: Callable[[], None],
@@ -209,8 +216,7 @@ def measure_profile(pair, baseline: bool = True, draft: bool = True, sizes=DEFAU
         run = pair.forward(pair.draft)
         profile["draft"] = {str(n): ms for n, ms in forward_ms(pair.draft, drafted, forward=run).items()}
         if pair.device.type == "cpu":  # a GPU's draft weights stay in its memory whatever runs
-            cold = forward_ms(pair.draft, FIRST_SIZES, forward=run, before=after_target(pair))
-            profile["draft_first"] = {str(n): ms for n, ms in cold.items()}
+            profile["draft_first"] = {str(n): ms for n, ms in first_draft_ms(pair).items()}
     measured = {"target": pair.target, **({"draft": pair.draft} if "draft" in profile else {})}
     profile["floor"] = floors(measured, pair.device)
     if baseline and not isinstance(target, ModelForward):  # the reference forward of the same target, beside

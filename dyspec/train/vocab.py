@@ -24,7 +24,7 @@ from safetensors.torch import load_file, save_file
 from tqdm.auto import tqdm
 
 from dyspec.auto import whatif
-from dyspec.auto.profile import after_target, forward_ms, pair_profile
+from dyspec.auto.profile import first_draft_ms, pair_profile
 from dyspec.decode.replay import Trace, record_trace, replay_run
 from dyspec.defaults import setting_text, settings
 from dyspec.drafts.feature import CONFIG_NAME, WEIGHTS_NAME
@@ -32,7 +32,6 @@ from dyspec.errors import DyspecError
 from dyspec.load import ModelPair
 from dyspec.train.corpus import training_prompts
 
-DRAFT_SIZES = (1, 2, 4, 8)  # draft forward widths timed per candidate: a step's drafts are this narrow
 SMALLEST = 512  # the smallest vocabulary `candidate_sizes` proposes
 
 
@@ -90,18 +89,11 @@ def write_subset(folder: Path, out: Path, ids: torch.Tensor, info: dict | None =
     return out
 
 
-def draft_forward_ms(pair: ModelPair) -> dict[int, float]:
-    """The pair's draft forward at DRAFT_SIZES as a step runs it: on a CPU right after a target
-    forward, which streams the target's weights through the caches and the draft's out of them."""
-    before = after_target(pair) if pair.device.type == "cpu" else None
-    return forward_ms(pair.draft, DRAFT_SIZES, forward=pair.forward(pair.draft), before=before)
-
-
 def measure_vocab(pair: ModelPair, traces: list[Trace], target_ms: dict, setting: tuple[str, int | str, dict]) -> dict:
     """One candidate, the pair's draft: its forward's time, and the `setting` (policy, budget,
     options) replayed along `traces`, priced with the target's `target_ms` (n: ms)."""
     policy, budget, options = setting
-    draft_ms = draft_forward_ms(pair)
+    draft_ms = first_draft_ms(pair)  # small trees draft about once a step: each forward a step's first
     runs = [replay_run(pair, trace, policy, budget, dict(options)) for trace in traces]
     shapes = [shape for run in runs for shape in whatif.step_shapes(run.steps)]
     model = whatif.from_profile({"target": target_ms, "draft": draft_ms}, pair.draft_name)
