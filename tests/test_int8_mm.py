@@ -44,6 +44,27 @@ def test_each_path_gives_torch_int_mm_bit_for_bit(path):
         kernel.use_path(kernel.PATHS[0])
 
 
+@needs_kernel
+@pytest.mark.parametrize("path", kernel.PATHS)
+def test_each_path_is_exact_at_the_int8_extremes(path):
+    """-128 in x and in the weights, alone and everywhere: the largest sums any path makes, and the
+    value AVX2's sign trick cannot take as it is (int8_mm.cpp, `avx2_product`)."""
+    try:
+        if kernel.use_path(path) != path:
+            pytest.skip(f"this CPU has no {path}")
+        g = torch.Generator().manual_seed(3)
+        weight = torch.randint(-128, 128, (96, 64), dtype=torch.int8, generator=g)
+        weight[:32] = -128
+        ops = kernel.int8_operands(weight)
+        x = torch.randint(-127, 128, (5, 64), dtype=torch.int8, generator=g)
+        x[0] = -128
+        x[3, 17] = -128
+        x[4] = 127
+        assert torch.equal(kernel.int8_mm(x, *ops), torch._int_mm(x, weight.t()))
+    finally:
+        kernel.use_path(kernel.PATHS[0])
+
+
 def test_a_path_is_named():
     with pytest.raises(ValueError, match="amx, vnni, avx-vnni, avx2"):
         kernel.use_path("sse")

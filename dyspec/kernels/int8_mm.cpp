@@ -5,8 +5,8 @@
 //   at 8 to 16 rows VNNI's arithmetic, not the weights' reading, would be the bound.
 // - AVX-512 VNNI (built with -mavx512vnni): up to 8 rows a pass.
 // - AVX-VNNI (built with -mavxvnni; or its twin in AVX-512 VNNI with VL): up to 2 rows a pass.
-// - AVX2 (any x86-64 since 2013): bytes widened to int16 and multiplied in pairs (vpmaddwd), two
-//   rows a pass over a panel the first pass brought into the cache, at every row count: on a CPU
+// - AVX2 (any x86-64 since 2013): bytes multiplied in pairs by the sign trick (vpmaddubsw), two
+//   rows a pass over a panel brought into the cache ahead of them, at every row count: on a CPU
 //   without VNNI, torch._int_mm (oneDNN) runs int8 at a small fraction of this.
 // Every path sums the same products in int32 exactly, so all give torch._int_mm's result. See int8_mm.py.
 #include <ATen/ATen.h>
@@ -29,46 +29,90 @@ namespace {
 
 constexpr int PANEL = 32;  // outputs per panel; weights packed [N / PANEL][K / 4][PANEL][4]
 
-// AVX2: rows R of x (`wx`, widened to int16 once per product) over one panel. A 16-byte piece of a
-// k-group (4 outputs x 4 k) is widened to int16 once for the R rows and multiplied by each row's 4
-// values in pairs (vpmaddwd), giving each output's two pair sums; they are added at the end. Two rows
-// a pass: the widening is shared, and more sums than 16 registers hold would go to the stack. Each K
-// step asks for the weights AVX2_AHEAD bytes on (prefetches never fault): the hardware's prefetching
-// alone leaves a pass waiting on memory, more so at two rows; non-temporal, as each weight is read
-// once a forward.
+// AVX2: rows R of x over one panel, by the sign trick: vpmaddubsw multiplies unsigned by signed bytes,
+// so |w| (once a piece for the R rows) meets x * sign(w) (vpsignb, per row), and each output's four
+// products are summed in pairs to int16 (2 * 128 * 127 at most: no saturation while x > -128, see
+// `avx2_product`), then to int32 by vpmaddwd with ones. A piece of a k-group is 8 outputs x 4 k, so
+// the sums come out in the outputs' order; two rows a pass keep them in registers.
+// Prefetches (which never fault) keep the weights streaming: the hardware's prefetching alone leaves a
+// pass waiting on memory. A panel's only pass asks for its own weights AVX2_AHEAD bytes on, non-
+// temporal as each weight is read once a forward. With more rows, pass `pass` of `passes` brings its
+// share of the next panel into L2, a line every few K steps, so that the weights of the next panel
+// stream while the arithmetic of this one runs, and its first pass reads them from the cache.
 constexpr int64_t AVX2_AHEAD = 1024;
 template <int R>
-void panel_avx2(const int16_t* wx, int64_t K, const int8_t* w, int32_t* out, int64_t N) {
-  __m256i acc[R][PANEL / 4];
+void panel_avx2(const int8_t* x, int64_t K, const int8_t* w, int32_t* out, int64_t N, int64_t pass, int64_t passes) {
+  const char* next = reinterpret_cast<const char*>(w + K * PANEL) + pass * K * PANEL / passes / 64 * 64;
+  int64_t credit = 0;
+  const __m256i ones = _mm256_set1_epi16(1);
+  __m256i acc[R][PANEL / 8];
 #pragma GCC unroll 2
   for (int m = 0; m < R; ++m)
-#pragma GCC unroll 8
-    for (int c = 0; c < PANEL / 4; ++c) acc[m][c] = _mm256_setzero_si256();
+#pragma GCC unroll 4
+    for (int s = 0; s < PANEL / 8; ++s) acc[m][s] = _mm256_setzero_si256();
   for (int64_t k = 0; k < K / 4; ++k) {
-    __m256i a[R];  // each row's 4 values as int16, repeated over the register
+    __m256i a[R];  // each row's 4 values, repeated over the register
 #pragma GCC unroll 2
     for (int m = 0; m < R; ++m) {
-      int64_t four;
-      std::memcpy(&four, wx + m * K + 4 * k, 8);
-      a[m] = _mm256_set1_epi64x(four);
+      int32_t four;
+      std::memcpy(&four, x + m * K + 4 * k, 4);
+      a[m] = _mm256_set1_epi32(four);
     }
     const int8_t* b = w + k * 4 * PANEL;
-    _mm_prefetch(reinterpret_cast<const char*>(b + AVX2_AHEAD), _MM_HINT_NTA);
-    _mm_prefetch(reinterpret_cast<const char*>(b + AVX2_AHEAD + 64), _MM_HINT_NTA);
-#pragma GCC unroll 8
-    for (int c = 0; c < PANEL / 4; ++c) {
-      const __m256i piece = _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(b + 16 * c)));
+    if (passes == 1) {
+      _mm_prefetch(reinterpret_cast<const char*>(b + AVX2_AHEAD), _MM_HINT_NTA);
+      _mm_prefetch(reinterpret_cast<const char*>(b + AVX2_AHEAD + 64), _MM_HINT_NTA);
+    } else {
+      credit += 4 * PANEL;
+      if (credit >= 64 * passes) {
+        _mm_prefetch(next, _MM_HINT_T1);
+        next += 64, credit -= 64 * passes;
+      }
+    }
+#pragma GCC unroll 4
+    for (int s = 0; s < PANEL / 8; ++s) {
+      const __m256i piece = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + 32 * s));
+      const __m256i size = _mm256_abs_epi8(piece);
 #pragma GCC unroll 2
-      for (int m = 0; m < R; ++m) acc[m][c] = _mm256_add_epi32(acc[m][c], _mm256_madd_epi16(piece, a[m]));
+      for (int m = 0; m < R; ++m) {
+        const __m256i pairs = _mm256_maddubs_epi16(size, _mm256_sign_epi8(a[m], piece));
+        acc[m][s] = _mm256_add_epi32(acc[m][s], _mm256_madd_epi16(pairs, ones));
+      }
     }
   }
 #pragma GCC unroll 2
-  for (int m = 0; m < R; ++m) {
-    int32_t pairs[2 * PANEL];
-#pragma GCC unroll 8
-    for (int c = 0; c < PANEL / 4; ++c) _mm256_storeu_si256(reinterpret_cast<__m256i*>(pairs + 8 * c), acc[m][c]);
-    for (int o = 0; o < PANEL; ++o) out[m * N + o] = pairs[2 * o] + pairs[2 * o + 1];
+  for (int m = 0; m < R; ++m)
+#pragma GCC unroll 4
+    for (int s = 0; s < PANEL / 8; ++s) _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + m * N + 8 * s), acc[m][s]);
+}
+
+// AVX2's product: every panel on every core, two rows a pass. x = -128 would break the sign trick
+// (its sign does not flip in int8, and 2 * 128 * 128 saturates int16): it runs as -127, and the
+// missing -1 x w is taken off the sums after (never for dyspec's own rows, quantized to +-127).
+void avx2_product(const int8_t* xp, int64_t M, int64_t K, const int8_t* wp, int32_t* op, int64_t N) {
+  std::vector<int8_t> clamped;
+  if (std::find(xp, xp + M * K, int8_t{-128}) != xp + M * K) {
+    clamped.assign(xp, xp + M * K);
+    std::replace(clamped.begin(), clamped.end(), int8_t{-128}, int8_t{-127});
   }
+  const int8_t* x = clamped.empty() ? xp : clamped.data();
+  at::parallel_for(0, N / PANEL, 1, [&](int64_t first, int64_t last) {
+    for (int64_t p = first; p < last; ++p)
+      for (int64_t m = 0; m < M; m += 2) {
+        const int64_t passes = (M + 1) / 2, pass = m / 2;
+        const int8_t* pw = wp + p * PANEL * K;
+        int32_t* out = op + m * N + p * PANEL;
+        if (M - m >= 2)
+          panel_avx2<2>(x + m * K, K, pw, out, N, pass, passes);
+        else
+          panel_avx2<1>(x + m * K, K, pw, out, N, pass, passes);
+      }
+  });
+  for (int64_t i = 0; i < static_cast<int64_t>(clamped.size()); ++i)
+    if (xp[i] == -128) {
+      const int64_t m = i / K, k = i % K;
+      for (int64_t o = 0; o < N; ++o) op[m * N + o] -= wp[(o / PANEL * K + k / 4 * 4) * PANEL + o % PANEL * 4 + k % 4];
+    }
 }
 
 // vpdpbusd at two widths: AVX-512 VNNI's zmm, and ymm, which AVX-VNNI (Intel's laptops since Alder
@@ -304,19 +348,7 @@ at::Tensor int8_mm(const at::Tensor& x, const at::Tensor& w, const at::Tensor& c
     return out;
   }
 #endif
-  const std::vector<int16_t> wide(xp, xp + M * K);
-  at::parallel_for(0, N / PANEL, 1, [&](int64_t first, int64_t last) {
-    for (int64_t p = first; p < last; ++p)
-      for (int64_t m = 0; m < M; m += 2) {
-        const int16_t* wx = wide.data() + m * K;
-        const int8_t* pw = wp + p * PANEL * K;
-        int32_t* out = op + m * N + p * PANEL;
-        if (M - m >= 2)
-          panel_avx2<2>(wx, K, pw, out, N);
-        else
-          panel_avx2<1>(wx, K, pw, out, N);
-      }
-  });
+  avx2_product(xp, M, K, wp, op, N);
   return out;
 }
 
