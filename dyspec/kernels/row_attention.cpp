@@ -92,15 +92,13 @@ void attend_heads(const float* queries, const float* K, int64_t k_slot, const fl
   for (int h = 0; h < G; ++h)
     for (int c = 0; c < C; ++c) q[h][c] = load(queries + h * D + c * LANES);
   for (int64_t j = 0; j < m; j += 4) {  // four keys at a time, the last repeated past m
-    vec k[4][C];
-    for (int t = 0; t < 4; ++t)
-      for (int c = 0; c < C; ++c) k[t][c] = load(K + seen[std::min(j + t, m - 1)] * k_slot + c * LANES);
+    const float* k[4];
+    for (int t = 0; t < 4; ++t) k[t] = K + seen[std::min(j + t, m - 1)] * k_slot;
     for (int h = 0; h < G; ++h) {
       vec s[4];
-      for (int t = 0; t < 4; ++t) {
-        s[t] = q[h][0] * k[t][0];
-        for (int c = 1; c < C; ++c) s[t] += q[h][c] * k[t][c];
-      }
+      for (int t = 0; t < 4; ++t) s[t] = q[h][0] * load(k[t]);
+      for (int c = 1; c < C; ++c)
+        for (int t = 0; t < 4; ++t) s[t] += q[h][c] * load(k[t] + c * LANES);
       const vec4 scores = lanes_sums(s[0], s[1], s[2], s[3]) * factor;
       std::memcpy(p + h * P + j, &scores, std::min<int64_t>(4, m - j) * sizeof(float));
     }
@@ -184,22 +182,27 @@ at::Tensor row_attention(const at::Tensor& q, const at::Tensor& keys, const at::
   float* O = out.data_ptr<float>();
   const float factor = static_cast<float>(scale);
   const int64_t k_head = keys.stride(0), k_slot = keys.stride(1), v_head = values.stride(0), v_slot = values.stride(1);
-  at::parallel_for(0, n * Hkv, 1, [&](int64_t first, int64_t last) {
+  // a unit of work: the query heads of a row that read one key head and go together (HEADS_TOGETHER),
+  // so that a one-row forward has several units for the threads to share
+  const int64_t together = d == 64 ? HEADS_TOGETHER<64> : d == 128 ? HEADS_TOGETHER<128> : g;
+  const int64_t groups = (g + together - 1) / together;
+  at::parallel_for(0, Hkv * n * groups, 1, [&](int64_t first, int64_t last) {
     std::vector<float> p(g * C);
-    for (int64_t unit = first; unit < last; ++unit) {  // a row's query heads that read one key head
+    for (int64_t unit = first; unit < last; ++unit) {
       // a key head's rows in turn: a thread reads each key head's keys once for all its rows
-      const int64_t kv = unit / n, r = unit % n, m = counts_[r], at = (r * Hkv + kv) * g * d;
+      const int64_t kv = unit / (n * groups), r = unit / groups % n, h = unit % groups * together;
+      const int64_t m = counts_[r], at = ((r * Hkv + kv) * g + h) * d, heads = std::min(together, g - h);
       const float *k = K + kv * k_head, *v = V + kv * v_head, *q_heads = Q + at;
       const int64_t* seen = S + r * C;
       float* o = O + at;
       if (d == 64)
-        attend<64>(q_heads, g, k, k_slot, v, v_slot, seen, m, factor, p.data(), C, o,
+        attend<64>(q_heads, heads, k, k_slot, v, v_slot, seen, m, factor, p.data(), C, o,
                    std::make_integer_sequence<int, HEADS_TOGETHER<64>>{});
       else if (d == 128)
-        attend<128>(q_heads, g, k, k_slot, v, v_slot, seen, m, factor, p.data(), C, o,
+        attend<128>(q_heads, heads, k, k_slot, v, v_slot, seen, m, factor, p.data(), C, o,
                     std::make_integer_sequence<int, HEADS_TOGETHER<128>>{});
       else
-        attend_any(q_heads, g, k, k_slot, v, v_slot, seen, m, d, factor, p.data(), o);
+        attend_any(q_heads, heads, k, k_slot, v, v_slot, seen, m, d, factor, p.data(), o);
     }
   });
   return out;

@@ -10,7 +10,8 @@ every key a tree row sees, which grows with
 the context. This kernel runs the same loops for every row (dot products, softmax, the weighted sum
 of values, in position order) over its own keys only, so a row's result cannot depend on what
 shares the call; it reads keys where the cache holds them, and a row's query heads that share a
-key head read its keys, then its values, together. C++ with GCC's and Clang's vector extensions
+key head read its keys, then its values, together (as many as half the vector registers hold: one
+on AVX2, so that two threads share even a one-row forward's heads). C++ with GCC's and Clang's vector extensions
 (every sum in the order written): it builds wherever torch.compile does, which the compiled
 forward needs anyway.
 """
