@@ -65,8 +65,8 @@ CPU = Defaults("lookup", 4, (1, 2, 4, "auto"), fast_path="compiled", options={"f
 DEFAULTS = {
     "cpu": CPU,
     # a CPU int8 pair whose kernel runs the avx2 path (no VNNI) pays each further row of a forward in
-    # arithmetic, so one drafted token a step measured fastest there (docs/results/cpu-avx2-default.md)
-    "cpu:avx2": replace(CPU, budget=1),
+    # arithmetic, so a tree of two measured fastest there (docs/results/cpu-avx2-default.md)
+    "cpu:avx2": replace(CPU, budget=2),
     "cuda": Defaults("lookup", 4, (4, 16, 64, "auto"), fast_path="compiled"),
 }
 UNMEASURED = Defaults("dyspec", 8, (2, 8, 32, "auto"))  # a device no bench has run on yet (mps)
