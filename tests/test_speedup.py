@@ -213,18 +213,18 @@ def _collect(steps):
 def test_default_policy_on_a_cpu_is_in_the_range_that_makes_it_faster(default_pair):
     """Faster than `ar` needs tokens per forward above what a step costs in forwards of `ar`: with
     t(3) ~ 1.1 t(1) on a CPU (int8), 1.4 tokens a forward and a draft under 20% of the step give
-    1.4 * 0.8 / 1.1 = 1.02x at worst; on the int8 kernel's avx2 path, t(2) ~ 1.15 t(1), one
-    drafted token a step and a draft under 10%, 1.4 * 0.9 / 1.15 = 1.10x. Ratios from one run, not
-    timings."""
+    1.4 * 0.8 / 1.1 = 1.02x at worst; on the int8 kernel's avx2 path, a tree of at most two drafted
+    tokens, about 2.4 rows a forward at t ~ 1.15 t(1), and a draft under 15%, 1.4 * 0.85 / 1.15 =
+    1.03x. Ratios from one run, not timings."""
     defaults = defaults_for(default_pair.device, default_pair.int8_kernel)
     steps = default_runs(default_pair)["default"]
     tokens_per_forward = sum(len(s.emitted) for s in steps) / len(steps)
     draft_share = sum(s.draft_s for s in steps) / sum(s.draft_s + s.target_s + s.overhead_s for s in steps)
-    budget = 1 if default_pair.int8_kernel == "avx2" else 4  # dyspec.defaults
+    budget = 2 if default_pair.int8_kernel == "avx2" else 4  # dyspec.defaults
     assert (defaults.policy, defaults.budget, defaults.options) == (
         "lookup",
         budget,
         {"fallback": 4, "confidence": 0.5},
     )
     assert tokens_per_forward >= 1.4, tokens_per_forward
-    assert draft_share <= (0.1 if budget == 1 else 0.2), draft_share
+    assert draft_share <= (0.15 if default_pair.int8_kernel == "avx2" else 0.2), draft_share
