@@ -89,11 +89,11 @@ def after_target(pair) -> Callable[[], None]:
     return target_forward
 
 
-def first_draft_ms(pair) -> dict[int, float]:
+def first_draft_ms(pair, repeats: int = 9) -> dict[int, float]:
     """The pair's draft forward at FIRST_SIZES as a step's first runs: on a CPU right after a target
     forward (`after_target`); elsewhere its weights stay where they are, and it runs as any other."""
     before = after_target(pair) if pair.device.type == "cpu" else None
-    return forward_ms(pair.draft, FIRST_SIZES, forward=pair.forward(pair.draft), before=before)
+    return forward_ms(pair.draft, FIRST_SIZES, repeats=repeats, forward=pair.forward(pair.draft), before=before)
 
 
 def median_ms(

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import math
+import statistics
 from collections.abc import Callable, Iterable
 from dataclasses import replace
 from pathlib import Path
@@ -89,11 +90,23 @@ def write_subset(folder: Path, out: Path, ids: torch.Tensor, info: dict | None =
     return out
 
 
-def measure_vocab(pair: ModelPair, traces: list[Trace], target_ms: dict, setting: tuple[str, int | str, dict]) -> dict:
-    """One candidate, the pair's draft: its forward's time, and the `setting` (policy, budget,
-    options) replayed along `traces`, priced with the target's `target_ms` (n: ms)."""
+def draft_times(pairs: list[ModelPair], rounds: int = 5) -> list[dict[int, float]]:
+    """Each pair's draft forward as a step's first runs it (small trees draft about once a step),
+    the pairs timed in turn over `rounds` rounds, so that a slow spell of a shared machine hits every
+    candidate alike; per size, the median of its rounds."""
+    times: list[list[dict[int, float]]] = [[] for _ in pairs]
+    for _ in tqdm(range(rounds), desc="timing the drafts' forwards", unit="round"):
+        for one, runs in zip(pairs, times):
+            runs.append(first_draft_ms(one, repeats=3))
+    return [{n: statistics.median(run[n] for run in runs) for n in runs[0]} for runs in times]
+
+
+def measure_vocab(
+    pair: ModelPair, traces: list[Trace], target_ms: dict, draft_ms: dict, setting: tuple[str, int | str, dict]
+) -> dict:
+    """One candidate, the pair's draft: the `setting` (policy, budget, options) replayed along
+    `traces`, priced with the target's `target_ms` and the draft's `draft_ms` (n: ms)."""
     policy, budget, options = setting
-    draft_ms = first_draft_ms(pair)  # small trees draft about once a step: each forward a step's first
     runs = [replay_run(pair, trace, policy, budget, dict(options)) for trace in traces]
     shapes = [shape for run in runs for shape in whatif.step_shapes(run.steps)]
     model = whatif.from_profile({"target": target_ms, "draft": draft_ms}, pair.draft_name)
@@ -140,10 +153,14 @@ def choose_draft_vocab(
     folders = [write_subset(folder, out / f"vocab-{size}", order[:size], origin) for size in sizes]
     target_ms = pair_profile(pair)["target"]
     candidates = load(folders)
-    rows = []
-    for draft, path in zip(tqdm([candidates.draft, *candidates.extra_drafts], desc="vocabularies"), folders):
-        one = replace(candidates, draft=draft, draft_name=str(path), extra_drafts=[], extra_draft_names=[])
-        rows.append({"folder": str(path), **measure_vocab(one, traces[-n_test:], target_ms, setting)})
+    ones = [
+        replace(candidates, draft=draft, draft_name=str(path), extra_drafts=[], extra_draft_names=[])
+        for draft, path in zip([candidates.draft, *candidates.extra_drafts], folders)
+    ]
+    rows = [
+        {"folder": str(path), **measure_vocab(one, traces[-n_test:], target_ms, ms, setting)}
+        for one, path, ms in zip(tqdm(ones, desc="vocabularies"), folders, draft_times(ones))
+    ]
     best = max(rows, key=lambda row: (row["modelled_speedup"], row["draft_vocab"]))
     policy, budget, options = setting
     report = {
