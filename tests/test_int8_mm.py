@@ -22,47 +22,47 @@ def test_the_kernel_is_torch_int_mm_bit_for_bit(rows, n, k):
     assert torch.equal(kernel.int8_mm(x, packed, comp, plain), torch._int_mm(x, weight.t()))
 
 
-@needs_kernel
-@pytest.mark.parametrize("path", kernel.PATHS)
-def test_each_path_gives_torch_int_mm_bit_for_bit(path):
-    """Forced to each path the CPU has (AMX only where Linux lends it too): 1 to 33 rows, the shapes
-    of the default target's layers and of its output layer, and a row alone equals itself in a batch."""
+@pytest.fixture(params=kernel.PATHS)
+def forced_path(request):
+    """Products forced to each path the CPU has (AMX only where Linux lends it too), the fastest
+    allowed again after."""
+    if not kernel.kernel_available():
+        pytest.skip("the CPU lacks AVX2")
     try:
-        if kernel.use_path(path) != path:
-            pytest.skip(f"this CPU has no {path}")
-        assert kernel.kernel_path() == path  # what profiles and bench records name
-        g = torch.Generator().manual_seed(7)
-        for n, k in [(960, 576), (3072, 576), (576, 1536), (49152, 576), (64, 36)]:
-            weight = torch.randint(-128, 128, (n, k), dtype=torch.int8, generator=g)
-            ops = kernel.int8_operands(weight)
-            for rows in (1, 2, 5, 16, 17, 33):
-                x = torch.randint(-128, 128, (rows, k), dtype=torch.int8, generator=g)
-                together = kernel.int8_mm(x, *ops)
-                assert torch.equal(together, torch._int_mm(x, weight.t())), (n, k, rows)
-                assert torch.equal(together[-1:], kernel.int8_mm(x[-1:], *ops))
+        if kernel.use_path(request.param) != request.param:
+            pytest.skip(f"this CPU has no {request.param}")
+        yield request.param
     finally:
         kernel.use_path(kernel.PATHS[0])
 
 
-@needs_kernel
-@pytest.mark.parametrize("path", kernel.PATHS)
-def test_each_path_is_exact_at_the_int8_extremes(path):
+def test_each_path_gives_torch_int_mm_bit_for_bit(forced_path):
+    """1 to 33 rows, the shapes of the default target's layers and of its output layer, and a row
+    alone equals itself in a batch."""
+    assert kernel.kernel_path() == forced_path  # what profiles and bench records name
+    g = torch.Generator().manual_seed(7)
+    for n, k in [(960, 576), (3072, 576), (576, 1536), (49152, 576), (64, 36)]:
+        weight = torch.randint(-128, 128, (n, k), dtype=torch.int8, generator=g)
+        ops = kernel.int8_operands(weight)
+        for rows in (1, 2, 5, 16, 17, 33):
+            x = torch.randint(-128, 128, (rows, k), dtype=torch.int8, generator=g)
+            together = kernel.int8_mm(x, *ops)
+            assert torch.equal(together, torch._int_mm(x, weight.t())), (n, k, rows)
+            assert torch.equal(together[-1:], kernel.int8_mm(x[-1:], *ops))
+
+
+def test_each_path_is_exact_at_the_int8_extremes(forced_path):
     """-128 in x and in the weights, alone and everywhere: the largest sums any path makes, and the
     value AVX2's sign trick cannot take as it is (int8_mm.cpp, `avx2_product`)."""
-    try:
-        if kernel.use_path(path) != path:
-            pytest.skip(f"this CPU has no {path}")
-        g = torch.Generator().manual_seed(3)
-        weight = torch.randint(-128, 128, (96, 64), dtype=torch.int8, generator=g)
-        weight[:32] = -128
-        ops = kernel.int8_operands(weight)
-        x = torch.randint(-127, 128, (5, 64), dtype=torch.int8, generator=g)
-        x[0] = -128
-        x[3, 17] = -128
-        x[4] = 127
-        assert torch.equal(kernel.int8_mm(x, *ops), torch._int_mm(x, weight.t()))
-    finally:
-        kernel.use_path(kernel.PATHS[0])
+    g = torch.Generator().manual_seed(3)
+    weight = torch.randint(-128, 128, (96, 64), dtype=torch.int8, generator=g)
+    weight[:32] = -128
+    ops = kernel.int8_operands(weight)
+    x = torch.randint(-127, 128, (5, 64), dtype=torch.int8, generator=g)
+    x[0] = -128
+    x[3, 17] = -128
+    x[4] = 127
+    assert torch.equal(kernel.int8_mm(x, *ops), torch._int_mm(x, weight.t()))
 
 
 def test_a_path_is_named():
