@@ -1,4 +1,7 @@
-"""End to end at T > 0: every policy samples the first 3 tokens exactly as the target does."""
+"""End to end at T > 0: every policy samples the first 3 tokens exactly as the target does.
+
+The pairs run dyspec's lean forward (dyspec.forward.lean), twice as fast here as Hugging Face's,
+whose own run is `test_the_hugging_face_forward_samples_target_distribution`."""
 
 import copy
 import dataclasses
@@ -71,12 +74,18 @@ FEATURE_CASES = [("chain", {}), ("dyspec", {})]  # a feature draft that cannot p
 
 @pytest.fixture(scope="module")
 def pair():
+    return dataclasses.replace(tiny_pair(), fast_path="lean")
+
+
+@pytest.fixture(scope="module")
+def hf_pair():
+    """The tiny pair on the Hugging Face forward, for what spies on the target model's own forwards."""
     return tiny_pair()
 
 
 @pytest.fixture(scope="module")
 def feature_pair():
-    return tiny_feature_pair()
+    return dataclasses.replace(tiny_feature_pair(), fast_path="lean")
 
 
 @pytest.fixture(scope="module")
@@ -107,7 +116,7 @@ def test_feature_draft_samples_target_distribution(feature_pair, exact, policy, 
 @pytest.mark.parametrize("policy,options", FEATURE_CASES, ids=lambda x: str(x))
 def test_a_copying_draft_samples_target_distribution(exact, policy, options):
     """q mixed with the copied token (dyspec.core.copying), which may be one the draft cannot propose."""
-    pair = tiny_feature_pair()
+    pair = dataclasses.replace(tiny_feature_pair(), fast_path="lean")
     pair.draft.copy_weights = [0.5] * MATCHES
     check_distribution(pair, exact, policy, options)
 
@@ -157,10 +166,11 @@ def test_the_static_path_samples_target_distribution(feature_pair, exact, policy
 
 
 @pytest.mark.parametrize("policy,options", [("specinfer", {"expansion": "2,1"}), *FEATURE_CASES], ids=lambda x: str(x))
-def test_the_lean_forward_samples_target_distribution(pair, feature_pair, exact, policy, options):
-    """The lean forward (dyspec.forward.lean) runs the target and the independent draft."""
-    chosen = pair if policy == "specinfer" else feature_pair
-    check_distribution(dataclasses.replace(chosen, fast_path="lean"), exact, policy, options)
+def test_the_hugging_face_forward_samples_target_distribution(exact, policy, options):
+    """The Hugging Face forward (`--fast-path off`, the reference) runs the target and the draft, an
+    independent one or a feature draft."""
+    pair = tiny_pair() if policy == "specinfer" else tiny_feature_pair()
+    check_distribution(pair, exact, policy, options)
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the int8 path runs on a CPU only")
@@ -339,13 +349,13 @@ def test_auto_drafts_nothing_for_the_answers_last_token(pair, flat_profile, poli
 
 
 @pytest.fixture
-def lumpy_profile(pair, tmp_path, monkeypatch):
+def lumpy_profile(hf_pair, tmp_path, monkeypatch):
     """As `steep_profile`, but forwards of 1 to 3 tokens cost as much as 8: every step pads them to 4."""
-    save_profile(pair, tmp_path, monkeypatch, lambda n: 9.0 if n < 4 else 1.0 + n)
+    save_profile(hf_pair, tmp_path, monkeypatch, lambda n: 9.0 if n < 4 else 1.0 + n)
 
 
 @pytest.mark.parametrize("policy", ["chain", "dyspec"])
-def test_auto_pads_forwards_where_more_tokens_cost_less(pair, lumpy_profile, monkeypatch, policy):
+def test_auto_pads_forwards_where_more_tokens_cost_less(hf_pair, lumpy_profile, monkeypatch, policy):
     """Under `auto` the target's forward runs at the size that `dyspec.auto.cost.padded_size` prices (here at
     least 4 tokens), and the output stays the target's."""
     calls = []
@@ -353,13 +363,13 @@ def test_auto_pads_forwards_where_more_tokens_cost_less(pair, lumpy_profile, mon
 
     def spy(self, tokens, positions=None, visible=None, **kwargs):
         logits = forward(self, tokens, positions, visible, **kwargs)
-        if self.model is pair.target and kwargs.get("pad_to"):
+        if self.model is hf_pair.target and kwargs.get("pad_to"):
             calls.append((len(tokens), kwargs["pad_to"], len(logits)))
         return logits
 
-    expected = generate(pair, PROMPT, policy="ar", max_new_tokens=24).token_ids
+    expected = generate(hf_pair, PROMPT, policy="ar", max_new_tokens=24).token_ids
     monkeypatch.setattr(KVSession, "forward", spy)
-    assert generate(pair, PROMPT, policy=policy, budget="auto", max_new_tokens=24).token_ids == expected
+    assert generate(hf_pair, PROMPT, policy=policy, budget="auto", max_new_tokens=24).token_ids == expected
     assert calls and all(pad == max(n, 4) and rows == n for n, pad, rows in calls)
     assert any(n < 4 for n, _, _ in calls)
 
@@ -452,7 +462,7 @@ def test_a_trees_first_n_nodes_cost_the_draft_forwards_that_made_them(pair):
     assert session.calls == [(1, 1), (2, 1), (3, 1)]  # (tree size when issued, nodes forwarded)
 
 
-def test_the_profile_times_each_size_as_the_engine_sends_it(pair, monkeypatch):
+def test_the_profile_times_each_size_as_the_engine_sends_it(hf_pair, monkeypatch):
     """t(1) is what a step that drafts nothing costs: one token with no mask, as the engine sends
     it; a tree of n > 1 goes with its mask. A masked t(1) was 8% dearer on a CPU, which made drafting
     look cheaper next to not drafting."""
@@ -460,16 +470,16 @@ def test_the_profile_times_each_size_as_the_engine_sends_it(pair, monkeypatch):
     forward = KVSession.forward
 
     def spy(self, tokens, positions=None, visible=None, **kwargs):
-        if self.model is pair.target and self.cached > 0:  # not the prompt's prefill
+        if self.model is hf_pair.target and self.cached > 0:  # not the prompt's prefill
             calls[who].add((len(tokens), visible is None))
         return forward(self, tokens, positions, visible, **kwargs)
 
     monkeypatch.setattr(KVSession, "forward", spy)
     who = "engine"
-    generate(pair, PROMPT, policy="chain", budget=1, max_new_tokens=4)
-    generate(pair, PROMPT, policy="ar", max_new_tokens=4)
+    generate(hf_pair, PROMPT, policy="chain", budget=1, max_new_tokens=4)
+    generate(hf_pair, PROMPT, policy="ar", max_new_tokens=4)
     who = "profile"
-    forward_ms(pair.target, sizes=(1, 2), repeats=1)
+    forward_ms(hf_pair.target, sizes=(1, 2), repeats=1)
     assert calls["engine"] == calls["profile"] == {(1, True), (2, False)}
 
 
