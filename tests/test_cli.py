@@ -11,7 +11,7 @@ from dyspec.defaults import defaults_for
 from dyspec.forward.quant import quantize_int8
 from dyspec.kernels.int8_mm import kernel_path
 
-from .tiny import tiny_model, tiny_tokenizer
+from .tiny import fresh_cache, tiny_model, tiny_tokenizer
 
 # The default target made ready first: a first load (a clean machine) prints the GGUF conversion's
 # progress on stderr, which is not what these tests read.
@@ -72,7 +72,7 @@ def test_profile_table_puts_the_baseline_under_its_sizes_and_saves_the_profile(t
     """The table, and the profile saved where `--budget auto` reads it (measured again on demand)."""
     tiny_model(0).save_pretrained(tmp_path / "tiny")
     tiny_tokenizer().save_pretrained(tmp_path / "tiny")
-    monkeypatch.setenv("DYSPEC_CACHE", str(tmp_path / "cache"))
+    fresh_cache(monkeypatch, tmp_path / "cache", shared=("kernels", "graphs"))
     r = dyspec("profile", "--target", str(tmp_path / "tiny"), "--draft", str(tmp_path / "tiny"))
     assert r.returncode == 0, r.stderr
     (saved,) = (tmp_path / "cache" / "profiles").iterdir()

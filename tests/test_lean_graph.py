@@ -15,7 +15,7 @@ from dyspec.load.pair import ModelPair
 
 from .conftest import PROMPTS
 from .test_lean import random_tree
-from .tiny import tiny_model, tiny_tokenizer
+from .tiny import fresh_cache, tiny_model, tiny_tokenizer
 
 pytestmark = pytest.mark.skipif(torch.cuda.is_available(), reason="the int8 path runs on a CPU only")
 PROMPT = [int(t) for t in torch.randint(5, (60,), generator=torch.Generator().manual_seed(0))]
@@ -72,7 +72,7 @@ def test_a_saved_graph_loads_as_the_graph_it_was(monkeypatch, tmp_path):
     sizes than they were compiled at. 7 layers: a block of 5 and a last block of 2, a graph each,
     and the output rows' graph."""
     monkeypatch.setattr(lean_graph, "CHECK_GUARDS", False)
-    monkeypatch.setenv("DYSPEC_CACHE", str(tmp_path))
+    fresh_cache(monkeypatch, tmp_path)
     loaded = []
     load = lean_graph.load_graph
     monkeypatch.setattr(lean_graph, "load_graph", lambda path: loaded.append(load(path)) or loaded[-1])

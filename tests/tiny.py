@@ -6,6 +6,7 @@ import torch
 from tokenizers import Tokenizer, models
 from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
+from dyspec.cache import cache_dir
 from dyspec.load import ModelPair
 
 VOCAB = ["a", "b", "c", "d", "e"]
@@ -29,6 +30,16 @@ def tiny_model(seed: int, layers: int = 1) -> LlamaForCausalLM:
     with torch.no_grad():  # sharper logits than the default init, so the distribution is not near uniform
         model.lm_head.weight.mul_(40)
     return model
+
+
+def fresh_cache(monkeypatch, folder, shared: tuple[str, ...] = ("kernels",)) -> None:
+    """DYSPEC_CACHE set to `folder`, empty but for the `shared` folders of the cache in use, linked:
+    a test of what a cache holds need not build again what builds the same (the kernels; graphs)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    for name in shared:
+        (cache_dir() / name).mkdir(parents=True, exist_ok=True)
+        (folder / name).symlink_to(cache_dir() / name)
+    monkeypatch.setenv("DYSPEC_CACHE", str(folder))
 
 
 def tiny_tokenizer() -> PreTrainedTokenizerFast:
