@@ -1,7 +1,7 @@
 """End to end at T > 0: every policy samples the first 3 tokens exactly as the target does.
 
-The pairs run dyspec's lean forward (dyspec.forward.lean), twice as fast here as Hugging Face's,
-whose own run is `test_the_hugging_face_forward_samples_target_distribution`."""
+The pairs run dyspec's lean forward (dyspec.forward.lean), faster than Hugging Face's, whose own
+run is `test_the_hugging_face_forward_samples_target_distribution`."""
 
 import copy
 import dataclasses
