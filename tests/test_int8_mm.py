@@ -26,8 +26,6 @@ def test_the_kernel_is_torch_int_mm_bit_for_bit(rows, n, k):
 def forced_path(request):
     """Products forced to each path the CPU has (AMX only where Linux lends it too), the fastest
     allowed again after."""
-    if not kernel.kernel_available():
-        pytest.skip("the CPU lacks AVX2")
     try:
         if kernel.use_path(request.param) != request.param:
             pytest.skip(f"this CPU has no {request.param}")
@@ -36,6 +34,7 @@ def forced_path(request):
         kernel.use_path(kernel.PATHS[0])
 
 
+@needs_kernel
 def test_each_path_gives_torch_int_mm_bit_for_bit(forced_path):
     """1 to 33 rows, the shapes of the default target's layers and of its output layer, and a row
     alone equals itself in a batch."""
@@ -51,6 +50,7 @@ def test_each_path_gives_torch_int_mm_bit_for_bit(forced_path):
             assert torch.equal(together[-1:], kernel.int8_mm(x[-1:], *ops))
 
 
+@needs_kernel
 def test_each_path_is_exact_at_the_int8_extremes(forced_path):
     """-128 in x and in the weights, alone and everywhere: the largest sums any path makes, and the
     value AVX2's sign trick cannot take as it is (int8_mm.cpp, `avx2_product`)."""
