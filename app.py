@@ -343,11 +343,8 @@ def live_handlers(vm: state.ViewModel) -> tuple:
         stop = stops[request.session_hash] = threading.Event()
         knobs = tunings[request.session_hash] = vm.knobs(state.budget_of(budget, auto), temperature)
         settings = (temperature, int(seed), int(max_new_tokens), None, measure_ar, stop.is_set, knobs)
-        drawn = 0.0
-        for live in vm.run(prompt, policy, knobs.budget, *settings):
-            draw = live.steps and (live.finished or time.perf_counter() - drawn >= state.REDRAW_S)
-            drawn = time.perf_counter() if draw else drawn
-            yield live_views(vm, live, bool(draw), (choice, width, fraction), request.session_hash)
+        for live, draw in state.paced(vm.run(prompt, policy, knobs.budget, *settings)):
+            yield live_views(vm, live, draw, (choice, width, fraction), request.session_hash)
 
     def load(data: bytes, choice, width, fraction, request: gr.Request):
         """A downloaded run, shown as it was when it finished; a file that is not one is said in a

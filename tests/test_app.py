@@ -2,6 +2,7 @@
 
 import json
 import os
+import re
 import shutil
 import socket
 import subprocess
@@ -358,7 +359,7 @@ def test_browser_run_and_stop(server, page, tmp_path):
 @pytest.mark.skipif(not os.path.exists(CHROMIUM), reason="needs Debian's chromium (.ci/run installs it)")
 def test_browser_budget_and_temperature_act_on_a_running_generation(page, tmp_path):
     """Budget 16 to 2 while a long answer streams: the next trees have at most 2 drafted nodes, the
-    stats say from which step, the chart marks it, and the run ends as asked."""
+    stats say from which step, and the chart marks it."""
     from playwright.sync_api import expect
 
     page.get_by_role("tab", name="Generate (live, measured)").click()
@@ -374,8 +375,10 @@ def test_browser_budget_and_temperature_act_on_a_running_generation(page, tmp_pa
     page.locator("#budget input[type=number]").press("Tab")
     expect(page.locator("#stats")).to_contain_text("dyspec at budget 2, temperature 0", timeout=60_000)
     expect(page.locator("#stats")).to_contain_text("changed while it ran, from step")
+    # Stop only ends it sooner: on a busy machine the run may reach its end first (the Stop test
+    # above checks Stop itself)
     page.locator("#stop").click()
-    expect(page.locator("#stats")).to_contain_text("Done (stopped)", timeout=30_000)
+    expect(page.locator("#stats")).to_contain_text(re.compile(r"Done \((stopped|max_new_tokens)\)"), timeout=60_000)
     expect(page.locator("#chart")).to_contain_text("budget 2, T 0", timeout=30_000)
     expect(page.locator(".error")).to_have_count(0)
     screenshot(page, tmp_path, "app-live-knobs.png")

@@ -11,8 +11,8 @@ from dyspec.core.events import StepVerified
 from dyspec.errors import DyspecError
 from dyspec.eval import speedup
 from dyspec.policies import POLICIES
-from dyspec.views import race, share
-from dyspec.views.state import FEATURED, ViewModel, featured_step
+from dyspec.views import race, share, state
+from dyspec.views.state import FEATURED, Live, ViewModel, featured_step
 
 
 @pytest.fixture(scope="module")
@@ -141,6 +141,22 @@ def test_the_default_policy_runs_the_default_setting_and_says_so(vm):
 def test_a_live_run_says_what_it_waits_for(vm):
     first = next(iter(vm.run("Name a color you like.", "chain", 2, max_new_tokens=4)))
     assert vm.stats(first).startswith("Measuring ar (plain decoding)")
+
+
+def test_a_live_run_is_paced_for_the_screen(finished, monkeypatch):
+    """Steps that come faster than a screen shows them are skipped, never the status before the
+    first step nor the end; figures are due far less often than text."""
+    clock = iter(range(0, 10_000, 30))  # a step every 30 ms, in ms
+    monkeypatch.setattr(state.time, "perf_counter", lambda: next(clock) / 1000)
+    steps = finished.steps * 20  # more steps than fit in a second at that pace
+    runs = [Live(status="waiting")] + [Live(steps=steps[:k]) for k in range(1, len(steps) + 1)]
+    runs.append(Live(steps=steps, finished=finished.finished))
+    shown = list(state.paced(runs))
+    assert shown[0] == (runs[0], False) and shown[1] == (runs[1], True) and shown[-1] == (runs[-1], True)
+    gaps = [len(b.steps) - len(a.steps) for (a, _), (b, _) in zip(shown[1:-1], shown[2:-1])]
+    assert gaps and set(gaps) == {state.STREAM_S * 1000 // 30 + 1}  # 4 steps of 30 ms to pass 100 ms
+    drawn = [len(live.steps) for live, draw in shown[1:-1] if draw]
+    assert len(drawn) > 1 and all(b - a > 30 for a, b in zip(drawn, drawn[1:]))  # a second is 34 steps
 
 
 def test_replays_are_kept_and_the_sweep_says_what_it_waits_for(vm):

@@ -28,16 +28,16 @@ from dyspec.views.examples import EXAMPLES
 from dyspec.views.state import (
     DRAFT_FRACTION,
     MAX_SIDE_BY_SIDE,
-    REDRAW_S,
     SIDE_BY_SIDE_BUDGET,
     WIDTH,
     Live,
     ViewModel,
     budget_of,
+    paced,
     shown_step,
 )
 
-# While a generation runs, the figures redraw at most every REDRAW_S (dyspec.views.state). On 2 cores
+# While a generation runs, the figures redraw at most every REDRAW_S (dyspec.views.state.paced). On 2 cores
 # even that costs most of the speedup (docs/guide/app.md), so there the figures wait for the end
 # unless the user asks for them live.
 LIVE_FIGURES = (os.cpu_count() or 1) > 2
@@ -225,7 +225,7 @@ class Dashboard:
         self.price()
 
     def run(self) -> GenerationFinished | None:
-        """Generate with the current settings, updating the views after every step (blocking). A
+        """Generate with the current settings, updating the views as it goes (blocking). A
         mistake in the settings is shown, and the last run's results stay."""
         self._stop.clear()
         budget = budget_of(self.budget.value, self.auto.value)
@@ -234,13 +234,10 @@ class Dashboard:
         runs = self.vm.run(
             self.prompt.value, self.policy.value, budget, *settings, self.measure_ar.value, self._stop.is_set, knobs
         )
-        drawn = 0.0
         try:
-            for live in runs:
+            for live, draw in paced(runs):
                 self.live, self.error.value = live, ""
-                drawn_now = self.live_figures.value and time.perf_counter() - drawn >= REDRAW_S
-                self._refresh(figures_too=drawn_now)
-                drawn = time.perf_counter() if drawn_now else drawn
+                self._refresh(figures_too=draw and self.live_figures.value)
         except dyspec.DyspecError as e:
             self.error.value = f"<span style='color:#D55E00'>{e}</span>"
             return None

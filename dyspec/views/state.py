@@ -7,7 +7,9 @@ which Gradio's Markdown and ipywidgets' HTML both render."""
 from __future__ import annotations
 
 import html
-from collections.abc import Callable, Iterator, Sequence
+import math
+import time
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 
 from dyspec import figures
@@ -35,9 +37,10 @@ SWEEP_MAX = 128  # the sweep chart's largest budget: bigger replays take long fo
 # the parametric accelerator the what-if menus open on: t(n) flat up to WIDTH tokens, a draft
 # forward DRAFT_FRACTION of t(1)
 WIDTH, DRAFT_FRACTION = 64, 0.1
-# While a generation runs, the text and stats update every step and the figures at most this often
-# (always once at its end): drawing plotly figures takes cores from the decoding that the speedup
+# While a generation runs, the text and stats update at most every STREAM_S and the figures every
+# REDRAW_S (both always at its end): drawing takes cores from the decoding that the speedup
 # measures, and a browser that falls behind the run shows (and stops) it late.
+STREAM_S = 0.1
 REDRAW_S = 1.0
 MAX_SIDE_BY_SIDE = 4  # trees shown at once
 REPLAYS_KEPT = 512  # replayed runs a view model keeps before it forgets them all
@@ -134,6 +137,19 @@ def identity_text(live: Live) -> str:
         return f"Same text as plain decoding, token for token ({n} tokens compared)."
     first = next(i for i in range(n) if ours[i] != plain[i])
     return f"<b>Differs from plain decoding from token {first}</b>: please report it with the downloaded run."
+
+
+def paced(runs: Iterable[Live]) -> Iterator[tuple[Live, bool]]:
+    """The states of a live run worth showing, each with whether its figures are due: its states
+    up to the first step and its last, the others at most every STREAM_S; figures every REDRAW_S."""
+    shown = drawn = -math.inf
+    for live in runs:
+        now, last = time.perf_counter(), live.finished is not None
+        if len(live.steps) > 1 and not last and now - shown < STREAM_S:
+            continue
+        draw = bool(live.steps) and (last or now - drawn >= REDRAW_S)
+        shown, drawn = now, now if draw else drawn
+        yield live, draw
 
 
 def budget_of(budget: int | float, auto: bool) -> int | str:
