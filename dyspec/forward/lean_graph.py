@@ -29,7 +29,8 @@ run oneDNN's `torch._int_mm` where that is fast at many rows (`int8_mm.ONEDNN_IN
 kernel elsewhere. Only a forward of over MAX_ROWS tokens on a cache that
 holds tokens runs eager. Graphs are compiled once per block shape and kind of forward (a prompt;
 one row; a tree), with dynamic sizes: `warm_up` compiles them behind a progress bar; inductor keeps
-its code on disk, so a later process mostly traces.
+its code on disk, so a later process mostly traces. A process keeps each graph once: a second model
+of the same shapes (another pair's target) runs the first one's.
 
 A block's graph is called without dynamo's guards (`torch.compile(...).aot_compile`): the forward
 knows which graph a call needs (its kind and grad mode), and checking every input's guards (the
@@ -63,6 +64,9 @@ from dyspec.kernels.int8_mm import int8_mm, int8_operands
 BLOCK = 5  # layers per graph: each graph call has a fixed cost, and a longer graph takes longer to trace
 MAX_ROWS = 256  # longer forwards on a cache that holds tokens run eager
 CHECK_GUARDS = False  # tests set it: each call checks its graph's guards, as torch.compile would
+# every graph compiled or loaded in this process, by what it was compiled from: a second model of
+# the same shapes (another pair's target) runs the first one's, as it would load them from disk
+GRAPHS: dict[tuple, object] = {}
 
 
 def linear_operands(linear: Int8Linear) -> tuple:
@@ -242,9 +246,18 @@ def compile_graph(fn, kind: str, args: tuple, rows: tuple, seen):
         varying += [(seen[0], 1)] + ([] if one_row else [(seen[0], 0), (seen[1], 0)])
     for tensor, dim in varying:
         torch._dynamo.mark_dynamic(tensor, dim)
-    if CHECK_GUARDS:  # compiled afresh: a loaded graph's guards misread the dynamic-size marks
-        return torch.compile(fn, fullgraph=True, dynamic=False).aot_compile((args, {}))
     path = saved_graph(kind, args)
+    key = fn, path, CHECK_GUARDS
+    if key not in GRAPHS:
+        GRAPHS[key] = compiled_or_loaded(fn, args, path)
+    return GRAPHS[key]
+
+
+def compiled_or_loaded(fn, args: tuple, path: Path):
+    """`fn`'s graph over `args`, loaded from `path` or compiled and saved there; under CHECK_GUARDS
+    compiled afresh and unsaved: a loaded graph's guards misread the dynamic-size marks."""
+    if CHECK_GUARDS:
+        return torch.compile(fn, fullgraph=True, dynamic=False).aot_compile((args, {}))
     graph = load_graph(path)
     if graph is None:
         compiled = torch.compile(fn, fullgraph=True, dynamic=False, options={"size_asserts": False})
