@@ -83,9 +83,13 @@ def hf_pair():
     return tiny_pair()
 
 
+def lean_feature_pair():
+    return dataclasses.replace(tiny_feature_pair(), fast_path="lean")
+
+
 @pytest.fixture(scope="module")
 def feature_pair():
-    return dataclasses.replace(tiny_feature_pair(), fast_path="lean")
+    return lean_feature_pair()
 
 
 @pytest.fixture(scope="module")
@@ -116,7 +120,7 @@ def test_feature_draft_samples_target_distribution(feature_pair, exact, policy, 
 @pytest.mark.parametrize("policy,options", FEATURE_CASES, ids=lambda x: str(x))
 def test_a_copying_draft_samples_target_distribution(exact, policy, options):
     """q mixed with the copied token (dyspec.core.copying), which may be one the draft cannot propose."""
-    pair = dataclasses.replace(tiny_feature_pair(), fast_path="lean")
+    pair = lean_feature_pair()
     pair.draft.copy_weights = [0.5] * MATCHES
     check_distribution(pair, exact, policy, options)
 

@@ -237,7 +237,8 @@ class Dashboard:
         try:
             for live, draw in paced(runs):
                 self.live, self.error.value = live, ""
-                self._refresh(figures_too=draw and self.live_figures.value)
+                # the last state's figures are drawn once, by the refresh after the run
+                self._refresh(figures_too=draw and self.live_figures.value and live.finished is None)
         except dyspec.DyspecError as e:
             self.error.value = f"<span style='color:#D55E00'>{e}</span>"
             return None
