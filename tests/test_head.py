@@ -145,8 +145,8 @@ def test_specdecpp_stops_by_predicted_acceptance(pair, tmp_path, bias, expected_
     steps = drafted(events)
     assert {len(s.tokens) - 1 for s in steps} == {expected_k}
     for s in steps:
-        predicted = s.extra["predicted_acceptance"]  # one per node; none for the last at max_k
-        assert len(predicted) == expected_k and (predicted[-1] is None) == (expected_k == 6)
+        predicted = s.extra["predicted_acceptance"]  # one per node; none for the last, never forwarded
+        assert len(predicted) == expected_k and predicted[-1] is None and None not in predicted[:-1]
         assert all(p == pytest.approx(1.0 if bias[1] > 0 else 0.0, abs=1e-6) for p in predicted if p is not None)
     fig = figures.tree_figure(steps[0])  # the views show the prediction next to the outcome
     nodes = [t for t in fig.data if t.mode == "markers+text"]

@@ -7,9 +7,10 @@ import pytest
 import torch
 
 from dyspec.core.contract import BINS, AutoNeeds
+from dyspec.core.sampling import ranked_children
 from dyspec.core.tree import Tree
 from dyspec.errors import DyspecError
-from dyspec.policies import chain, dyspec, dyspec_threshold, eagle2, lookup, specinfer, suffix
+from dyspec.policies import chain, dyspec, dyspec_threshold, eagle2, lookup, sglang, specdecpp, specinfer, suffix
 from dyspec.policies.sequoia import optimal_tree, tree_score
 
 V = 4
@@ -123,16 +124,52 @@ def test_threshold_under_auto_draws_the_slots_its_learnt_rates_value_above_t(fir
     assert [len(tree.children(u)) for u in range(len(tree))] == kids
 
 
-def test_threshold_respects_threshold_and_budget():
-    tree = dyspec_threshold.build(SyntheticDraft(), 0, 16, 0.0, torch.Generator(), threshold=0.05, select="top")
-    assert 1 <= tree.size <= 16
+def slot_values(tree: Tree, sample: bool) -> list[float]:
+    """The value of the slot that drew each drafted node, read off the tree: for sampled children
+    the parent's value less its earlier children's, for chosen children the node's own value."""
+    values = [1.0]
     for u in range(len(tree)):
         left = tree.values[u]
         for c in tree.children(u):
-            assert left > 0.05  # a child is added only while its slot is worth more than t
+            values.append(left if sample else tree.values[c])
             left -= tree.values[c]
+    order = [c for u in range(len(tree)) for c in tree.children(u)]
+    return [values[1 + order.index(n)] for n in range(1, len(tree))]
+
+
+@pytest.mark.parametrize("select", ["top", "sample"])
+def test_threshold_respects_threshold_and_budget(select):
+    g = torch.Generator().manual_seed(0)
+    tree = dyspec_threshold.build(SyntheticDraft(), 0, 16, 0.0, g, threshold=0.05, select=select)
+    assert 1 <= tree.size <= 16
+    # a child is added only while its slot is worth more than t (the root's first whatever its value)
+    assert all(v > 0.05 for n, v in enumerate(slot_values(tree, select == "sample"), 1) if n > 1)
     with pytest.raises(DyspecError):
         dyspec_threshold.build(SyntheticDraft(), 0, 16, 0.0, torch.Generator(), threshold=2.0)
+
+
+def draws_by_row(q: torch.Tensor, k: int, sample: bool, generator=None):
+    """`ranked_children` with each row's draw a function of the row alone, so that two builds that
+    forward the same nodes in another order draw the same children for them."""
+    if not sample:
+        return ranked_children(q, k, sample)
+    rows = [ranked_children(row[None], k, True, torch.Generator().manual_seed(hash(row.numpy().tobytes()) % 2**31)) for row in q]
+    return torch.cat([r[0] for r in rows]), torch.cat([r[1] for r in rows])
+
+
+@pytest.mark.parametrize("select", ["top", "sample"])
+def test_threshold_tree_is_the_heaps_tree_of_its_size(monkeypatch, select):
+    """DySpec App. A.1: the heap's tree of n nodes (batch 1, the paper's order) is the threshold
+    build's tree at any t between its n-th and (n+1)-th slot values, for chosen and sampled children
+    (each node's draws the same in both builds)."""
+    monkeypatch.setattr(dyspec, "ranked_children", draws_by_row)
+    monkeypatch.setattr(dyspec_threshold, "ranked_children", draws_by_row)
+    for salt in range(6):
+        for budget in (1, 3, 7, 12, 20):
+            heap = dyspec.build(SyntheticDraft(salt), 0, budget, 0.0, None, batch=1, select=select)
+            t = min(slot_values(heap, select == "sample")) * (1 - 1e-9)
+            threshold = dyspec_threshold.build(SyntheticDraft(salt), 0, 200, 0.0, None, threshold=t, select=select)
+            assert root_paths(threshold) == root_paths(heap), (salt, budget)
 
 
 def test_specinfer_expansion():
@@ -179,11 +216,83 @@ def test_specinfer_draws_of_each_draft_keep_their_own_proposal():
         specinfer.parse_expansion("2,x", 8)
 
 
-def test_eagle2_keeps_best_nodes_and_ancestors():
-    tree = eagle2.build(SyntheticDraft(), 0, 10, 0.0, torch.Generator(), topk=3, depth=4)
-    assert tree.size == 10
-    assert all(tree.parents[i] < i for i in range(1, len(tree)))
-    assert all(tree.values[i] <= tree.values[tree.parents[i]] + 1e-12 for i in range(1, len(tree)))
+def eagle2_pool(topk: int, depth: int) -> dict[tuple[int, ...], float]:
+    """EAGLE-2's candidates by the paper's rule, path -> cumulative draft probability (T = 1): the
+    root's top-k children, then `depth` rounds in which each of the round's k best candidates gets
+    its top-k children; every round's candidates stay in the pool."""
+
+    def children(path: tuple[int, ...], value: float) -> list[tuple[tuple[int, ...], float]]:
+        probs, tokens = q_of((0, *path), 1.0).topk(topk)
+        return [((*path, int(y)), value * float(p)) for p, y in zip(probs, tokens)]
+
+    round_ = children((), 1.0)
+    pool = dict(round_)
+    for _ in range(depth):
+        frontier = sorted(round_, key=lambda c: -c[1])[:topk]
+        round_ = [c for path, value in frontier for c in children(path, value)]
+        pool.update(round_)
+    return pool
+
+
+@pytest.mark.parametrize("topk,depth", [(1, 3), (2, 1), (2, 4), (3, 2), (3, 4), (4, 3)])
+def test_eagle2_reranks_every_candidate_of_every_round(topk, depth):
+    """The tree is the `budget` best of the whole pool (topk + depth * topk^2 candidates), never
+    fewer nodes than min(budget, pool), from depth + 1 draft forwards; `sglang` is the same build."""
+    pool = eagle2_pool(topk, depth)
+    assert len(pool) == topk + depth * topk**2
+    for budget in (1, 5, 10, 24, 80):
+        draft = SyntheticDraft()
+        tree = eagle2.build(draft, 0, budget, 0.0, torch.Generator(), topk=topk, depth=depth)
+        best = sorted(pool, key=lambda path: -pool[path])[:budget]
+        assert tree.size == min(budget, len(pool)) and root_paths(tree) == set(best)
+        assert draft.forwards == depth + 1
+        assert all(tree.parents[i] < i for i in range(1, len(tree)))
+        same = sglang.build(SyntheticDraft(), 0, budget, 0.0, torch.Generator(), topk=topk, steps=depth + 1)
+        assert root_paths(same) == root_paths(tree)
+
+
+class ScriptedHead:
+    """An acceptance head that predicts the given values in turn, whatever it reads."""
+
+    def __init__(self, predictions: list[float]):
+        self.predictions = iter(predictions)
+
+    def accept_prob(self, hidden: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
+        return torch.tensor(next(self.predictions))
+
+
+class HiddenDraft(SyntheticDraft):
+    @property
+    def hidden(self) -> torch.Tensor:
+        return torch.zeros(1, 2)
+
+
+def official_k(predictions: list[float], h: float, min_k: int, max_k: int) -> int:
+    """SpecDec++'s chain length by the official loop's rule (its `ada` schedule): after the k-th
+    drafted token, the forward that drew it predicted the (k-1)-th's acceptance (the first forward
+    reads the root: acceptance 1); stop at k = max_k, never below min_k, else once
+    1 - prod(predictions so far) > h."""
+    survive = 1.0
+    for k in range(1, max_k + 1):
+        survive *= 1.0 if k == 1 else predictions[k - 2]
+        if k >= max_k or (k >= min_k and 1 - survive > h):
+            return k
+    raise AssertionError("unreachable")
+
+
+def test_specdecpp_chain_length_follows_the_official_stop_rule(monkeypatch):
+    g = torch.Generator().manual_seed(0)
+    for _ in range(200):
+        h = float(torch.empty(()).uniform_(0.2, 0.9, generator=g))
+        min_k, max_k = [(1, 20), (2, 20), (2, 8), (4, 12)][int(torch.randint(4, (), generator=g))]
+        budget = int(torch.randint(1, 24, (), generator=g))
+        predictions = (0.5 + 0.5 * torch.rand(24, generator=g)).tolist()
+        monkeypatch.setattr(specdecpp, "load_head", lambda path: (ScriptedHead(predictions), {}))
+        draft = HiddenDraft()
+        tree = specdecpp.build(draft, 0, budget, 0.0, g, h=h, min_k=min_k, max_k=max_k, head="scripted")
+        k = official_k(predictions, h, min(min_k, budget), min(max_k, budget))
+        assert tree.size == k and draft.forwards == k  # a stop costs no further draft forward
+        assert tree.extra["predicted_acceptance"] == [pytest.approx(p) for p in predictions[: k - 1]] + [None]
 
 
 def all_shapes(n: int, depth: int):

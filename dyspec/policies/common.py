@@ -26,13 +26,29 @@ def child_mode(select: str, temperature: float, draft_temperature: float) -> tup
     return sample, tau, "without_replacement" if sample else "deterministic"
 
 
-def top_children(tree: Tree, draft: DraftSession, frontier: list[int], k: int) -> list[tuple[float, int, int, float]]:
-    """Each frontier node's k most probable children under the draft at T = 1, as (value, parent,
-    token, q), by frontier node, then by rank: the candidates EAGLE-2 and SGLang expand from."""
-    q = to_probs(draft.logits(tree, frontier), 1.0)
-    columns, probs = ranked_children(q, k, sample=False)
-    tokens = tree.token_ids(columns, q.shape[-1])
-    return [(tree.values[u] * p, u, y, p) for i, u in enumerate(frontier) for y, p in zip(tokens[i], probs[i].tolist())]
+def drawn_slot(probs: list[float], k: int, sample: bool) -> float:
+    """The paper's value of node u's k-th child slot relative to u: when sampling without
+    replacement, the q mass its earlier siblings left (1 - q(y_1) - ... - q(y_k-1)); when taking
+    the top k, the child's own q(y_k)."""
+    return 1 - sum(probs[:k]) if sample else probs[k]
+
+
+def expand_and_rerank(draft: DraftSession, root: int, budget: int, topk: int, steps: int) -> Tree:
+    """EAGLE-2's and SGLang's build: `steps` draft forwards, the first over the root, each later one
+    over the `topk` candidates of the forward before with the highest value (cumulative draft
+    probability at T = 1, ties to the older node); each forwarded node gets its `topk` most
+    probable children as candidates, and every candidate stays in the tree until the rerank keeps
+    the `budget` best of them all."""
+    tree = Tree.root(root, "deterministic", draft.vocab)
+    frontier = [0]
+    for _ in range(steps):
+        q = to_probs(draft.logits(tree, frontier), 1.0)
+        columns, probs = ranked_children(q, topk, sample=False)
+        tokens = tree.token_ids(columns, q.shape[-1])
+        added = [tree.add(u, y, p) for i, u in enumerate(frontier) for y, p in zip(tokens[i], probs[i].tolist())]
+        tree.end_expansion()
+        frontier = sorted(added, key=lambda n: (-tree.values[n], n))[:topk]
+    return rerank(tree, draft, budget)
 
 
 def rerank(tree: Tree, draft: DraftSession, budget: int) -> Tree:

@@ -20,7 +20,7 @@ from dyspec.core.sampling import ranked_children, to_probs
 from dyspec.core.tree import Tree
 from dyspec.errors import DyspecError
 from dyspec.load.head import AcceptanceHead, head_for, load_head
-from dyspec.policies.common import child_mode
+from dyspec.policies.common import child_mode, drawn_slot
 
 SCORES = ("draft", "head")
 
@@ -47,13 +47,6 @@ def forwards_for(budget: int, options: dict) -> int:
     `--budget auto` prices a smaller tree by its width, not by the forwards of a prefix of this one."""
     batch = options.get("batch") or math.ceil(budget / 4)
     return math.ceil(budget / batch)
-
-
-def drawn_slot(probs: list[float], k: int, sample: bool) -> float:
-    """The paper's value of node u's k-th child slot relative to u: when sampling without
-    replacement, the q mass its earlier siblings left (1 - q(y_1) - ... - q(y_k-1)); when taking
-    the top k, the child's own q(y_k)."""
-    return 1 - sum(probs[:k]) if sample else probs[k]
 
 
 class DraftScore:

@@ -1,7 +1,9 @@
 """DySpec's threshold build (App. A.2): layer by layer, one batched draft forward per layer. A node
-keeps drawing children (without replacement) while the value left for its next child exceeds t
-(the paper prints `v < t`; it must be `v > t`). t defaults to 1 / budget (1/2 at budget 1: a lone
-child must be likelier accepted than not); the budget caps the size.
+keeps adding children while the value of its next child slot exceeds t (the paper prints `v < t`;
+it must be `v > t`), a slot valued as DySpec's heap values it (`drawn_slot`): the mass left by the
+earlier siblings for sampled children, the child's own value for chosen ones; so the tree is the
+heap's tree of the same size (App. A.1) under both selections. t defaults to 1 / budget (1/2 at
+budget 1: a lone child must be likelier accepted than not); the budget caps the size.
 Under `--budget auto` with sampled children a slot is worth what auto has learnt instead, as in
 DySpec's heap (`dyspec.build`): the value left, 1 - the mass drawn, priced a late sibling far above
 its chance, so the tree built more siblings than the cut kept, never paid in full, and its cap
@@ -14,7 +16,7 @@ from dyspec.core.draft import DraftSession
 from dyspec.core.sampling import ranked_children, to_probs
 from dyspec.core.tree import Tree
 from dyspec.errors import DyspecError
-from dyspec.policies.common import child_mode
+from dyspec.policies.common import child_mode, drawn_slot
 
 
 def build(
@@ -49,11 +51,14 @@ def build(
         next_frontier = []
         for i, u in enumerate(frontier):
             tree.q[u] = q[i]
-            left = tree.values[u]  # value of u's next child slot
-            for k, (token, prob) in enumerate(zip(tokens[i], probs[i].tolist())):
+            ranked = probs[i].tolist()
+            for k, (token, prob) in enumerate(zip(tokens[i], ranked)):
+                # the value of u's next child slot, as DySpec's heap values it
                 if learnt:
                     left = reach[u] * slot_rate(auto_rates, squares[i], later=k > 0)
-                # the root's first child comes whatever its value (`1` unless learnt): auto asked
+                else:
+                    left = tree.values[u] * drawn_slot(ranked, k, sample)
+                # the root's first child comes whatever its value: auto asked
                 # for at least one node, and a probe that drew none learnt nothing, so drafting
                 # stopped for good (cap 2: t = 1/2, rates at their prior 1/2)
                 if (left <= t and tree.size) or prob <= 0 or tree.size >= budget:
@@ -62,8 +67,6 @@ def build(
                 if learnt:
                     reach[child] = left
                     squares[i] -= prob**2
-                else:
-                    left -= tree.values[child]
                 if tree.depths[child] < max_depth and reach[child] > t:
                     next_frontier.append(child)
         tree.end_expansion()

@@ -1,14 +1,22 @@
-"""EAGLE-2-style dynamic tree (Li et al. 2024), as a baseline: expand the `topk` best frontier nodes
-by cumulative draft probability, give each its top-k children, keep the global top-k as the next
-frontier; after `depth` rounds keep the `budget` best nodes overall. Children are chosen, not
-sampled, so at T > 0 they are verified as one-hot proposals, which stays exact."""
+"""EAGLE-2's dynamic draft tree (Li et al. 2024), as SafeAILab/EAGLE builds it
+(`Model.topK_genrate` in eagle/model/cnets.py): the root's top-`topk` children, then `depth`
+rounds in which each of the `topk` best candidates of the round before (by cumulative draft
+probability) gets its top-`topk` children; every candidate of every round stays eligible
+(`topk + depth * topk^2` in all), and the best `budget` of them are verified (EAGLE's
+`total_token` - 1). Defaults are EAGLE's `EaModel` (total_token 60: budget 59, depth 7, top_k 10;
+its draft `Model` alone defaults to depth 5, top_k 8). Children are chosen, not sampled, so at
+T > 0 they are verified as one-hot proposals, which stays exact.
+
+The build is SGLang's (`dyspec.policies.sglang`, the same pool and rerank, with `steps` = depth + 1
+draft forwards); the two differ in their defaults, and EAGLE ranks by summed log-probabilities
+where SGLang and dyspec multiply probabilities (the same order but at floating-point ties)."""
 
 import torch
 
 from dyspec.core.contract import Policy
 from dyspec.core.draft import DraftSession
 from dyspec.core.tree import Tree
-from dyspec.policies.common import rerank, top_children
+from dyspec.policies.common import expand_and_rerank
 
 
 def build(
@@ -18,16 +26,10 @@ def build(
     temperature: float,
     generator: torch.Generator,
     *,
-    topk: int = 8,
-    depth: int = 6,
+    topk: int = 10,
+    depth: int = 7,
 ) -> Tree:
-    tree = Tree.root(root, "deterministic", draft.vocab)
-    frontier = [0]
-    for _ in range(depth):
-        candidates = sorted(top_children(tree, draft, frontier, topk), key=lambda c: -c[0])
-        frontier = [tree.add(u, y, p) for _, u, y, p in candidates[:topk]]
-        tree.end_expansion()
-    return rerank(tree, draft, budget)
+    return expand_and_rerank(draft, root, budget, topk, depth + 1)
 
 
 POLICY = Policy(

@@ -5,14 +5,15 @@ candidates with the best cumulative draft probability among them becoming the ne
 Every candidate of every step stays eligible, and the best `budget` of them by cumulative
 probability (SGLang's `speculative_num_draft_tokens` - 1) are verified: their ancestors score
 higher, so they form a tree. Children are chosen, not sampled, so at T > 0 they are verified as
-one-hot proposals, which stays exact. `dyspec recommend --engine sglang` measures its settings."""
+one-hot proposals, which stays exact. `dyspec recommend --engine sglang` measures its settings.
+EAGLE-2's own build (`dyspec.policies.eagle2`) is this one with EAGLE's defaults."""
 
 import torch
 
 from dyspec.core.contract import Policy
 from dyspec.core.draft import DraftSession
 from dyspec.core.tree import Tree
-from dyspec.policies.common import rerank, top_children
+from dyspec.policies.common import expand_and_rerank
 
 
 def build(
@@ -25,13 +26,7 @@ def build(
     topk: int = 4,
     steps: int = 5,
 ) -> Tree:
-    tree = Tree.root(root, "deterministic", draft.vocab)
-    frontier = [0]
-    for _ in range(steps):
-        added = [tree.add(u, y, p) for _, u, y, p in top_children(tree, draft, frontier, topk)]
-        tree.end_expansion()
-        frontier = sorted(added, key=lambda n: (-tree.values[n], n))[:topk]
-    return rerank(tree, draft, budget)
+    return expand_and_rerank(draft, root, budget, topk, steps)
 
 
 POLICY = Policy(

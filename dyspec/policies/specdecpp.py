@@ -1,6 +1,7 @@
 """SpecDec++ (Huang et al. 2024): a chain whose length K adapts. After each drafted token, the
 acceptance head reads the draft's hidden state at that token; drafting stops once the predicted
-chance that at least one drafted token is rejected, 1 - prod(predicted acceptance), passes h.
+chance that at least one drafted token is rejected, 1 - prod(predicted acceptance), passes h,
+keeping the token that the predicting forward drew (as the official code does).
 Verification is plain chain speculative sampling, so the output is exact whatever the head says."""
 
 import torch
@@ -34,8 +35,13 @@ def build(
     max_k: int = 20,
     head: str | None = None,
 ) -> Tree:
-    """Draft K tokens, min_k <= K <= min(max_k, budget). `tree.extra["predicted_acceptance"][i]` is
-    the head's prediction for node i + 1 (None for the last node when K reached its bound)."""
+    """Draft K tokens, min_k <= K <= min(max_k, budget), as the official loop does
+    (Kaffaljidhmah2/SpecDec_pp, `specdec_pp/hf_generation.py`, the `ada` schedule): each draft
+    forward, over the last drafted token, gives the next token and the head's prediction for that
+    last token; the next token is kept, and drafting stops there once K >= min_k and
+    1 - prod(predictions) > h, so a stop costs no further draft forward. The root's forward
+    predicts nothing (the root is the target's own token). `tree.extra["predicted_acceptance"][i]`
+    is the head's prediction for node i + 1 (None for the last node, never forwarded)."""
     if not 0 < h < 1:
         raise DyspecError(f"h must be between 0 and 1, got {h}")
     if not 1 <= min_k <= max_k:
@@ -52,10 +58,10 @@ def build(
         if node > 0:
             predicted.append(float(acceptance_head.accept_prob(draft.hidden[-1], q_last)))
             survive *= predicted[-1]
-            if node >= min_k and 1 - survive > h:
-                break
         x = extend(tree, node, logits, temperature, generator)
         q_last = torch.softmax(logits.float(), dim=-1)[x]
+        if tree.size >= min_k and 1 - survive > h:
+            break
     tree.extra = {"predicted_acceptance": predicted + [None] * (tree.size - len(predicted))}
     return tree
 
