@@ -5,9 +5,11 @@ child, (0, 1) that node's second. dyspec's trees number siblings in the order th
 draft's rank at T = 0, which is what the engines' choice lists mean. Sources, checked against each
 engine's own validation rules (tests/test_export.py re-implements them):
 
-- TensorRT-LLM `eagle_choices` and Medusa `medusa_choices`: a list of paths as lists, deduplicated,
-  sorted by (length, path), every path's parent present (`check_eagle_choices` in
-  tensorrt_llm/llmapi/llm_args.py); the C++ runtime caps depth and child rank at `TRTLLM_MAX`.
+- TensorRT-LLM: no static EAGLE tree (`eagle_choices` was removed), a dynamic EAGLE-2 build sized
+  by `Eagle3DecodingConfig(use_dynamic_tree=True, ...)`; the export is the settings that cover the
+  tree, checked by `validate_eagle_config` in tensorrt_llm/llmapi/llm_args.py.
+- Medusa `medusa_choices`: a list of paths as lists, deduplicated, sorted by (length, path), every
+  path's parent present; TensorRT-LLM's runtime caps depth and child rank at `MEDUSA_MAX`.
 - vLLM `speculative_config["speculative_token_tree"]`: a string holding a Python list of tuples,
   with `num_speculative_tokens` its length (vllm/v1/spec_decode/eagle.py). Its proposer drafts the
   same number of children for every node of a level, so only level-uniform trees run as written.
@@ -37,7 +39,7 @@ from dyspec.policies.sequoia import optimal_tree, tree_score
 
 FORMATS = ("trtllm", "medusa", "vllm", "sglang", "sequoia")
 ENGINES = ("sglang", "vllm", "trtllm")  # the serving engines whose settings `dyspec recommend` measures
-TRTLLM_MAX = 16  # the most levels, and children per node, TensorRT-LLM's runtime takes
+MEDUSA_MAX = 16  # the most levels, and children per node, TensorRT-LLM's Medusa runtime takes
 
 Path_ = tuple[int, ...]
 
@@ -118,6 +120,29 @@ def sglang_settings(paths: list[Path_]) -> dict[str, int]:
     return {"speculative_num_steps": steps, "speculative_eagle_topk": topk, "speculative_num_draft_tokens": tokens}
 
 
+def trtllm_settings(paths: list[Path_]) -> dict:
+    """TensorRT-LLM's dynamic EAGLE tree settings that cover the tree: a drafter layer per level,
+    top-K the widest node's children (raised where needed so that K * max_draft_len reaches the
+    tree's nodes, which its validation requires), and the tree's nodes (the root not counted). Each
+    step it keeps the best max_total_draft_tokens of K + (max_draft_len - 1) * K^2 candidates, the
+    EAGLE-2 build of the `sglang` policy."""
+    depth, nodes = max(map(len, paths)), len(paths)
+    topk = max(max(p[-1] for p in paths) + 1, -(-nodes // depth))
+    return {
+        "decoding_type": "Eagle3",
+        "max_draft_len": depth,
+        "use_dynamic_tree": True,
+        "dynamic_tree_max_topK": topk,
+        "max_total_draft_tokens": nodes,
+    }
+
+
+def trtllm_config(args: dict) -> str:
+    """The settings as the LLM API's config object (`speculative_model` is the user's EAGLE-3 draft)."""
+    keys = ", ".join(f"{k}={v}" for k, v in args.items() if k != "decoding_type")
+    return f"speculative_config = Eagle3DecodingConfig({keys}, speculative_model=EAGLE3_DRAFT)"
+
+
 def sglang_flags(args: dict[str, int]) -> str:
     """SGLang's server arguments on its command line."""
     return " ".join(["--speculative-algorithm EAGLE", *(f"--{k.replace('_', '-')} {v}" for k, v in args.items())])
@@ -162,13 +187,16 @@ def export(parents: list[int], fmt: str, acceptance: list[float] | None = None) 
     paths = tree_paths(parents)
     if not paths:
         raise DyspecError("the tree has no drafted node: nothing to export")
-    if fmt in ("trtllm", "medusa"):
-        if max(map(len, paths)) > TRTLLM_MAX or max(p[-1] for p in paths) >= TRTLLM_MAX:
-            raise DyspecError(f"TensorRT-LLM takes at most {TRTLLM_MAX} levels and {TRTLLM_MAX} children a node")
+    if fmt == "medusa":
+        if max(map(len, paths)) > MEDUSA_MAX or max(p[-1] for p in paths) >= MEDUSA_MAX:
+            raise DyspecError(f"Medusa takes at most {MEDUSA_MAX} levels and {MEDUSA_MAX} children a node")
         choices = json.dumps([list(p) for p in paths])
-        key = "eagle_choices" if fmt == "trtllm" else "medusa_choices"
         depth = max(map(len, paths))
-        return f"{key} = {choices}  # max_draft_len = {depth}, {len(paths)} draft tokens", choices
+        return f"medusa_choices = {choices}  # max_draft_len = {depth}, {len(paths)} draft tokens", choices
+    if fmt == "trtllm":
+        args = trtllm_settings(paths)
+        note = "# TensorRT-LLM builds its own tree each step: these set its size, not this shape"
+        return f"{note}\n{trtllm_config(args)}", json.dumps(args)
     if fmt == "vllm":
         if not is_level_uniform(paths):
             near = nearest_level_uniform(paths, acceptance)
@@ -212,7 +240,7 @@ def frequent_tree(trees: list[list[int]], budget: int) -> list[int]:
 
 # the text formats a view can show, each with where its snippet goes
 VIEW_FORMATS = {
-    "trtllm": "TensorRT-LLM: the `eagle_choices` of an EAGLE engine's speculative config",
+    "trtllm": "TensorRT-LLM: the dynamic-tree `Eagle3DecodingConfig` whose tree covers this one",
     "medusa": "Medusa: the `medusa_choices` of a Medusa engine (TensorRT-LLM's or Medusa's own)",
     "vllm": "vLLM: the `speculative_token_tree` of `speculative_config`, with its `num_speculative_tokens`",
     "sglang": "SGLang: the three `--speculative-*` server arguments whose dynamic tree covers this one",

@@ -1,6 +1,5 @@
 """The web app as users meet it: a real server, real headless Chromium, real API clients."""
 
-import json
 import os
 import re
 import shutil
@@ -322,13 +321,14 @@ def test_browser_run_and_stop(server, page, tmp_path):
     expect(page.locator(".error")).to_have_count(0)
     page.locator(".toast-close").first.click()
 
-    # the run's tree shape, ready for a serving engine, parses back as TensorRT-LLM's choices
+    # the run's tree shape, ready for a serving engine: TensorRT-LLM's dynamic tree that covers it
     page.get_by_text("Export this run's tree to a serving engine").click()
     page.locator("#export").click()
     snippet = page.locator("#snippet")
-    expect(snippet).to_contain_text("eagle_choices = [[0]", timeout=30_000)
-    choices = json.loads(snippet.inner_text().split("eagle_choices = ")[1].split("  #")[0])
-    assert all(c[:-1] in choices for c in choices if len(c) > 1)
+    expect(snippet).to_contain_text("Eagle3DecodingConfig(max_draft_len=", timeout=30_000)
+    settings = dict(kv.split("=") for kv in snippet.inner_text().split("Eagle3DecodingConfig(")[1].split(", "))
+    depth, total = int(settings["max_draft_len"]), int(settings["max_total_draft_tokens"])
+    assert settings["use_dynamic_tree"] == "True" and depth <= total <= int(settings["dynamic_tree_max_topK"]) * depth
 
     # Stop once the new run streams: the first run's stats read "tokens in" too, and matching them
     # clicked Stop while the app still measured `ar` (a flaky failure on a busy machine)

@@ -15,8 +15,7 @@ from dyspec.eval.recommend import (
     STATIC_DEPTHS,
     STATIC_SIZES,
     UNIFORM_PER_SIZE,
-    sglang_settings,
-    trtllm_settings,
+    dynamic_settings,
     vllm_settings,
 )
 from dyspec.export import (
@@ -68,6 +67,17 @@ def check_eagle_choices(choices: list[list[int]]) -> list[list[int]]:
     return choices
 
 
+def validate_dynamic_eagle(config: dict) -> dict:
+    """TensorRT-LLM's `EagleDecodingConfig.validate_eagle_config` (tensorrt_llm/llmapi/llm_args.py)
+    for a dynamic tree: max_draft_len > 0, no static choices, a positive dynamic_tree_max_topK, and
+    max_draft_len <= max_total_draft_tokens <= dynamic_tree_max_topK * max_draft_len."""
+    assert config["decoding_type"] == "Eagle3" and config["use_dynamic_tree"] is True
+    assert "eagle_choices" not in config
+    depth, topk, total = config["max_draft_len"], config["dynamic_tree_max_topK"], config["max_total_draft_tokens"]
+    assert depth > 0 and topk > 0 and depth <= total <= topk * depth
+    return config
+
+
 def vllm_levels(tree: str) -> tuple[list[tuple], list[int]]:
     """vLLM's reading of `speculative_token_tree` (vllm/v1/spec_decode/eagle.py): a literal, sorted
     breadth-first, and children per level = drafts at the level // drafts at the level above."""
@@ -92,11 +102,24 @@ def vllm_drafts(children: list[int]) -> list[tuple]:
 def test_choice_lists_parse_back_to_the_same_tree(seed):
     rng = random.Random(seed)
     parents = random_parents(rng, rng.randrange(1, 40))
-    for fmt in ("trtllm", "medusa"):
-        _, text = export(parents, fmt)
-        choices = check_eagle_choices(json.loads(text))
-        assert choices == json.loads(text)  # already in the engine's order
-        assert ancestry(tree_of(tree_parents([tuple(c) for c in choices]))) == ancestry(tree_of(parents))
+    _, text = export(parents, "medusa")
+    choices = check_eagle_choices(json.loads(text))
+    assert choices == json.loads(text)  # already in the engine's order
+    assert ancestry(tree_of(tree_parents([tuple(c) for c in choices]))) == ancestry(tree_of(parents))
+
+
+@pytest.mark.parametrize("seed", range(30))
+def test_trtllm_gets_dynamic_tree_settings_that_cover_the_tree(seed):
+    """TensorRT-LLM's only EAGLE tree is dynamic: the settings pass its validation, verify the
+    tree's node count, draft as many levels, and top-K reaches the widest node's children."""
+    rng = random.Random(seed)
+    parents = random_parents(rng, rng.randrange(1, 40))
+    paths = tree_paths(parents)
+    snippet, text = export(parents, "trtllm")
+    config = validate_dynamic_eagle(json.loads(text))
+    assert config["max_total_draft_tokens"] == len(paths) and config["max_draft_len"] == max(map(len, paths))
+    assert config["dynamic_tree_max_topK"] > max(p[-1] for p in paths)
+    assert "Eagle3DecodingConfig(" in snippet and "eagle_choices" not in snippet
 
 
 @pytest.mark.parametrize("seed", range(30))
@@ -164,6 +187,11 @@ def test_golden_six_node_growmap():
     assert g["Successors"] == [[1, 2], [3, 4], [5], [6], [], [], []] and g["size"] == 7
 
 
+def test_golden_six_node_tree_for_trtllm_is_its_dynamic_settings():
+    config = json.loads(export(SIX, "trtllm")[1])
+    assert (config["max_draft_len"], config["dynamic_tree_max_topK"], config["max_total_draft_tokens"]) == (3, 2, 6)
+
+
 def test_sglang_settings_cover_the_tree():
     args = json.loads(export(SIX, "sglang")[1])
     steps, topk, tokens = (
@@ -185,7 +213,7 @@ def test_the_most_frequent_paths_form_a_tree():
 
 
 def test_cli_exports_sequoias_tree_for_a_vector(capsys, tmp_path):
-    assert main(["export", "--format", "trtllm", "--acceptance", "[0.6,0.2,0.1]", "--budget", "6"]) == 0
+    assert main(["export", "--format", "medusa", "--acceptance", "[0.6,0.2,0.1]", "--budget", "6"]) == 0
     out = capsys.readouterr()
     parents, score = optimal_tree((0.6, 0.2, 0.1), 6, 8)
     assert json.dumps([list(p) for p in tree_paths(parents)]) in out.out and f"{score:.2f}" in out.err
@@ -255,22 +283,34 @@ def test_cli_exports_the_paths_a_policy_grew_most_often(capsys):
     assert "medusa_choices = [[0], [0, 0], [0, 0, 0]]" in capsys.readouterr().out  # a chain grows one path
 
 
-def test_recommend_ranks_sglangs_settings_by_their_measured_trees(capsys):
-    """Every setting SGLang accepts in the grid is measured; the best modelled speedup comes first and
-    is what the command recommends."""
-    grid = sglang_settings()
+@pytest.mark.parametrize("engine", ["sglang", "trtllm"])
+def test_recommend_ranks_dynamic_tree_settings_by_their_measured_trees(capsys, engine):
+    """Every setting the engine accepts in the grid is measured as EAGLE-2's build (`sglang`); the
+    best modelled speedup comes first and is what the command recommends."""
+    grid = dynamic_settings(engine)
     for s in grid:
-        steps, topk, tokens = (value for _, value in s.columns)
-        assert tokens == steps + 1 if topk == 1 else 2 <= tokens <= topk + (steps - 1) * topk**2 + 1
-        assert s.options == {"steps": steps, "topk": topk} and s.budget == tokens - 1
-    args = ["recommend", "--engine", "sglang", "--num-prompts", "1", "--max-new-tokens", "6", "--profile", "h100"]
+        steps, topk, count = (value for _, value in s.columns)
+        assert s.policy == "sglang" and s.options == {"steps": steps, "topk": topk}
+        if engine == "sglang":
+            assert count == steps + 1 if topk == 1 else 2 <= count <= topk + (steps - 1) * topk**2 + 1
+            assert s.budget == count - 1
+        else:
+            config = dict(s.columns, decoding_type="Eagle3", use_dynamic_tree=True)
+            assert validate_dynamic_eagle(config) and s.budget == count
+            assert f"max_total_draft_tokens={count}," in s.config and "Eagle3DecodingConfig(" in s.config
+    assert len({s.config for s in grid}) == len(grid)
+    args = ["recommend", "--engine", engine, "--num-prompts", "1", "--max-new-tokens", "6", "--profile", "h100"]
     assert main(args) == 0
     out = capsys.readouterr().out
-    table = [line for line in out.splitlines() if line.startswith("| ") and "steps" not in line]
+    table = [line for line in out.splitlines() if line.startswith("| ") and "max_draft_len" not in line]
+    table = [line for line in table if "steps" not in line and "---" not in line]
     speedups = [float(line.split("|")[5].strip().rstrip("x")) for line in table]
     assert len(table) == min(10, len(grid)) and speedups == sorted(speedups, reverse=True)
-    best = table[0].split("|")
-    assert f"--speculative-num-steps {best[1].strip()} --speculative-eagle-topk {best[2].strip()}" in out
+    best = [cell.strip() for cell in table[0].split("|")]
+    if engine == "sglang":
+        assert f"--speculative-num-steps {best[1]} --speculative-eagle-topk {best[2]}" in out
+    else:
+        assert f"max_draft_len={best[1]}, use_dynamic_tree=True, dynamic_tree_max_topK={best[2]}" in out
 
 
 def test_vllm_candidates_are_level_uniform_and_the_best_of_their_size():
@@ -291,23 +331,11 @@ def test_vllm_candidates_are_level_uniform_and_the_best_of_their_size():
         assert 1 <= len(kept) <= UNIFORM_PER_SIZE and max(kept) == pytest.approx(best)
 
 
-def test_trtllm_candidates_are_sequoias_optimal_trees_and_pass_its_checks():
-    acceptance = [0.6, 0.25, 0.12, 0.06]
-    settings = trtllm_settings(acceptance)
-    optimal = {tuple(optimal_tree(tuple(acceptance), n, d)[0]) for n in STATIC_SIZES for d in STATIC_DEPTHS}
-    assert {tuple(s.options["parents"]) for s in settings} == {p for p in optimal if len(p) > 1}
-    for s in settings:
-        choices = json.loads(s.config.split(" = ", 1)[1].split("  #")[0])
-        assert check_eagle_choices(choices) == choices == [list(p) for p in tree_paths(s.options["parents"])]
-
-
-@pytest.mark.parametrize("engine", ["vllm", "trtllm"])
-def test_recommend_measures_static_trees_for_the_engines_that_take_them(capsys, engine):
-    args = ["recommend", "--engine", engine, "--num-prompts", "1", "--max-new-tokens", "6", "--profile", "h100"]
+def test_recommend_measures_static_trees_for_vllm(capsys):
+    args = ["recommend", "--engine", "vllm", "--num-prompts", "1", "--max-new-tokens", "6", "--profile", "h100"]
     assert main(args) == 0
     out = capsys.readouterr().out
     table = [line for line in out.splitlines() if line.startswith("| ") and "tokens per step" not in line]
     speedups = [float(line.split("|")[4].strip().rstrip("x")) for line in table if "---" not in line]
     assert speedups and speedups == sorted(speedups, reverse=True)
-    key = "speculative_token_tree" if engine == "vllm" else "eagle_choices"
-    assert key in out.split("recommended")[1]
+    assert "speculative_token_tree" in out.split("recommended")[1]

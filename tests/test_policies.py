@@ -153,7 +153,8 @@ def draws_by_row(q: torch.Tensor, k: int, sample: bool, generator=None):
     forward the same nodes in another order draw the same children for them."""
     if not sample:
         return ranked_children(q, k, sample)
-    rows = [ranked_children(row[None], k, True, torch.Generator().manual_seed(hash(row.numpy().tobytes()) % 2**31)) for row in q]
+    seeds = [hash(row.numpy().tobytes()) % 2**31 for row in q]
+    rows = [ranked_children(row[None], k, True, torch.Generator().manual_seed(seed)) for row, seed in zip(q, seeds)]
     return torch.cat([r[0] for r in rows]), torch.cat([r[1] for r in rows])
 
 
@@ -287,7 +288,7 @@ def test_specdecpp_chain_length_follows_the_official_stop_rule(monkeypatch):
         min_k, max_k = [(1, 20), (2, 20), (2, 8), (4, 12)][int(torch.randint(4, (), generator=g))]
         budget = int(torch.randint(1, 24, (), generator=g))
         predictions = (0.5 + 0.5 * torch.rand(24, generator=g)).tolist()
-        monkeypatch.setattr(specdecpp, "load_head", lambda path: (ScriptedHead(predictions), {}))
+        monkeypatch.setattr(specdecpp, "load_head", lambda path, scripted=predictions: (ScriptedHead(scripted), {}))
         draft = HiddenDraft()
         tree = specdecpp.build(draft, 0, budget, 0.0, g, h=h, min_k=min_k, max_k=max_k, head="scripted")
         k = official_k(predictions, h, min(min_k, budget), min(max_k, budget))

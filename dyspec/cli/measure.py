@@ -181,7 +181,7 @@ def cmd_recommend(args: argparse.Namespace) -> None:
     if pair.draft is None:
         raise DyspecError("recommend measures what a draft proposes: give --draft")
     acceptance = None
-    if args.engine != "sglang":  # static trees are shortlisted by the pair's acceptance vector
+    if args.engine == "vllm":  # its static trees are shortlisted by the pair's acceptance vector
         acceptance = get_policy("sequoia").prepare(pair, args.temperature, {})["acceptance"]
     prompts = [text for _, text in load_prompts(args.dataset, args.num_prompts, spread=True)]
     rows = recommend(pair, prompts, model, args.engine, args.temperature, args.max_new_tokens, acceptance)

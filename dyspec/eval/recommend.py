@@ -3,12 +3,11 @@ candidate setting in the engine's own parameter space runs on the prompts with t
 and is scored by its measured tokens per step priced with a latency profile (this machine's, or a
 `dyspec profile --json` file from the serving GPU).
 
-- SGLang builds its tree anew each step from three arguments: its build is the `sglang` policy, run
-  over a grid of them.
-- vLLM and TensorRT-LLM verify a static tree, run here as `sequoia` with that tree's shape. vLLM's
-  proposer takes level-uniform trees only: the candidates are those that score best at each size
-  under the pair's measured acceptance vector. TensorRT-LLM takes any tree: the candidates are
-  Sequoia's optimal trees at each size and depth.
+- SGLang and TensorRT-LLM build their trees anew each step (EAGLE-2's build) from three settings:
+  that build is the `sglang` policy, run over a grid of them within each engine's own limits.
+- vLLM verifies a static tree, run here as `sequoia` with that tree's shape. Its proposer takes
+  level-uniform trees only: the candidates are those that score best at each size under the
+  pair's measured acceptance vector.
 """
 
 from __future__ import annotations
@@ -22,13 +21,14 @@ from dyspec.auto.whatif import LatencyModel, modelled_speedup, step_shapes
 from dyspec.core.events import StepVerified
 from dyspec.decode.engine import stream
 from dyspec.errors import DyspecError
-from dyspec.export import ENGINES, export, level_uniform_trees, sglang_flags, tree_parents, tree_paths, uniform_paths
-from dyspec.policies.sequoia import optimal_tree, tree_score
+from dyspec.export import ENGINES, export, level_uniform_trees, sglang_flags, tree_parents, trtllm_config, uniform_paths
+from dyspec.policies.sequoia import tree_score
 
-# SGLang's own parameters, over the ranges its docs and defaults use: draft steps, top-k per step,
-# and num_draft_tokens (the root included) up to the topk + (steps - 1) * topk^2 candidates they
-# can fill; at top-1 SGLang fixes num_draft_tokens at steps + 1
-SGLANG_STEPS, SGLANG_TOPK, SGLANG_TOKENS = (2, 3, 5), (1, 4, 8), (4, 8, 16, 32)
+# The dynamic trees' settings, over the ranges SGLang's docs and defaults use: draft steps (drafter
+# layers), top-k per step, and the tokens verified (the root included). SGLang fills up to the
+# topk + (steps - 1) * topk^2 candidates and at top-1 fixes num_draft_tokens at steps + 1;
+# TensorRT-LLM's validation wants steps <= drafted tokens <= topk * steps
+DYNAMIC_STEPS, DYNAMIC_TOPK, DYNAMIC_TOKENS = (2, 3, 5), (1, 4, 8), (4, 8, 16, 32)
 # Static trees: the sizes and depths tried, and how many level-uniform trees of each size (the
 # best by expected tokens per step) are measured; the rest score lower before any is run
 STATIC_SIZES, STATIC_DEPTHS, UNIFORM_PER_SIZE = (2, 4, 8, 16, 32), (2, 4, 6), 2
@@ -46,14 +46,26 @@ class Setting:
     config: str
 
 
-def sglang_settings() -> list[Setting]:
+def dynamic_settings(engine: str) -> list[Setting]:
+    """The grid of `engine`'s dynamic-tree settings (SGLang's or TensorRT-LLM's), each run as the
+    `sglang` policy: `steps` draft forwards, `topk`, and its verified tokens less the root as budget."""
     grid = []
-    for steps, topk in itertools.product(SGLANG_STEPS, SGLANG_TOPK):
-        cap = topk + (steps - 1) * topk**2
-        for tokens in [steps + 1] if topk == 1 else [t for t in SGLANG_TOKENS if t - 1 <= cap]:
-            args = dict(speculative_num_steps=steps, speculative_eagle_topk=topk, speculative_num_draft_tokens=tokens)
-            columns = (("steps", steps), ("topk", topk), ("num_draft_tokens", tokens))
-            grid.append(Setting(columns, "sglang", tokens - 1, {"steps": steps, "topk": topk}, sglang_flags(args)))
+    for steps, topk in itertools.product(DYNAMIC_STEPS, DYNAMIC_TOPK):
+        if engine == "sglang":
+            cap = topk + (steps - 1) * topk**2
+            drafted = [steps] if topk == 1 else [t - 1 for t in DYNAMIC_TOKENS if t - 1 <= cap]
+        else:
+            drafted = sorted({min(max(t - 1, steps), topk * steps) for t in DYNAMIC_TOKENS})
+        for nodes in drafted:
+            if engine == "sglang":
+                names = ("speculative_num_steps", "speculative_eagle_topk", "speculative_num_draft_tokens")
+                config = sglang_flags(dict(zip(names, (steps, topk, nodes + 1))))
+                columns = (("steps", steps), ("topk", topk), ("num_draft_tokens", nodes + 1))
+            else:
+                names = ("max_draft_len", "dynamic_tree_max_topK", "max_total_draft_tokens")
+                columns = tuple(zip(names, (steps, topk, nodes)))
+                config = trtllm_config({"max_draft_len": steps, "use_dynamic_tree": True, **dict(columns[1:])})
+            grid.append(Setting(columns, "sglang", nodes, {"steps": steps, "topk": topk}, config))
     return grid
 
 
@@ -75,24 +87,14 @@ def vllm_settings(acceptance: list[float]) -> list[Setting]:
     return list(settings.values())
 
 
-def trtllm_settings(acceptance: list[float]) -> list[Setting]:
-    settings = {}
-    for size, depth in itertools.product(STATIC_SIZES, STATIC_DEPTHS):
-        parents = optimal_tree(tuple(acceptance), size, depth)[0]
-        if len(parents) > 1 and tuple(parents) not in settings:
-            columns = (("draft tokens", len(parents) - 1), ("max_draft_len", max(map(len, tree_paths(parents)))))
-            settings[tuple(parents)] = static_setting("trtllm", parents, columns)
-    return list(settings.values())
-
-
 def engine_settings(engine: str, acceptance: list[float] | None) -> list[Setting]:
     if engine not in ENGINES:
         raise DyspecError(f"unknown engine '{engine}'; choose one of: {', '.join(ENGINES)}")
-    if engine == "sglang":
-        return sglang_settings()
+    if engine != "vllm":
+        return dynamic_settings(engine)
     if acceptance is None:
-        raise DyspecError(f"{engine}'s candidate trees need the pair's acceptance vector: run `dyspec calibrate`")
-    return vllm_settings(acceptance) if engine == "vllm" else trtllm_settings(acceptance)
+        raise DyspecError("vLLM's candidate trees need the pair's acceptance vector: run `dyspec calibrate`")
+    return vllm_settings(acceptance)
 
 
 def recommend(
