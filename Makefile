@@ -44,9 +44,9 @@ build/notebooks/%.ipynb: notebooks/%.ipynb
 docs: setup notebooks
 	$(VENV)/bin/mkdocs serve -a 127.0.0.1:8000
 
-# every policy on the default pair, beside plain and prompt-lookup `generate` (hf-assisted needs an
-# independent draft: --draft int8)
-BENCH_POLICIES := ar,hf,hf-lookup,chain,specinfer,sequoia,dyspec,dyspec-threshold,eagle2,sglang,lookup
+# every policy on the default pair, beside plain, assisted (by the target's int8 copy: the default
+# draft reads the target's features) and prompt-lookup `generate`
+BENCH_POLICIES := ar,hf,hf-assisted,hf-lookup,chain,specinfer,sequoia,dyspec,dyspec-threshold,eagle2,sglang,lookup
 bench: setup
 	HF_HUB_OFFLINE=1 $(PY) -m dyspec bench --dataset mtbench --spread --num-prompts 5 --max-new-tokens 32 \
 		--policies $(BENCH_POLICIES) --budgets 4,8,auto --temperatures 0,0.6 --out bench-out/results.jsonl --profile

@@ -334,3 +334,7 @@ def test_the_makefiles_benches_run_on_the_default_pair(default_pair, tmp_path, v
     config = BenchConfig(num_prompts=1, policies=tuple(policies), budgets=(4, "auto"), max_new_tokens=2)
     records = run_bench(default_pair, config, tmp_path / "r.jsonl", progress=False)
     assert {r["policy"] for r in records} == set(policies)
+    # the default draft reads the target's features: hf-assisted runs with the target's int8 copy, and says so
+    assisted = [r for r in records if r["policy"] == "hf-assisted"]
+    assert ("hf-assisted" in policies) == bool(assisted)
+    assert all(r["options"] == {"assistant": "int8"} for r in assisted)

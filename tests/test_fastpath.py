@@ -636,3 +636,18 @@ def test_a_padded_batch_under_rowwise_attention_does_not_attend_to_its_padding()
         for row, seq in enumerate((short, long)):
             alone = model(torch.tensor([seq])).logits[0]
             torch.testing.assert_close(padded[row, -len(seq) :], alone, atol=1e-5, rtol=1e-5)
+
+
+def test_rowwise_attention_appends_several_tokens_to_a_cache_causally():
+    """Hugging Face's assisted generation verifies its candidates as one causal forward over the
+    cache: under the int8 path's attention such a block read the cache's first keys instead of its
+    own prefix (SDPA's `is_causal` aligns the block top-left), and every assisted answer was garbage
+    after its first token."""
+    model = tiny_model(0, layers=2)
+    model.set_attn_implementation(attention.NAME)
+    ids = torch.tensor([[0, 4, 1, 3, 2, 2, 1, 0]])
+    with torch.inference_mode():
+        full = model(ids).logits[0]
+        head = model(ids[:, :5], use_cache=True)
+        block = model(ids[:, 5:], past_key_values=head.past_key_values, use_cache=True).logits[0]
+    torch.testing.assert_close(block, full[5:], atol=1e-5, rtol=1e-5)

@@ -67,8 +67,8 @@ def add_bench(sub) -> None:
         "--policies",
         type=csv(str),
         default=BENCH_POLICIES,
-        help="comma-separated; besides the engine's policies: hf (model.generate), hf-assisted (with an "
-        "independent draft, e.g. --draft int8), hf-lookup, and with the llamacpp extra llamacpp and "
+        help="comma-separated; besides the engine's policies: hf (model.generate), hf-assisted (with the pair's "
+        "independent draft, on a CPU else the target's int8 copy), hf-lookup, and with the llamacpp extra llamacpp and "
         "llamacpp-lookup (the target's GGUF), and default (the device's default policy with its options: "
         + "; ".join(f"{device}: {d.spec}" for device, d in DEFAULTS.items())
         + "); a policy may carry options, e.g. specdecpp:h=0.3 "

@@ -1,6 +1,7 @@
 """`dyspec bench`: policies x budgets x temperatures x seeds over real prompt sets, every policy
 measured side by side with autoregressive decoding (`ar`), Hugging Face's own generation (`hf`,
-plain `model.generate`; `hf-assisted`, `generate(assistant_model=draft)`; `hf-lookup`,
+plain `model.generate`; `hf-assisted`, `generate(assistant_model=draft)`, with the target's int8
+copy as its draft on a CPU where the pair's draft reads the target's features; `hf-lookup`,
 `generate(prompt_lookup_num_tokens=budget)`) and llama.cpp (`llamacpp`, `llamacpp-lookup`:
 dyspec.eval.peers) on the same prompts.
 
@@ -10,7 +11,9 @@ partial last line, which `--resume` ignores); an HTML report with plotly charts 
 
 from __future__ import annotations
 
+import copy
 import datetime
+import functools
 import hashlib
 import html
 import itertools
@@ -43,6 +46,7 @@ from dyspec.errors import DyspecError
 from dyspec.eval import summary
 from dyspec.eval.peers import LLAMACPP_POLICIES, LlamaCpp, PeerCrashed, check_llamacpp
 from dyspec.eval.prompts import load_prompts
+from dyspec.forward.quant import int8_available, quantize_int8
 from dyspec.load import ModelPair
 from dyspec.policies import parse_option
 
@@ -134,10 +138,31 @@ def _engine_run(
     }
 
 
+def independent_draft(pair: ModelPair) -> bool:
+    """Whether the pair's draft is a model of its own, as Hugging Face's assisted generation needs
+    (not none, not a feature draft)."""
+    return pair.draft is not None and not draft_model(pair.draft).needs_features
+
+
+def hf_assistant(pair: ModelPair, options: dict) -> torch.nn.Module:
+    """The draft `hf-assisted` runs with: the pair's own, or with `assistant=int8` the target's int8
+    copy (`--draft int8`; on an int8 pair, the target's weights again)."""
+    if options.get("assistant") != "int8":
+        return pair.draft
+    return quantize_int8(copy.deepcopy(pair.target))
+
+
 def _hf_run(
-    pair: ModelPair, prompt: str, policy: str, budget: int, temperature: float, seed: int, max_new_tokens: int
+    pair: ModelPair,
+    prompt: str,
+    policy: str,
+    budget: int,
+    temperature: float,
+    seed: int,
+    max_new_tokens: int,
+    assistant: torch.nn.Module | None = None,
 ) -> tuple[int, float]:
-    """Hugging Face generation on the same prompt: plain; assisted by the draft with a constant
+    """Hugging Face generation on the same prompt: plain; assisted by `assistant` with a constant
     schedule of `budget` drafted tokens per step (num_assistant_tokens_schedule="constant"), or HF's
     adaptive "heuristic" schedule (starting at 4) for budget "auto"; or HF's prompt lookup of
     `budget` tokens after a match of up to 6 tokens (as `lookup`), for "auto" its default of 10.
@@ -154,7 +179,7 @@ def _hf_run(
     if policy == "hf-assisted":  # budget "auto" maps to HF's own adaptive ("heuristic") schedule
         schedule = "heuristic" if budget == "auto" else "constant"
         kwargs.update(
-            assistant_model=pair.draft,
+            assistant_model=assistant,
             num_assistant_tokens=4 if budget == "auto" else budget,
             num_assistant_tokens_schedule=schedule,
             assistant_confidence_threshold=0.0,
@@ -245,10 +270,14 @@ def plan_bench(pair: ModelPair, config: BenchConfig) -> list[tuple]:
         if name not in PEERS:
             for budget, temperature in itertools.product(config.budgets, config.temperatures):
                 check_settings(name, budget, temperature, config.max_new_tokens, specs[spec][1])
-    if "hf-assisted" in config.policies and (pair.draft is None or draft_model(pair.draft).needs_features):
-        raise DyspecError(
-            "hf-assisted needs an independent draft model (not none, not a feature draft): e.g. --draft int8"
-        )
+    for spec, (name, opts) in specs.items():
+        if name == "hf-assisted" and not independent_draft(pair) and opts.get("assistant") != "int8":
+            if pair.device.type != "cpu" or not int8_available():
+                raise DyspecError(
+                    "hf-assisted needs an independent draft model (not none, not a feature draft): "
+                    "give one with --draft NAME"
+                )
+            specs[spec] = (name, {**opts, "assistant": "int8"})  # the target's int8 copy, said in its row
     if any(name in LLAMACPP_POLICIES for name, _ in specs.values()):
         check_llamacpp(pair)
     prompts = load_prompts(config.dataset, config.num_prompts, config.spread)
@@ -294,6 +323,7 @@ def run_bench(
     auto_states: dict[tuple, AutoState] = {}
     stamp = host_stamp(pair, command)
     llama, left_out = LlamaCpp(), 0
+    assistants: dict[str, torch.nn.Module] = {}  # hf-assisted's drafts, by its options
     for pid, prompt, temperature, seed, policy, opts, budget in tqdm(jobs, desc="bench", disable=not progress):
         base = {
             "dataset": config.dataset,
@@ -308,7 +338,12 @@ def run_bench(
         if record_key(base) in done:
             continue
         if policy in PEERS:
-            peer = _hf_run if policy in HF_POLICIES else llama.run
+            peer = llama.run
+            if policy in HF_POLICIES:
+                key = json.dumps(opts, sort_keys=True)
+                if policy == "hf-assisted" and key not in assistants:
+                    assistants[key] = hf_assistant(pair, opts)
+                peer = functools.partial(_hf_run, assistant=assistants.get(key))
             try:
                 stats = _peer_stats(*peer(pair, prompt, policy, budget, temperature, seed, config.max_new_tokens))
             except PeerCrashed as e:  # its rows are left out, said once; the others go on

@@ -79,10 +79,12 @@ def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Tenso
 def rowwise_attention(module, query, key, value, attention_mask, dropout=0.0, scaling=None, **kwargs):
     """query [1, H, q, d]; key, value [1, Hkv, kv, d]; attention_mask None (causal), additive
     [1, 1, q, kv] with 0 where visible, or boolean with True where visible. Returns [1, q, H, d]
-    like HF's attention functions. A causal forward of several tokens is a prefill, which every
-    policy makes the same way: plain SDPA."""
+    like HF's attention functions. A causal forward of several tokens over no cache is a prefill,
+    which every policy makes the same way: plain SDPA. Over a cache (Hugging Face's assisted
+    generation verifying its candidates) the rows go their own way: SDPA's `is_causal` aligns a
+    short query block with the first keys, not the last."""
     n, kv_len = query.shape[2], key.shape[2]
-    if query.shape[0] != 1 or (attention_mask is None and n > 1):
+    if query.shape[0] != 1 or (attention_mask is None and 1 < n == kv_len):
         return sdpa_attention_forward(module, query, key, value, attention_mask, dropout, scaling, **kwargs)
     heads, kv_heads, d = query.shape[1], key.shape[1], query.shape[3]
     q = query[0].view(kv_heads, heads // kv_heads, n, d)
