@@ -14,6 +14,7 @@ from pathlib import Path
 
 import ipywidgets as W
 import plotly.graph_objects as go
+from IPython.core.formatters import format_display_data
 from IPython.display import display
 
 import dyspec
@@ -44,9 +45,10 @@ LIVE_FIGURES = (os.cpu_count() or 1) > 2
 
 
 def _draw(out: W.Output, fig: go.Figure) -> None:
-    out.clear_output(wait=True)
-    with out:
-        fig.show()
+    """Show `fig` in `out`, replacing what it showed, from any thread: an Output widget captures
+    `fig.show()` only in the kernel's own thread, and the buttons' runs draw from theirs."""
+    data, metadata = format_display_data(fig)
+    out.outputs = ({"output_type": "display_data", "data": data, "metadata": metadata},)
 
 
 class Pricing:
@@ -395,7 +397,7 @@ class SideBySide:
         for out, fig in zip(self._tree_outs, self.trees):
             _draw(out, fig)
         for out in self._tree_outs[len(self.trees) :]:
-            out.clear_output()
+            out.outputs = ()
 
     def widget(self) -> W.Widget:
         return W.VBox(

@@ -20,6 +20,7 @@ from dyspec.core.kv import bucket, sync
 from dyspec.drafts.feature import FeatureDraft
 from dyspec.forward.choose import Forward, ModelForward, layers_stamp
 from dyspec.forward.quant import Int8Linear
+from dyspec.forward.thread import forward_thread
 from dyspec.load import load_model
 
 # Every n up to 16: fp32 forwards of a few rows on a CPU are lumpy, not smooth between powers of
@@ -37,6 +38,7 @@ FIRST_SIZES = (1, 2, 4, 8)
 METHOD = 6  # how `forward_ms` measures: a change makes saved profiles stale (`profile_path`)
 
 
+@forward_thread
 def forward_ms(
     model: PreTrainedModel,
     sizes=DEFAULT_SIZES,
@@ -194,6 +196,7 @@ def stamp_text(profile: dict) -> str:
     return "".join(f", {names[key]} {profile[key]}" for key in names if key in profile)
 
 
+@forward_thread
 def measure_profile(pair, baseline: bool = True, draft: bool = True, sizes=DEFAULT_SIZES) -> dict:
     """t(n) of the pair's target and (with `draft`) its draft as they run (precision included), at
     `sizes`, and on a CPU a step's first draft forward (`draft_first`, after a target forward);

@@ -11,6 +11,7 @@ import sys
 from dyspec.cli import decode, measure, train
 from dyspec.cli.common import Parser
 from dyspec.errors import DyspecError
+from dyspec.forward import thread
 
 COMMANDS = (  # in the order `dyspec --help` lists them
     decode.add_generate,
@@ -39,7 +40,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
-        args.func(args)
+        thread.run(args.func, args)  # every model of the command on the model thread
     except DyspecError as e:
         print(f"dyspec: error: {e}", file=sys.stderr)
         return 2

@@ -22,6 +22,7 @@ from dyspec.decode.step import Decoding, Step, speculative_step
 from dyspec.decode.text import stream_texts, token_labels
 from dyspec.defaults import settings
 from dyspec.errors import DyspecError
+from dyspec.forward.thread import forward_thread
 from dyspec.load import ModelPair
 from dyspec.policies import check_options, get_policy
 
@@ -300,6 +301,7 @@ def decode_steps(
             return
 
 
+@forward_thread  # each event made on the model thread, wherever the caller is
 def stream(
     pair: ModelPair,
     prompt: str | Sequence[int],
@@ -365,6 +367,7 @@ def stream(
     )
 
 
+@forward_thread
 def generate(pair: ModelPair, prompt: str | Sequence[int], **kwargs) -> GenerationFinished:
     """Blocking form of `stream`: the final text and statistics."""
     *_, finished = stream(pair, prompt, **kwargs)

@@ -40,6 +40,7 @@ from dyspec.decode.engine import (
 )
 from dyspec.decode.step import Decoding, Step, commit_drafts, draft_tree, speculative_step
 from dyspec.errors import DyspecError
+from dyspec.forward.thread import forward_thread
 from dyspec.load import ModelPair
 
 NO_TOKEN = -1  # past the trace's end: no token is known there
@@ -80,6 +81,7 @@ class ReplayRun:
         return sum(s.draft_forwards for s in self.steps)
 
 
+@forward_thread
 def record_trace(pair: ModelPair, prompt: str | Sequence[int], max_new_tokens: int = 64, chat: bool = True) -> Trace:
     """Decode `prompt` greedily with `ar` (one target forward per token, as `dyspec.generate` does),
     keeping the target's features where a loaded draft reads them."""
@@ -130,6 +132,7 @@ def replay_step(run: Decoding, root: int, budget, trace: Trace, committed: int, 
     )
 
 
+@forward_thread
 def replay_run(
     pair: ModelPair,
     trace: Trace,

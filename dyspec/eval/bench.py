@@ -47,6 +47,7 @@ from dyspec.eval import summary
 from dyspec.eval.peers import LLAMACPP_POLICIES, LlamaCpp, PeerCrashed, check_llamacpp
 from dyspec.eval.prompts import load_prompts
 from dyspec.forward.quant import int8_available, quantize_int8
+from dyspec.forward.thread import forward_thread
 from dyspec.load import ModelPair
 from dyspec.policies import parse_option
 
@@ -152,6 +153,7 @@ def hf_assistant(pair: ModelPair, options: dict) -> torch.nn.Module:
     return quantize_int8(copy.deepcopy(pair.target))
 
 
+@forward_thread
 def _hf_run(
     pair: ModelPair,
     prompt: str,

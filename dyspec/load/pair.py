@@ -13,6 +13,7 @@ from dyspec.errors import DyspecError
 from dyspec.forward import attention
 from dyspec.forward.choose import Forward, check_lean, choose_forward, pick_fast_path
 from dyspec.forward.quant import quantize_int8
+from dyspec.forward.thread import forward_thread
 from dyspec.kernels.int8_mm import kernel_path
 from dyspec.load.draft_spec import DEFAULT_DRAFT, load_draft, parse_drafts
 from dyspec.load.loading import DEFAULT_TARGET, load_model, load_tokenizer, pick_device, pick_dtype, pick_precision
@@ -73,6 +74,7 @@ def pair_key(pair: ModelPair) -> str:
     return f"{pair.target_name}--{pair.draft_name}".replace("/", "_").replace(":", "_")
 
 
+@forward_thread
 def load_pair(
     target: str = DEFAULT_TARGET,
     draft: str | None = DEFAULT_DRAFT,
