@@ -546,3 +546,23 @@ def test_sglang_policy_commits_what_a_brute_force_count_says(pair, topk, steps, 
         assert len(step.emitted) == sglang_brute_force(pair, context, topk, steps, budget)
         context += step.emitted
     assert len(verified) > 2
+
+
+def test_recycling_keeps_its_table_across_a_pairs_generations(pair):
+    """Token Recycling's table lives as long as the pair, as the reference keeps it across requests:
+    a second generation's first step already drafts from what the first one learnt; `forget` clears it."""
+    from dyspec import stream
+    from dyspec.core.events import StepVerified
+    from dyspec.policies import recycling
+
+    def first_tree_and_tokens() -> tuple[int, list[int]]:
+        events = list(stream(pair, [0, 3, 1], "recycling", 8, max_new_tokens=12))
+        first = next(e for e in events if isinstance(e, StepVerified))
+        return len(first.tokens) - 1, events[-1].token_ids
+
+    recycling.forget(pair)
+    cold, tokens = first_tree_and_tokens()
+    warm, again = first_tree_and_tokens()
+    assert cold == 0 and warm > 0 and again == tokens  # greedy: the same answer whatever the table
+    recycling.forget(pair)
+    assert first_tree_and_tokens() == (0, tokens)

@@ -470,6 +470,33 @@ def test_recycling_grows_its_tree_from_the_targets_earlier_top_k():
     assert tree.sampling == "deterministic"
 
 
+def test_recycling_fills_the_papers_template_from_its_table():
+    """shape="template": the paper's 80 rank paths ("2.2.2") in its order, the first `budget` of them
+    whose parent's token the table knows; a rank past `width` and a depth past `max_depth` are left out."""
+    from dyspec.core.draft import DraftSession
+    from dyspec.export import tree_paths
+    from dyspec.policies import recycling
+
+    draft = DraftSession(None, [0], memo={"recycling": {t: [t * 8 + r + 1 for r in range(8)] for t in range(5000)}})
+    g = torch.Generator()
+    for budget in (1, 8, 30, 80, 100):
+        tree = recycling.build(draft, 0, budget, 0.0, g, shape="template")
+        assert tree_paths(tree.parents) == list(recycling.TEMPLATE[:budget])
+        assert all(tree.tokens[n] == tree.tokens[tree.parents[n]] * 8 + rank + 1 for n, rank in ranks(tree))
+    narrow = recycling.build(draft, 0, 80, 0.0, g, shape="template", width=2, max_depth=3)
+    kept = [p for p in recycling.TEMPLATE if max(p) < 2 and len(p) <= 3]
+    assert tree_paths(narrow.parents) == kept
+    draft.memo["recycling"] = {0: [7, 8]}  # only the root is known, and two of its successors
+    assert tree_paths(recycling.build(draft, 0, 80, 0.0, g, shape="template").parents) == [(0,), (1,)]
+    with pytest.raises(DyspecError, match="shape"):
+        recycling.build(draft, 0, 8, 0.0, g, shape="ring")
+
+
+def ranks(tree: Tree) -> list[tuple[int, int]]:
+    """(node, its rank among its siblings) for every drafted node."""
+    return [(c, k) for u in range(len(tree)) for k, c in enumerate(tree.children(u))]
+
+
 def test_a_replay_refuses_a_policy_that_learns_from_the_target(default_pair):
     from dyspec.decode.replay import Trace, replay_run
 

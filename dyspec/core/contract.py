@@ -45,7 +45,7 @@ class Policy:
     prepare: Callable[[Any, float, dict], dict] | None = None  # prepare(pair, temperature, options): resolved once
     available: Callable[[Any], bool] = _always  # whether it runs on a pair with its defaults (trained parts)
     auto: AutoNeeds = AutoNeeds()  # what `--budget auto` needs of it
-    # learn(draft, tree, logits): after each verification, what it keeps (in `draft.memo`) of the
+    # learn(draft, tree, logits): after each verification, what it keeps (in `draft.memo`, the pair's) of the
     # target's logits over the tree; a replay, which has no target logits, refuses such a policy
     learn: Callable[[DraftSession, Tree, Any], None] | None = None
     summary: str = ""  # one line for the views' menus, in words a newcomer reads

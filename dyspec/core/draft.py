@@ -41,8 +41,11 @@ class DraftSession:
         prompt: list[int],
         temperature: float = 0.0,
         kv: KVSession | None = None,
+        memo: dict | None = None,
     ):
-        """`kv`: the session that runs `model` (the engine's, on its fast path), else a plain one."""
+        """`kv`: the session that runs `model` (the engine's, on its fast path), else a plain one.
+        `memo`: what policies keep (`Policy.learn`); the engine hands every generation of a pair the
+        pair's own (`ModelPair.memo`), so it lasts across them."""
         if kv is None and model is not None:
             kv = KVSession(model, keep_hidden=True, draft_vocab=True)
         self.kv = kv
@@ -62,7 +65,7 @@ class DraftSession:
         self.pending_features: torch.Tensor | None = None  # [len(pending), H], feature drafts only
         self.node_features: dict[int, torch.Tensor] = {}  # tree node -> the draft's predicted feature
         self.slot_of: dict[int, int] = {}  # tree node -> cache slot, for nodes forwarded this step
-        self.memo: dict = {}  # a policy's own state for this generation (`Policy.learn`)
+        self.memo: dict = {} if memo is None else memo  # policies' learnt state, by policy
         # whether it forwards in this generation: an idle one (`ar`, `lookup` without its fallback)
         # keeps the committed tokens for the policy to search, and no features
         self.reads = True

@@ -164,7 +164,7 @@ def open_drafts(
         None if m is None else pair.forward(m).session(f"draft{i}", need, sizes, keep_hidden=True, draft_vocab=True)
         for i, m in enumerate(models)
     ]
-    return [DraftSession(m, ids, temperature, session) for m, session in zip(models, kv)]
+    return [DraftSession(m, ids, temperature, session, pair.memo) for m, session in zip(models, kv)]
 
 
 def start(

@@ -35,6 +35,9 @@ class ModelPair:
     # (fast path, model id) -> the Forward that runs it: its caches and compiled graphs, kept between
     # generations and shared by a copy of the pair (`dataclasses.replace`)
     forwards: dict = field(default_factory=dict, repr=False, compare=False)
+    # what policies learn and keep across the pair's generations (Token Recycling's table), by
+    # policy; `memo.clear()` forgets it, so that a seeded generation repeats exactly
+    memo: dict = field(default_factory=dict, repr=False, compare=False)
 
     def forward(self, model: nn.Module) -> Forward:
         """What runs `model` (the target or a draft) on the pair's fast path, chosen once."""
