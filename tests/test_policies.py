@@ -346,9 +346,9 @@ def test_sequoia_dp_matches_brute_force(budget, depth, a):
 class Context(SyntheticDraft):
     """What `lookup` reads of a draft session: the committed tokens, and a draft model (`kv`) or none."""
 
-    def __init__(self, context, kv=None):
+    def __init__(self, context, kv=None, memo=None):
         super().__init__()
-        self.context, self.kv = context, kv
+        self.context, self.kv, self.memo = context, kv, {} if memo is None else memo
 
 
 def test_lookup_builds_a_deterministic_chain():
@@ -422,23 +422,51 @@ def test_the_policy_contract_is_checked_when_a_policy_is_made():
     assert [n for n, p in POLICIES.items() if p.auto.free_nodes] == ["lookup", "suffix"]
 
 
-def test_suffix_builds_a_tree_of_every_continuation_by_frequency():
+def edges(tree: Tree) -> dict[tuple[int, int], float]:
+    return {(tree.tokens[tree.parents[i]], tree.tokens[i]): tree.draft_probs[i] for i in range(1, len(tree))}
+
+
+def test_suffix_grows_the_continuations_of_a_match_by_probability_within_the_references_caps():
     """After the suffix [1, 2], seen three times before: 3 came twice (then 8, then 6), 4 once (then
-    5). The tree holds the most frequent paths first, each edge's probability its share of its
-    parent's count."""
+    5). A path's probability is its count over the match's, the occurrence being matched included
+    (4 here); the draft keeps paths of probability >= min_token_prob, at most
+    n * max_spec_factor + max_spec_offset of them for a match of n tokens."""
     context = [7, 1, 2, 3, 8, 1, 2, 3, 6, 1, 2, 4, 5, 1, 2]
-    tree = suffix.build(Context(context), 2, 3, 0.7, torch.Generator())
-    assert tree.sampling == "deterministic" and tree.copied_after == 2 and tree.growth == [4]
-    assert tree.tokens[1] == 3 and tree.draft_probs[1] == pytest.approx(2 / 3)
-    edges = {(tree.tokens[tree.parents[i]], tree.tokens[i]): tree.draft_probs[i] for i in range(1, len(tree))}
-    assert set(edges) == {(2, 3), (2, 4), (4, 5)}  # ties (count 1) go to the latest occurrence
-    assert all(tree.values[i] <= tree.values[tree.parents[i]] for i in range(1, len(tree)))
-    whole = suffix.build(Context(context), 2, 100, 0.0, torch.Generator(), max_depth=2)
-    pairs = {(whole.tokens[whole.parents[i]], whole.tokens[i]) for i in range(1, len(whole))}
-    assert pairs == {(2, 3), (2, 4), (3, 8), (3, 6), (4, 5)}  # every continuation, two tokens deep
-    longest = suffix.build(Context([9, 1, 2, 5, 0, 9, 1, 2, 6, 1, 2, 7, 9, 1, 2]), 2, 8, 0.0, torch.Generator())
-    assert longest.copied_after == 3 and longest.tokens[1] == 6  # [9, 1, 2] matched before [1, 2]
-    assert suffix.build(Context([3, 1, 2]), 2, 4, 0.0, torch.Generator()).size == 0  # nothing repeats
+    tree = suffix.build(Context(context), 2, 3, 0.7, torch.Generator())  # the cap: 2 nodes after a 2-token match
+    assert tree.sampling == "deterministic" and tree.copied_after == 2 and tree.growth == [3]
+    assert edges(tree) == {(2, 3): pytest.approx(2 / 4), (2, 4): pytest.approx(1 / 4)}
+    whole = suffix.build(Context(context), 2, 100, 0.0, None, max_depth=2, max_spec_offset=10, min_token_prob=0)
+    assert set(edges(whole)) == {(2, 3), (2, 4), (3, 8), (3, 6), (4, 5)} and whole.copied_after == 2
+    assert edges(whole)[3, 8] == pytest.approx(1 / 2)  # its share of its parent's count
+    likely = suffix.build(Context(context), 2, 100, 0.0, None, max_spec_offset=10, min_token_prob=0.3)
+    assert set(edges(likely)) == {(2, 3)}  # 4 (1/4) and 3 -> 8 (1/4) are below 0.3
+    assert suffix.build(Context([3, 1, 2]), 2, 4, 0.0, None).size == 0  # nothing repeats
+
+
+def test_suffix_keeps_the_match_whose_draft_scores_best():
+    """A match of [5, 2] (seen three times, each followed by another token) drafts two paths of 1/4;
+    one of [2] (followed by 3 five times of eight) one path of 5/9: the shorter match's draft
+    expects more accepted tokens, so it wins, where the longest match would take [5, 2]."""
+    context = [2, 3] * 5 + [5, 2, 7, 5, 2, 8, 5, 2, 9, 5, 2]
+    tree = suffix.build(Context(context), 2, 8, 0.0, None)
+    assert tree.copied_after == 1 and edges(tree) == {(2, 3): pytest.approx(5 / 9)}
+    longer = [9, 1, 2, 5, 0, 9, 1, 2, 6, 1, 2, 7, 9, 1, 2]
+    tree = suffix.build(Context(longer), 2, 8, 0.0, None)  # [9, 1, 2]: three paths of 1/3 beat [1, 2]'s
+    assert tree.copied_after == 3 and tree.size == 3 and tree.tokens[1] in (5, 6)
+
+
+def test_suffix_searches_the_pairs_earlier_answers_too():
+    """An answer the pair gave before is searched beside the context, as the reference's global tree:
+    a suffix that never occurred in this generation is found there."""
+    memo = {}
+    first = Context([4, 4, 1, 2, 3, 5, 6], memo=memo)  # prompt [4, 4]; its answer grows to 1 2 3 5 6
+    first.context = [4, 4]
+    suffix.build(first, 4, 4, 0.0, None)  # meets the generation: its answer starts after [4, 4]
+    first.context += [1, 2, 3, 5, 6]
+    second = Context([8, 1, 2], memo=memo)  # a new generation: the first's answer joins the memory
+    tree = suffix.build(second, 2, 8, 0.0, None)
+    assert tree.copied_after == 2 and edges(tree) == {(2, 3): 1.0, (3, 5): 1.0}
+    assert suffix.build(Context([8, 1, 2]), 2, 8, 0.0, None).size == 0  # without the memory, nothing repeats
 
 
 @pytest.mark.parametrize("options", [{"min_match": 3, "max_match": 2}, {"min_match": 0}, {"max_depth": 0}])

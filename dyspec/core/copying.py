@@ -31,13 +31,18 @@ MATCHES = 6  # weights for matches of 1 to 5 tokens, and 6 or more
 def earlier_starts(data: bytes, n: int) -> Iterator[int]:
     """Where the tokens after each earlier occurrence of the last n tokens of a context start, latest
     first; `data` is the context as 4-byte words (`array("i", context).tobytes()`), and an occurrence
-    ends before the last token. The search runs with `bytes.rfind` (C speed: a Python loop over a
-    long context costs a step more than its forward saves), keeping only matches that start on a word."""
-    suffix, end = data[-4 * n :], len(data) - 4
-    while (at := data.rfind(suffix, 0, end)) >= 0:
+    ends before the last token."""
+    return occurrences(data, data[-4 * n :], len(data) - 4)
+
+
+def occurrences(data: bytes, pattern: bytes, end: int) -> Iterator[int]:
+    """Where the tokens after each occurrence of `pattern` within data[:end] start, latest first (all
+    4-byte words). The search runs with `bytes.rfind` (C speed: a Python loop over a long context
+    costs a step more than its forward saves), keeping only matches that start on a word."""
+    while (at := data.rfind(pattern, 0, end)) >= 0:
         if at % 4 == 0:
-            yield at // 4 + n
-        end = at + 4 * n - 1
+            yield (at + len(pattern)) // 4
+        end = at + len(pattern) - 1
 
 
 def copied(context: Sequence[int], ngram: int, min_ngram: int, k: int) -> tuple[list[int], int]:
