@@ -14,7 +14,6 @@ from pathlib import Path
 
 import ipywidgets as W
 import plotly.graph_objects as go
-from IPython.core.formatters import format_display_data
 from IPython.display import display
 
 import dyspec
@@ -47,8 +46,8 @@ LIVE_FIGURES = (os.cpu_count() or 1) > 2
 def _draw(out: W.Output, fig: go.Figure) -> None:
     """Show `fig` in `out`, replacing what it showed, from any thread: an Output widget captures
     `fig.show()` only in the kernel's own thread, and the buttons' runs draw from theirs."""
-    data, metadata = format_display_data(fig)
-    out.outputs = ({"output_type": "display_data", "data": data, "metadata": metadata},)
+    bundle = fig._repr_mimebundle_()  # as the notebook's plotly renderer makes it, not displayed here
+    out.outputs = ({"output_type": "display_data", "data": bundle, "metadata": {}},)
 
 
 class Pricing:
