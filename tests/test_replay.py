@@ -120,3 +120,20 @@ def test_example_expectations_hold_on_the_default_pair(default_pair):
     least = [e.label for e in EXAMPLES if e.expect.startswith("Trees pay least")]
     assert len(least) == 1 and not any(e.expect.startswith("Trees pay most") for e in EXAMPLES), "no ranking finer"
     assert min(tpf, key=tpf.get) == least[0], tpf
+
+
+def test_what_a_policy_remembers_is_kept_per_measured_setting():
+    """Suffix decoding searches the pair's earlier answers: a replay at one budget must not copy the
+    answer another budget's replay of the same prompt just gave (`measured_lane`), while the same
+    setting does remember it, as a server running that setting would."""
+    from .tiny import tiny_pair
+
+    def shapes(run):
+        return [(s.parents, s.tokens) for s in run.steps]
+
+    pair = tiny_pair()
+    trace = record_trace(pair, [0, 3, 1, 2], 24)
+    fresh = shapes(replay_run(tiny_pair(), trace, "suffix", 4))
+    replay_run(pair, trace, "suffix", 8)  # another setting's answer to the same prompt
+    assert shapes(replay_run(pair, trace, "suffix", 4)) == fresh
+    assert shapes(replay_run(pair, trace, "suffix", 4)) != fresh  # its own earlier answer, remembered

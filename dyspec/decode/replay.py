@@ -42,6 +42,7 @@ from dyspec.decode.step import Decoding, Step, commit_drafts, draft_tree, specul
 from dyspec.errors import DyspecError
 from dyspec.forward.thread import forward_thread
 from dyspec.load import ModelPair
+from dyspec.load.pair import measured_lane
 
 NO_TOKEN = -1  # past the trace's end: no token is known there
 
@@ -142,7 +143,9 @@ def replay_run(
     seed: int = 0,
     hooks: Sequence[Hook] = (),
 ) -> ReplayRun:
-    """`policy` at `budget` along `trace` (T = 0), its events passed to `hooks` as they come."""
+    """`policy` at `budget` along `trace` (T = 0), its events passed to `hooks` as they come; what
+    the policy keeps across generations is kept per setting (`measured_lane`)."""
+    pair = measured_lane(pair, policy, budget, options, seed)
     ids = trace.prompt_ids
     spec, options, controller = plan(pair, ids, policy, budget, 0.0, trace.max_new_tokens, options, None)
     if spec.learn is not None:

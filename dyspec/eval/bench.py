@@ -49,6 +49,7 @@ from dyspec.eval.prompts import load_prompts
 from dyspec.forward.quant import int8_available, quantize_int8
 from dyspec.forward.thread import forward_thread
 from dyspec.load import ModelPair
+from dyspec.load.pair import measured_lane
 from dyspec.policies import parse_option
 
 HF_POLICIES = ("hf", "hf-assisted", "hf-lookup")
@@ -114,6 +115,7 @@ def _engine_run(
 ) -> dict:
     steps, finished = [], None
     kwargs = {"options": options, "auto_state": auto_state}
+    pair = measured_lane(pair, policy, options, budget, temperature, seed)  # memories kept per setting
     for e in stream(pair, prompt, policy, budget, temperature, seed, max_new_tokens, **kwargs):
         if isinstance(e, StepVerified):
             steps.append(e)

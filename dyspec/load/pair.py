@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import json
+from dataclasses import dataclass, field, replace
 
 import torch
 from torch import nn
@@ -70,6 +71,15 @@ class ModelPair:
     @property
     def max_context(self) -> int:
         return int(getattr(self.target.config, "max_position_embeddings", 2048))
+
+
+def measured_lane(pair: ModelPair, *setting) -> ModelPair:
+    """The pair with a memory of its own for one measured setting (policy, options, budget, ...): what
+    a policy keeps across generations (Token Recycling's table, suffix decoding's earlier answers)
+    carries over between the prompts a bench or replay runs at that setting, as a server running
+    it would, and never from one setting's answer to another setting's run of the same prompt."""
+    lanes = pair.memo.setdefault("lanes", {})
+    return replace(pair, memo=lanes.setdefault(json.dumps(setting, sort_keys=True, default=str), {}))
 
 
 def pair_key(pair: ModelPair) -> str:
