@@ -46,12 +46,12 @@ def build(
     while frontier and tree.size < budget:
         q = to_probs(draft.logits(tree, frontier), tau)
         columns, probs = ranked_children(q, budget, sample, generator)
-        tokens = tree.token_ids(columns, q.shape[-1])
+        tokens, rows = tree.token_ids(columns, q.shape[-1]), probs.tolist()  # one host read for the layer
         squares = q.square().sum(-1).tolist() if learnt else None
         next_frontier = []
         for i, u in enumerate(frontier):
             tree.q[u] = q[i]
-            ranked = probs[i].tolist()
+            ranked = rows[i]
             for k, (token, prob) in enumerate(zip(tokens[i], ranked)):
                 # the value of u's next child slot, as DySpec's heap values it
                 if learnt:

@@ -36,19 +36,18 @@ from dyspec.errors import DyspecError
 
 MAX_OCCURRENCES = 64  # the latest occurrences followed: older ones add little and cost a scan each
 MAX_ANSWERS = 1000  # earlier answers kept for the search (the reference keeps 10,000 requests)
-GAP = array("i", [-1]).tobytes()  # between earlier answers, so that no match or copy spans two
 
 Paths = list[tuple[tuple[int, ...], int]]  # (path of tokens, its count), best first
 
 
 def grow(tokens: array, ends: list[int], total: int, limit: int, min_prob: float, depth: int) -> tuple[Paths, float]:
-    """The draft from the continuations after `ends` (each up to `depth` tokens, cut at a GAP): up to
+    """The draft from the continuations after `ends` (each up to `depth` tokens, cut at a -1): up to
     `limit` paths by count, each of probability count / `total` >= `min_prob`; and its score, the
     sum of those probabilities."""
     counts: dict[tuple[int, ...], int] = {}
     for end in ends:
         path: tuple[int, ...] = ()
-        for token in islice(tokens, end, end + depth):
+        for token in tokens[end : end + depth]:
             if token < 0:
                 break
             path = (*path, token)
@@ -68,9 +67,10 @@ def grow(tokens: array, ends: list[int], total: int, limit: int, min_prob: float
     return paths, sum(c for _, c in paths) / total
 
 
-def remembered(draft: DraftSession) -> array:
-    """The pair's earlier answers, GAP-separated; this generation's own joins them once the next
-    generation starts (the first build that meets a new context)."""
+def remembered(draft: DraftSession) -> tuple[array, bytes]:
+    """The pair's earlier answers, each followed by -1 (so that no match or copy spans two), as tokens
+    and as their bytes; this generation's own joins them once the next generation starts (the first
+    build that meets a new context)."""
     memo = draft.memo.setdefault("suffix", {"answers": [], "now": None, "start": 0})
     if memo["now"] is not draft.context:
         if memo["now"] is not None:
@@ -82,7 +82,7 @@ def remembered(draft: DraftSession) -> array:
         for answer in memo["answers"]:
             joined.extend(answer)
             joined.append(-1)
-        memo["joined"] = joined
+        memo["joined"] = joined, joined.tobytes()
     return memo["joined"]
 
 
@@ -116,8 +116,8 @@ def build(
         raise DyspecError("suffix needs max_spec_factor >= 0 and min_token_prob in [0, 1]")
     cap = budget if free_budget is None else free_budget
     context = array("i", draft.context)
-    own, earlier = context.tobytes(), remembered(draft)
-    sources = [(context, own, len(own) - 4, 1), (earlier, earlier.tobytes(), len(earlier) * 4, 0)]
+    own, (earlier, earlier_bytes) = context.tobytes(), remembered(draft)
+    sources = [(context, own, len(own) - 4, 1), (earlier, earlier_bytes, len(earlier_bytes), 0)]
     best: tuple[float, int, Paths, int] = (0.0, 0, [], 1)
     for tokens, data, end, current in sources:
         for n in range(min_match, min(max_match, len(context) - 1) + 1):
