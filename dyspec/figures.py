@@ -169,18 +169,27 @@ LEGEND = {
     "root": "root: the last committed token",
     "accepted": "drafted, accepted",
     "rejected": "drafted, rejected",
-    "unreached": "drafted, not reached",
+    "unreached": "drafted, never tried",
     "target": "the target's own next token (bonus or correction)",
 }
 HIGHLIGHT = {"drafted": "#b5e6a2", "target": "#a9c8f0"}  # yellowish green, blue: apart for every reader
 
 
 def node_outcomes(step) -> list[str]:
-    """Per node: root, accepted (on the accepted path), rejected (tried by the verifier: its parent
-    was on the path) or unreached."""
+    """Per node: root, accepted (on the accepted path), rejected (tried by the verifier) or unreached
+    (never tried). A child of a node on the path was tried, except, when sampling (T > 0), one drawn
+    after the sibling that was accepted: the verifier tries siblings in drawing order and stops at
+    the first it accepts. Greedy verification compares every child with the target's token."""
     on_path = {0, *step.accepted}
+    sampled = bool(step.temperature)
+    first_accepted = {step.parents[a]: a for a in step.accepted}  # a node's accepted child (ids in drawing order)
+
+    def tried(i: int) -> bool:
+        parent = step.parents[i]
+        return parent in on_path and not (sampled and parent in first_accepted and i > first_accepted[parent])
+
     return [
-        "root" if i == 0 else "accepted" if i in on_path else "rejected" if step.parents[i] in on_path else "unreached"
+        "root" if i == 0 else "accepted" if i in on_path else "rejected" if tried(i) else "unreached"
         for i in range(len(step.tokens))
     ]
 

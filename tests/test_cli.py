@@ -8,6 +8,7 @@ import pytest
 
 from dyspec.auto.profile import DEFAULT_SIZES, FIRST_SIZES, LONG_CONTEXT, LONG_SIZES, weight_bytes
 from dyspec.defaults import defaults_for
+from dyspec.eval.anatomy import ANATOMY_STEPS
 from dyspec.forward.quant import quantize_int8
 from dyspec.kernels.int8_mm import kernel_path
 
@@ -88,12 +89,17 @@ def test_profile_table_puts_the_baseline_under_its_sizes_and_saves_the_profile(t
     model = tiny_model(0)  # target and draft, int8 where the CLI's precision is
     int8 = json.loads(saved.read_text())["precision"] == "int8"
     mb = weight_bytes(quantize_int8(model) if int8 else model) / 1e6
-    assert [line.split(":")[0].strip() for line in lines[floor + 1 : -1]] == ["target", "draft"]
-    assert all(f"({mb:.3g} MB)" in line for line in lines[floor + 1 : -1])
+    step = next(i for i, line in enumerate(lines) if line.startswith("a step on an MT-Bench question"))
+    assert [line.split(":")[0].strip() for line in lines[floor + 1 : step]] == ["target", "draft"]
+    assert all(f"({mb:.3g} MB)" in line for line in lines[floor + 1 : step])
     # where a step of the default policy went, beside ar's
     default = defaults_for("cpu", kernel_path() if int8 else None)
-    assert lines[-1].startswith(f"a step on an MT-Bench question, {default.text} (the")
-    assert "ms in the target's forward" in lines[-1] and "ar's step:" in lines[-1]
+    assert lines[step].startswith(f"a step on an MT-Bench question, {default.text} (the")
+    # then each policy's ops and host reads a step, ar's read its next token
+    table = lines[step + 2 :]
+    assert [line.split("`")[1] for line in table[2:]] == [f"{p}@{b}" for p, b in ANATOMY_STEPS]
+    assert table[2].split("|")[3].strip() == "1"
+    assert "ms in the target's forward" in lines[step] and "ar's step:" in lines[step]
     # the long context's, a step's first draft forward's, HF's, fp32's
     for column, sizes in ((1, LONG_SIZES), (3, FIRST_SIZES), (4, LONG_SIZES), (5, (1, 8))):
         cells = {n: row[10 * column : 10 * (column + 1)].strip() for n, row in rows.items()}

@@ -1,10 +1,13 @@
 """Every tutorial notebook runs top to bottom on the offline default pair, and is stored without
 outputs; its executed copy is left where the docs site's tutorials read it (docs/hooks.py)."""
 
+import ast
 import os
+import re
 import time
 from pathlib import Path
 from queue import Empty
+from types import SimpleNamespace
 
 import nbformat
 import pytest
@@ -71,3 +74,26 @@ def test_notebook_executes(path, request):
         printed = "".join(o.get("text", "") for c in book.cells if c.cell_type == "code" for o in c.outputs)
         for policy in available_policies(request.getfixturevalue("default_pair")):
             assert f"{policy:18} identical to ar: True" in printed
+
+
+def test_policies_notebooks_measure_passes_settings_and_its_expansion_example_fits():
+    """03's `measure` hands temperature and a policy's options to every run (its exercises set them),
+    and the expansion its exercise suggests fits the budget it names."""
+    from dyspec.policies.specinfer import parse_expansion
+
+    book = nbformat.read(next(p for p in NOTEBOOKS if p.stem == "03_policies_compared"), as_version=4)
+    source = next(c.source for c in book.cells if "def measure(" in c.source)
+    (measure,) = (n for n in ast.parse(source).body if isinstance(n, ast.FunctionDef) and n.name == "measure")
+    calls = []
+
+    def run(pair, prompt, **settings):
+        calls.append(settings)
+        return SimpleNamespace(new_tokens=4, target_forwards=2, wall_s=1.0, prefill_s=0.5)
+
+    space = {"dyspec": SimpleNamespace(generate=run), "pair": None, "prompts": ["a"], "TOKENS": 4, "BUDGET": 4}
+    exec(compile(ast.Module([measure], []), "03", "exec"), space)
+    assert space["measure"]("specinfer", 8, temperature=0.6, options={"expansion": "4,1"}) == (2.0, 8.0)
+    assert all(c["options"] == {"expansion": "4,1"} and c["temperature"] == 0.6 and c["budget"] == 8 for c in calls)
+    text = next(c.source for c in book.cells if "## Exercises" in c.source)
+    (example,) = re.findall(r'measure\("specinfer", (\d+), options=\{"expansion": "([\d,]+)"\}\)', text)
+    assert parse_expansion(example[1], int(example[0]))  # raises where the tree is over the budget

@@ -196,6 +196,20 @@ def star_step(children: int, depth_two: int = 0) -> StepVerified:
     )
 
 
+def test_untried_siblings_are_never_called_rejected():
+    """The verifier tries a node's children in drawing order: greedily every child is compared with
+    the target's token, but when sampling the siblings drawn after the accepted one are never tried."""
+    step = star_step(4, depth_two=1)  # root -> nodes 1-4 (1 accepted), node 5 under node 1, then rejected
+    step.accepted, step.temperature = [1, 5], 0.0
+    assert figures.node_outcomes(step) == ["root", "accepted", "rejected", "rejected", "rejected", "accepted"]
+    step.temperature = 0.8
+    assert figures.node_outcomes(step) == ["root", "accepted", "unreached", "unreached", "unreached", "accepted"]
+    step.accepted = [2]  # the second child accepted after the first was rejected; node 5 lies under the first
+    assert figures.node_outcomes(step) == ["root", "rejected", "accepted", "unreached", "unreached", "unreached"]
+    step.accepted = []  # every root child tried and rejected
+    assert figures.node_outcomes(step)[1:5] == ["rejected"] * 4
+
+
 def labels(fig) -> list[str]:
     return [t for trace in fig.data if trace.mode == "markers+text" for t in trace.text if t]
 

@@ -56,6 +56,7 @@ def add_generate(sub) -> None:
 def cmd_profile(args: argparse.Namespace) -> None:
     from dyspec.auto.profile import CONTEXT, LONG_SIZES, measure_profile, profile_path, profile_table
     from dyspec.cache import write_cache
+    from dyspec.eval.anatomy import anatomy, anatomy_table, stamp_line
     from dyspec.eval.bench import profile_stamp
     from dyspec.eval.peers import llamacpp_forward_ms
     from dyspec.eval.prompts import load_prompts
@@ -66,6 +67,12 @@ def cmd_profile(args: argparse.Namespace) -> None:
         print(json.dumps(profile | profile_stamp(pair, command_line())) if args.json else profile_table(profile))
         return
     pair = pair_of(args)
+    if args.steps:
+        ((_, prompt),) = load_prompts("mtbench", 1)
+        steps = anatomy(pair, prompt)
+        stamp = profile_stamp(pair, command_line())
+        print(json.dumps({"anatomy": steps} | stamp) if args.json else f"{anatomy_table(steps)}\n\n{stamp_line(stamp)}")
+        return
     profile = measure_profile(pair)
     if pair.device.type == "cpu":
         try:  # the plain decoding users already have, beside dyspec's forwards
@@ -76,12 +83,15 @@ def cmd_profile(args: argparse.Namespace) -> None:
     # busy misleads it until measured again
     write_cache(profile_path(pair), json.dumps(profile))
     print(f"saved for --budget auto: {profile_path(pair)}", file=sys.stderr)
+    ((_, prompt),) = load_prompts("mtbench", 1)
+    steps = anatomy(pair, prompt)
     if args.json:
-        print(json.dumps(profile | profile_stamp(pair, command_line())))
+        print(json.dumps(profile | {"anatomy": steps} | profile_stamp(pair, command_line())))
         return
     print(profile_table(profile))
-    ((_, prompt),) = load_prompts("mtbench", 1)
     print(f"a step on an MT-Bench question, {default_step_text(pair, prompt)}")
+    print("what a step does beside the two models' forwards (on a GPU each op is a launch, each read a stall):")
+    print(anatomy_table(steps))
 
 
 SHAPE_STEPS = (("ar", 1), ("chain", 8), ("dyspec", 16), ("dyspec", 64))  # the steps `--shape` times
@@ -121,6 +131,11 @@ def add_profile(sub) -> None:
         "on weights)",
     )
     pr.add_argument("--sizes", type=csv(int), help="with --shape: the tree sizes n to time (default: 1-16, ..., 80)")
+    pr.add_argument(
+        "--steps",
+        action="store_true",
+        help="only what a step of each policy does beside the forwards: ops, host reads, host time",
+    )
     pr.set_defaults(func=cmd_profile)
 
 

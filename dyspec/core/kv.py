@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import inspect
 from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager, nullcontext
+from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
@@ -14,6 +16,8 @@ from dyspec.core.draft_model import FINAL, draft_model
 from dyspec.errors import DyspecError
 from dyspec.kernels.row_attention import keep_slots
 
+# what each model call runs inside: dyspec.eval.anatomy sets it to leave the models' own ops out of its counts
+MODEL_CALL: ContextVar[Callable[[], AbstractContextManager]] = ContextVar("model_call", default=nullcontext)
 BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)  # the sizes a static forward runs at (dyspec.forward.static)
 
 
@@ -188,16 +192,17 @@ class KVSession:
         if run is not self.model:
             torch.compiler.cudagraph_mark_step_begin()  # the last replay's outputs were copied out
         ids = torch.tensor([tokens, positions], device=self.device)  # one copy to the device, not two
-        out = run(
-            input_ids=ids[:1],
-            position_ids=ids[1:],
-            attention_mask=mask,
-            **{self.cache_kwarg: self.cache},
-            use_cache=True,
-            logits_to_keep=keep,
-            output_hidden_states=self.keep_hidden,
-            **extra,
-        )
+        with MODEL_CALL.get()():
+            out = run(
+                input_ids=ids[:1],
+                position_ids=ids[1:],
+                attention_mask=mask,
+                **{self.cache_kwarg: self.cache},
+                use_cache=True,
+                logits_to_keep=keep,
+                output_hidden_states=self.keep_hidden,
+                **extra,
+            )
         self.cached, self.forwards = start + size, self.forwards + 1
         # copies where a compiled forward's outputs are overwritten by its next replay
         if self.keep_hidden:

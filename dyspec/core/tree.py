@@ -48,8 +48,8 @@ class Tree:
         """Number of drafted nodes (the root is not drafted)."""
         return len(self.tokens) - 1
 
-    def add(self, parent: int, token: int, draft_prob: float) -> int:
-        self.tokens.append(token)
+    def add(self, parent: int, token: int | float, draft_prob: float) -> int:
+        self.tokens.append(int(token))
         self.parents.append(parent)
         self.depths.append(self.depths[parent] + 1)
         self.draft_probs.append(draft_prob)
@@ -65,9 +65,15 @@ class Tree:
         """The distribution `node`'s token was drawn from."""
         return self.child_q[node] if node in self.child_q else self.q[self.parents[node]]
 
-    def token_ids(self, columns: torch.Tensor, width: int) -> list:
-        """Target token ids (a nested list, as `tolist`) of `columns` of draft distributions `width` wide."""
-        return (columns if self.vocab is None else self.vocab.tokens(columns, width)).tolist()
+    def candidates(
+        self, columns: torch.Tensor, probs: torch.Tensor, width: int, *extra: torch.Tensor
+    ) -> list[list[list[float]]]:
+        """Children candidates [rows, k] as Python lists, in one host read (on a GPU each read waits for
+        every kernel queued before it): their target token ids (of `columns` of draft distributions
+        `width` wide), their probabilities, and any `extra` [rows, k] beside them. Token ids come back
+        as floats, exact below 2^53, which `add` takes."""
+        ids = columns if self.vocab is None else self.vocab.tokens(columns, width)
+        return torch.stack([t.to(torch.float64) for t in (ids, probs, *extra)]).tolist()
 
     def token_id(self, column: int, width: int) -> int:
         """The target token id of column `column` of a draft distribution `width` wide."""

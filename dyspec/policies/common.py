@@ -44,7 +44,7 @@ def expand_and_rerank(draft: DraftSession, root: int, budget: int, topk: int, st
     for _ in range(steps):
         q = to_probs(draft.logits(tree, frontier), 1.0)
         columns, probs = ranked_children(q, topk, sample=False)
-        tokens, rows = tree.token_ids(columns, q.shape[-1]), probs.tolist()  # one host read for the round
+        tokens, rows = tree.candidates(columns, probs, q.shape[-1])  # one host read for the round
         added = [tree.add(u, y, p) for i, u in enumerate(frontier) for y, p in zip(tokens[i], rows[i])]
         tree.end_expansion()
         frontier = sorted(added, key=lambda n: (-tree.values[n], n))[:topk]

@@ -182,10 +182,10 @@ def build(
         q = to_probs(logits, tau)
         columns, probs = ranked_children(q, budget, sample, generator)
         scorer.forwarded(draft, new, logits, q, columns)
-        tokens = tree.token_ids(columns, q.shape[-1])
+        tokens, rows = tree.candidates(columns, probs, q.shape[-1])  # one host read for the round
         for i, node in enumerate(new):
             tree.q[node] = q[i]
-            ranked[node], drawn[node] = (tokens[i], probs[i].tolist()), 0
+            ranked[node], drawn[node] = (tokens[i], rows[i]), 0
             push_slot(node)
         new = []
         for _ in range(batch):

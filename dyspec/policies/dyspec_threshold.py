@@ -46,8 +46,10 @@ def build(
     while frontier and tree.size < budget:
         q = to_probs(draft.logits(tree, frontier), tau)
         columns, probs = ranked_children(q, budget, sample, generator)
-        tokens, rows = tree.token_ids(columns, q.shape[-1]), probs.tolist()  # one host read for the layer
-        squares = q.square().sum(-1).tolist() if learnt else None
+        extra = (q.square().sum(-1, keepdim=True).expand_as(probs),) if learnt else ()
+        # one host read for the layer
+        tokens, rows, *squares = tree.candidates(columns, probs, q.shape[-1], *extra)
+        squares = [row[0] for row in squares[0]] if learnt else None
         next_frontier = []
         for i, u in enumerate(frontier):
             tree.q[u] = q[i]

@@ -142,12 +142,12 @@ def build(
         static = list(frontier)
         q = to_probs(draft.logits(tree, [frontier[s] for s in static]), tau)
         columns, probs = ranked_children(q, max(len(children[s]) for s in static), sample, generator)
-        tokens = tree.token_ids(columns, q.shape[-1])
+        tokens, rows = tree.candidates(columns, probs, q.shape[-1])  # one host read for the layer
         next_frontier = {}
         for i, s in enumerate(static):
             u = frontier[s]
             tree.q[u] = q[i]
-            for c, token, prob in zip(children[s], tokens[i], probs[i].tolist()):
+            for c, token, prob in zip(children[s], tokens[i], rows[i]):
                 if prob <= 0:
                     break
                 node = tree.add(u, token, prob)

@@ -89,15 +89,15 @@ def _expand(
         columns = sample_rows(q, width, generator)
     else:
         columns = ranked_children(q, width, sample=False)[0]
-    tokens = tree.token_ids(columns, q.shape[-1])
+    tokens, probs = tree.candidates(columns, q.gather(-1, columns), q.shape[-1])  # one host read for the layer
     children = []
     for i, u in enumerate(frontier):
         if d == 0:
             tree.q[u] = q[i]
-        for x, y in zip(columns[i].tolist(), tokens[i]):
+        for y, q_y in zip(tokens[i], probs[i]):
             shared = next((c for c in tree.children(u) if tree.tokens[c] == y), None) if temperature == 0 else None
             if shared is None:
-                shared = tree.add(u, y, float(q[i, x]))
+                shared = tree.add(u, y, q_y)
                 if d > 0:
                     tree.child_q[shared] = q[i]
             children.append(shared)
