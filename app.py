@@ -239,13 +239,23 @@ def side_by_side_tab(demo: gr.Blocks, vm: state.ViewModel, concurrency: int) -> 
             api_name=False,
             concurrency_id=PAIR,
         )
+
+    def moved(runs, position):
+        """A position dragged to or typed; one typed past either end of the answer is taken as that end
+        (unprocessed: the slider's own bounds check would paint every output with an error)."""
+        if not runs:
+            return [gr.skip()] * (2 + state.MAX_SIDE_BY_SIDE)
+        at = state.answer_position(runs, position)
+        return [at, *trees(runs, at)]
+
     # `input`: a drag and a typed position alike (`release` misses typing); the latest one wins
     position.input(
-        lambda r, pos: trees(r, pos) if r else [gr.skip()] * (1 + state.MAX_SIDE_BY_SIDE),
+        moved,
         [runs, position],
-        [answer, *tree_plots],
+        [position, answer, *tree_plots],
         api_name=False,
         trigger_mode="always_last",
+        preprocess=False,
     )
 
 
@@ -290,6 +300,7 @@ def generate_controls(vm: state.ViewModel) -> list:
 
 
 LIVE_OUTPUTS = 10  # what live_views returns: text, tree, chart, depth, stats, run, two sliders, what-if, download
+LOADED_SETTINGS = 6  # the controls a loaded run sets beside its prompt (`ViewModel.loaded_settings`)
 
 
 def live_views(vm: state.ViewModel, live: state.Live, draw: bool, pricing: tuple, session: str) -> tuple:
@@ -353,8 +364,9 @@ def live_handlers(vm: state.ViewModel) -> tuple:
             live = vm.load(data)
         except DyspecError as e:
             gr.Warning(str(e))
-            return (gr.skip(),) * (LIVE_OUTPUTS + 1)
-        return *live_views(vm, live, True, (choice, width, fraction), request.session_hash), live.prompt
+            return (gr.skip(),) * (LIVE_OUTPUTS + 1 + LOADED_SETTINGS)
+        settings = (gr.skip() if value is None else value for value in vm.loaded_settings(live))
+        return *live_views(vm, live, True, (choice, width, fraction), request.session_hash), live.prompt, *settings
 
     def stop(request: gr.Request) -> None:
         if request.session_hash in stops:
@@ -453,8 +465,8 @@ def generate_tab(vm: state.ViewModel, concurrency: int) -> None:
             api_name=False,
             trigger_mode="always_last",
         )
-    # and its prompt; in the model's queue: pricing on this machine may profile it
-    upload.upload(load, [upload, *pricing], [*outputs, settings[0]], api_name="load_run", concurrency_id=PAIR)
+    # its prompt and the controls it ran with; in the model's queue: pricing on this machine may profile it
+    upload.upload(load, [upload, *pricing], [*outputs, *settings[:7]], api_name="load_run", concurrency_id=PAIR)
     for control in pricing:
         control.change(
             lambda live, *p: vm.whatif(live or state.Live(), *p),

@@ -172,6 +172,7 @@ LEGEND = {
     "unreached": "drafted, never tried",
     "target": "the target's own next token (bonus or correction)",
 }
+TARGET_HOVER = "%{hovertext}<br>the target's own next token, not drafted<br>depth %{customdata[3]}<extra></extra>"
 HIGHLIGHT = {"drafted": "#b5e6a2", "target": "#a9c8f0"}  # yellowish green, blue: apart for every reader
 
 
@@ -355,7 +356,10 @@ def tree_figure(step, upto: int | None = None, title: str | None = None) -> go.F
                     "line": {"width": 0},
                 },
                 customdata=[[probs[i], target_p[i], values[i], x[i], rank[i], head[i]] for i in idx],
-                hovertemplate="%{hovertext}<br>draft p %{customdata[0]:.3f}<br>target p %{customdata[1]:.3f}"
+                # the target's own token was never drafted: it has no draft or target probability to show
+                hovertemplate=TARGET_HOVER
+                if kind == "target"
+                else "%{hovertext}<br>draft p %{customdata[0]:.3f}<br>target p %{customdata[1]:.3f}"
                 "<br>path value %{customdata[2]:.3f}<br>depth %{customdata[3]}, sibling %{customdata[4]}"
                 + ("<br>predicted acceptance %{customdata[5]}" if predicted else "")
                 + "<extra></extra>",

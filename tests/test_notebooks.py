@@ -68,10 +68,12 @@ def test_notebook_executes(path, request):
     assert not errors
     EXECUTED.mkdir(parents=True, exist_ok=True)
     nbformat.write(book, EXECUTED / path.name)
+    printed = "".join(o.get("text", "") for c in book.cells if c.cell_type == "code" for o in c.outputs)
+    if path.stem == "01_quickstart":  # an exercise's check says nothing of the answer before the guess
+        assert "write your guess first" in printed and "right" not in printed.split()
     if path.stem == "06_exactness":  # every policy the pair can run, each identical to ar
         from dyspec.policies import available_policies
 
-        printed = "".join(o.get("text", "") for c in book.cells if c.cell_type == "code" for o in c.outputs)
         for policy in available_policies(request.getfixturevalue("default_pair")):
             assert f"{policy:18} identical to ar: True" in printed
 

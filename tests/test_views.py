@@ -1,6 +1,7 @@
 """The view model's workshop views, driven as both front ends drive them: a shared run downloaded
 and loaded back, the race, and the words that explain a run."""
 
+import dataclasses
 import json
 import re
 
@@ -8,6 +9,7 @@ import pytest
 
 from dyspec import figures
 from dyspec.core.events import StepVerified
+from dyspec.decode.replay import ReplayRun
 from dyspec.errors import DyspecError
 from dyspec.eval import speedup
 from dyspec.policies import POLICIES
@@ -194,6 +196,28 @@ def star_step(children: int, depth_two: int = 0) -> StepVerified:
         tree_build_s=0.0,
         draft_forwards=1,
     )
+
+
+def test_a_loaded_run_sets_the_controls_it_ran_with(vm, finished):
+    """So that the next Run runs what is on screen; what this app cannot take is left as it is."""
+    loaded = vm.load(vm.download(finished, "h100", 64, 0.1))
+    length = 24 if finished.finished.stop_reason == "max_new_tokens" else None
+    assert vm.loaded_settings(loaded) == ("dyspec", 6, False, 0.0, 0, length)
+    other = dataclasses.replace(loaded.finished, policy="not-here", budget="auto", temperature=99.0, new_tokens=10**6)
+    assert vm.loaded_settings(dataclasses.replace(loaded, finished=other)) == (None, None, True, None, 0, None)
+
+
+def test_a_position_past_either_end_of_the_answer_is_that_end():
+    runs = [ReplayRun("chain", 4, [star_step(2), star_step(3)])]  # 2 tokens a step: 4 in the answer
+    typed = (-3, 0, 2, 3, 40, "40", 2.7, "", None)
+    assert [state.answer_position(runs, p) for p in typed] == [0, 0, 2, 3, 3, 3, 2, 0, 0]
+
+
+def test_the_targets_own_token_hovers_as_its_own_not_as_a_drafted_node():
+    fig = figures.tree_figure(star_step(3))
+    (target,) = [t for t in fig.data if t.name == figures.LEGEND["target"]]
+    assert "draft p" not in target.hovertemplate and "not drafted" in target.hovertemplate
+    assert all("draft p" in t.hovertemplate for t in fig.data if t.mode == "markers+text" and t is not target)
 
 
 def test_untried_siblings_are_never_called_rejected():

@@ -14,7 +14,7 @@ from dyspec.auto import whatif
 from dyspec.core.events import StepVerified
 from dyspec.defaults import setting_text
 from dyspec.eval import speedup
-from dyspec.views.state import BELOW_ONE, Live, ViewModel, identity_text
+from dyspec.views.state import BELOW_ONE, Live, ViewModel, identity_text, pricing_note
 
 FRAME_S = 0.1  # the replay's clock tick: ten frames a second
 PACES = [("as measured", 1.0), ("half speed", 0.5), ("quarter speed", 0.25)]  # the replay's speeds, labelled
@@ -99,6 +99,10 @@ def race_frame(vm: ViewModel, race: Race, t: float, model: whatif.LatencyModel) 
     body = f"<div style='display:flex;gap:12px'>{lanes}</div>"
     if t < race.seconds or not race.run.steps:
         return body
+    tokens = sum(len(s.emitted) for s in race.run.steps)
+    if tokens < speedup.MIN_TOKENS:  # as the live tab: a few steps' luck is not a speed
+        few = f"{tokens} tokens: too few for a speedup (at least {speedup.MIN_TOKENS}); race a longer answer"
+        return f"<div>{few}.</div>{body}"
     ratio = speedup.decode_rate(race.run.steps) / speedup.decode_rate(race.ar.steps)
     modelled = whatif.modelled_speedup(whatif.step_shapes(race.run.steps), model)
     busy = speedup.busy_text(race.run.steps, race.ar.steps)
@@ -106,7 +110,7 @@ def race_frame(vm: ViewModel, race: Race, t: float, model: whatif.LatencyModel) 
         f"<div style='display:flex;gap:24px;align-items:baseline;margin-bottom:8px'>"
         f"<div><span style='font-size:3em;font-weight:bold'>{ratio:.2f}x</span> measured {race.run.where}</div>"
         f"<div><span style='font-size:2em'>{modelled:.2f}x</span> modelled on {html.escape(model.name)} "
-        "from these trees (not run there)</div></div>"
+        f"from these trees ({pricing_note(model.name)})</div></div>"
         f"<div>{BELOW_ONE}. {identity_text(race.run)}{' ' + busy + '.' if busy else ''}</div>" + body
     )
 

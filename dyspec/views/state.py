@@ -84,6 +84,14 @@ class Live:
         return f"on the machine it ran on ({self.made_on})" if self.made_on else "on this machine"
 
 
+def pricing_note(model_name: str) -> str:
+    """How a modelled speedup was made: on another machine's profile it was never run there; on this
+    machine's it prices the forwards alone, which the run also measured."""
+    if model_name == whatif.THIS_MACHINE:
+        return "this machine's forwards as its profile times them"
+    return "not run there"
+
+
 def settings_text(live: Live) -> str:
     """Which policy, budget and temperature made what is on screen, and the steps where a change
     made while it ran took effect."""
@@ -112,6 +120,16 @@ def at_position(steps: Sequence[StepVerified], position: int) -> StepVerified:
         if position < done:
             return s
     return steps[-1]
+
+
+def answer_position(runs: Sequence[ReplayRun], position: float | str | None) -> int:
+    """A position typed or dragged along the replayed answer as a token index: one past either end is
+    that end, and one that is not a number is the first token."""
+    try:
+        at = int(float(position))
+    except (TypeError, ValueError):
+        at = 0
+    return min(max(at, 0), runs[0].tokens - 1)
 
 
 def featured_step(steps: Sequence[StepVerified]) -> int:
@@ -344,7 +362,7 @@ class ViewModel:
         modelled = whatif.modelled_speedup(shapes, model)
         text = (
             f"Measured {live.where}: {measured}.<br>Modelled on {model.name}: <b>{modelled:.2f}x</b> vs ar, "
-            f"from this run's trees with a latency profile (not run there); {BELOW_ONE}."
+            f"from this run's trees with a latency profile ({pricing_note(model.name)}); {BELOW_ONE}."
         )
         # the profile prices forwards, a step is more; a loaded run's steps ran on another machine
         if model.name == whatif.THIS_MACHINE and live.ar and not live.made_on:
@@ -384,6 +402,26 @@ class ViewModel:
         if not live.steps:
             raise DyspecError(f"{share.NOT_A_RUN}: it has no steps.")
         return live
+
+    def loaded_settings(self, live: Live) -> tuple:
+        """The controls a loaded run sets, so that the next Run runs what it shows: (policy, budget,
+        auto, temperature, seed, max new tokens) as it started, None for each this pair cannot take
+        (another pair's policy, a budget or length past this app's limits) or the run does not say."""
+        f = live.finished
+        if f is None:
+            return (None,) * 6
+        auto = f.budget == "auto"
+        budget = None if auto or not 1 <= int(f.budget) <= self.limits.budget else int(f.budget)
+        ran_out = f.stop_reason == "max_new_tokens" and f.new_tokens <= self.limits.max_new_tokens
+        length = f.new_tokens if ran_out else None
+        return (
+            f.policy if f.policy in self.policies else None,
+            budget,
+            auto,
+            f.temperature if 0 <= f.temperature <= self.limits.temperature else None,
+            f.seed,
+            length,
+        )
 
     def text(self, steps: Sequence[StepVerified], step: int | None = None) -> str:
         """The run's text, the tokens that step `step` committed outlined."""
