@@ -16,6 +16,7 @@ import requests
 
 from dyspec.defaults import defaults_for, options_text
 from dyspec.views.examples import EXAMPLES
+from dyspec.views.state import SIDE_BY_SIDE_BUDGET
 
 CHROMIUM = "/usr/bin/chromium"
 ROOT = Path(__file__).resolve().parents[1]
@@ -198,7 +199,9 @@ def test_browser_side_by_side(page, tmp_path):
     expect(table).to_contain_text("ar (baseline)", timeout=180_000)
     assert table.locator("th").first.evaluate("e => getComputedStyle(e).whiteSpace") == "nowrap"  # "budget" whole
     cells = [row.locator("td").all_inner_texts() for row in table.locator("tr").all()]
-    rows = {c[0].strip(): (c[2].strip(), c[3].strip()) for c in cells if c}  # tokens a forward, draft forwards
+    rows = {c[0].strip(): (c[3].strip(), c[4].strip()) for c in cells if c}  # tokens a forward, draft forwards
+    nodes = {c[0].strip(): float(c[2]) for c in cells if c}  # drafted nodes per tree: a budget is a cap
+    assert nodes["ar (baseline)"] == 0 and all(0 < nodes[p] <= SIDE_BY_SIDE_BUDGET for p in ("chain", "dyspec"))
     assert len({rows[p] for p in ("chain", "sequoia", "dyspec")}) == 3, rows  # three runs, each its own
     expect(table).to_contain_text("modelled on H100")
     expect(table).to_contain_text("not measured")

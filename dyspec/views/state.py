@@ -501,16 +501,18 @@ class ViewModel:
         return [self.replays[prompt, max_new_tokens, p, b] for p in policies for b in budgets]
 
     def replay_table(self, runs: Sequence[ReplayRun], models: Sequence[whatif.LatencyModel]) -> str:
-        """Per run: tokens per forward, draft forwards per step and the speedup modelled on each of
-        `models`, below a row for `ar`, the baseline (one token a forward, its own speed by definition)."""
-        head = "| policy | budget | tokens per target forward | draft forwards per step |"
+        """Per run: drafted nodes per tree (a budget is a cap: a policy may draft fewer), tokens per
+        forward, draft forwards per step and the speedup modelled on each of `models`, below a row for
+        `ar`, the baseline (one token a forward, its own speed by definition)."""
+        head = "| policy | budget | nodes per tree | tokens per target forward | draft forwards per step |"
         head += "".join(f" modelled on {m.name} |" for m in models)
-        rows = [head, "|---|---|---|---|" + "---|" * len(models)]
-        rows.append("| ar (baseline) | - | 1.00 | 0 |" + " 1.00x |" * len(models))
+        rows = [head, "|---|---|---|---|---|" + "---|" * len(models)]
+        rows.append("| ar (baseline) | - | 0 | 1.00 | 0 |" + " 1.00x |" * len(models))
         for r in runs:
+            steps = max(len(r.steps), 1)
             cells = "".join(f" {whatif.modelled_speedup(whatif.step_shapes(r.steps), m):.2f}x |" for m in models)
             rows.append(
-                f"| {r.policy} | {r.budget} | {r.tokens_per_forward:.2f} | "
-                f"{r.draft_forwards / max(len(r.steps), 1):.1f} |{cells}"
+                f"| {r.policy} | {r.budget} | {sum(len(s.tokens) - 1 for s in r.steps) / steps:.1f} | "
+                f"{r.tokens_per_forward:.2f} | {r.draft_forwards / steps:.1f} |{cells}"
             )
         return "\n".join(rows) + "\n\n" + REPLAY_NOTE
