@@ -198,6 +198,25 @@ def star_step(children: int, depth_two: int = 0) -> StepVerified:
     )
 
 
+def test_a_run_retuned_while_it_ran_repeats_no_setting(vm):
+    """Only runs of the same settings throughout are listed as repeats of each other."""
+    prompt = "List five fruits, one per line."
+    *_, first = vm.run(prompt, "chain", 3, max_new_tokens=24)
+    knobs, checks = vm.knobs(3, 0.0), []
+
+    def moved() -> bool:  # the stop check runs every step: the budget moves after the third
+        checks.append(1)
+        knobs.budget = 3 if len(checks) < 3 else 2
+        return False
+
+    *_, retuned = vm.run(prompt, "chain", 3, max_new_tokens=24, stop=moved, knobs=knobs)
+    assert {s.budget for s in retuned.steps} == {2, 3} and retuned.repeats == []
+    assert "repeats no earlier run" in vm.stats(retuned) and "The same settings measured" not in vm.stats(retuned)
+    *_, again = vm.run(prompt, "chain", 3, max_new_tokens=24)
+    assert again.repeats is first.repeats and len(again.repeats) == 2
+    assert "The same settings measured 2 times" in vm.stats(again)
+
+
 def test_a_loaded_run_sets_the_controls_it_ran_with(vm, finished):
     """So that the next Run runs what is on screen; what this app cannot take is left as it is."""
     loaded = vm.load(vm.download(finished, "h100", 64, 0.1))

@@ -92,6 +92,11 @@ def pricing_note(model_name: str) -> str:
     return "not run there"
 
 
+def retuned(live: Live) -> bool:
+    """Whether a run's budget or temperature changed while it ran (`Knobs`)."""
+    return len({(s.budget, s.temperature) for s in live.steps}) > 1
+
+
 def settings_text(live: Live) -> str:
     """Which policy, budget and temperature made what is on screen, and the steps where a change
     made while it ran took effect."""
@@ -280,7 +285,8 @@ class ViewModel:
                 live.steps.append(event)
             elif isinstance(event, GenerationFinished):
                 live.finished = event
-                if live.ar and event.stop_reason != "stopped":
+                # a run whose knobs moved while it ran repeats no setting
+                if live.ar and event.stop_reason != "stopped" and not retuned(live):
                     key = (prompt, policy, budget, repr(kwargs))
                     live.repeats = self.speedups.setdefault(key, [])
                     live.repeats.append(speedup.decode_rate(live.steps) / speedup.decode_rate(live.ar))
@@ -326,6 +332,8 @@ class ViewModel:
             )
         elif live.repeats:
             lines.append("Run it again to see how much repeated measurements differ on this machine.")
+        elif live.finished is not None and retuned(live):
+            lines.append("Its budget or temperature changed while it ran, so it repeats no earlier run.")
         if identity := identity_text(live):
             lines.append(identity)
         if live.finished is not None:
