@@ -34,6 +34,9 @@ def test_download_loads_back_as_the_same_run(vm, finished, tmp_path):
     assert page.count("plotly.js v") == 1 and "<script src=" not in page  # plotly.js inlined once: offline
     assert page.count("Plotly.newPlot") == 3  # the featured tree, the per-step chart, acceptance by depth
     assert page.count(share.RECORD_ID) == 1
+    # read elsewhere: the page names its machine, and has no Step slider to point to
+    assert "move Step" not in page and "on this machine" not in page and "on the machine it ran on" in page
+    assert "move Step" in vm.stats(finished)
     loaded = vm.load(page.encode())
     assert loaded.steps == finished.steps and loaded.ar == finished.ar and loaded.finished == finished.finished
     assert loaded.prompt == finished.prompt and loaded.policy == "dyspec"

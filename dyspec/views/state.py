@@ -10,7 +10,7 @@ import html
 import math
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from dyspec import figures
 from dyspec.auto import whatif
@@ -45,7 +45,8 @@ REDRAW_S = 1.0
 MAX_SIDE_BY_SIDE = 4  # trees shown at once
 REPLAYS_KEPT = 512  # replayed runs a view model keeps before it forgets them all
 BELOW_ONE = "below 1x = slower than plain decoding"
-FEATURED = "The tree shown is the step that accepted the most drafted tokens; move Step to see any other."
+FEATURED = "The tree shown is the step that accepted the most drafted tokens"
+MOVE_STEP = "; move Step to see any other."  # where there is a Step slider: not on a downloaded page
 
 
 @dataclass(frozen=True)
@@ -305,9 +306,9 @@ class ViewModel:
         check_settings(policy, budget, temperature, 1, dict(options or {}))
         knobs.budget, knobs.temperature = budget, temperature
 
-    def stats(self, live: Live) -> str:
+    def stats(self, live: Live, page: bool = False) -> str:
         """What a live run did, with which settings, and its speedup measured against `ar` on this
-        machine."""
+        machine; `page`: as a downloaded page says it, which has no Step slider."""
         steps, tokens = live.steps, sum(len(s.emitted) for s in live.steps)
         if not steps and live.finished is None:
             return live.status
@@ -328,9 +329,9 @@ class ViewModel:
             runs = ", ".join(f"{r:.2f}x" for r in live.repeats)
             lines.append(
                 f"The same settings measured {len(live.repeats)} times here: {runs} (a spread of "
-                f"{max(live.repeats) - min(live.repeats):.2f}x: this machine's noise, the answer is the same)."
+                f"{max(live.repeats) - min(live.repeats):.2f}x: the machine's noise, the answer is the same)."
             )
-        elif live.repeats:
+        elif live.repeats and not page:
             lines.append("Run it again to see how much repeated measurements differ on this machine.")
         elif live.finished is not None and retuned(live):
             lines.append("Its budget or temperature changed while it ran, so it repeats no earlier run.")
@@ -338,7 +339,7 @@ class ViewModel:
             lines.append(identity)
         if live.finished is not None:
             lines.append(f"Done ({live.finished.stop_reason}): {live.finished.wall_s:.2f} s wall, prefill included.")
-            lines += [FEATURED] if steps else []
+            lines += [FEATURED + ("." if page else MOVE_STEP)] if steps else []
         return "<br>".join(lines)
 
     def latency_model(
@@ -391,11 +392,13 @@ class ViewModel:
         made_on = live.made_on or bench.host_stamp(self.pair, None)["host"]
         record = share.run_record(live.policy, live.options, live.prompt, live.steps, live.ar, live.finished, made_on)
         best = live.steps[featured_step(live.steps)]
+        # the page is read elsewhere: its machine by name, not "this machine"
+        named = replace(live, made_on=made_on)
         sections = [
             f"<p><b>Prompt:</b> {html.escape(live.prompt)}</p>",
-            f"<p>{self.stats(live)}</p>",
+            f"<p>{self.stats(named, page=True)}</p>",
             self.text(live.steps),
-            f"<p>{self.whatif(live, choice, width, draft_fraction)}</p>",
+            f"<p>{self.whatif(named, choice, width, draft_fraction)}</p>",
         ]
         figs = [figures.tree_figure(best), self.steps_chart(live), self.depth_chart(live.steps)]
         return share.run_page(f"dyspec: {live.policy} on {made_on}", sections, figs, record)
