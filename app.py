@@ -112,6 +112,8 @@ def pricing_controls(vm: state.ViewModel, label: str, value: str | None, elem_id
 
 
 def examples_menu(prompt: gr.Textbox, expect: gr.Textbox, label: str, elem_id: str) -> None:
+    """The examples, each filling the prompt and what to expect of it; a prompt typed over one is no
+    example, and what to expect of it goes."""
     gr.Examples(
         [[e.prompt, e.expect] for e in EXAMPLES],
         [prompt, expect],
@@ -119,6 +121,8 @@ def examples_menu(prompt: gr.Textbox, expect: gr.Textbox, label: str, elem_id: s
         label=label,
         elem_id=elem_id,
     )
+    expectations = {e.prompt: e.expect for e in EXAMPLES}
+    prompt.input(lambda text: expectations.get(text, ""), prompt, expect, api_name=False, show_progress="hidden")
 
 
 def policy_menu(vm: state.ViewModel, policies: list[str], value: str, label: str, elem_id: str) -> gr.Dropdown:

@@ -276,6 +276,7 @@ def test_browser_run_and_stop(server, page, tmp_path):
     _, proc = server
     page.get_by_role("tab", name="Generate (live, measured)").click()
     page.locator("#prompt textarea").fill("")
+    expect(page.locator("#expect textarea")).to_have_value("")  # what to expect of an example goes with it
     page.locator("#run").click()  # a user's mistake: a toast, no badge over the outputs, no traceback
     expect(page.get_by_text("Type a prompt first.").first).to_be_visible(timeout=30_000)
     expect(page.locator("#stats .error, #tree .error, #text .error")).to_have_count(0)
