@@ -50,6 +50,17 @@ def test_without_fbgemm_the_models_run_in_fp32_and_int8_says_why(monkeypatch):
         loading.pick_precision("int8", CPU)
 
 
+@pytest.mark.parametrize("native_bf16, dtype", [(True, torch.bfloat16), (False, torch.float16)])
+def test_a_gpu_without_native_bf16_runs_fp16(monkeypatch, native_bf16, dtype):
+    """As on Colab's T4 (compute capability 7.5): bf16 there is emulated, fp16 is not."""
+    asked = []
+    monkeypatch.setattr(
+        torch.cuda, "is_bf16_supported", lambda including_emulation: asked.append(including_emulation) or native_bf16
+    )
+    assert loading.pick_dtype(torch.device("cuda")) == dtype and asked == [False]
+    assert loading.pick_dtype(CPU) == torch.float32
+
+
 def test_without_the_int8_kernel_products_run_torch_int_mm_with_the_same_sums(monkeypatch):
     """As on an ARM CPU: no build to try; the products run oneDNN's torch._int_mm, exact as the kernel."""
     g = torch.Generator().manual_seed(0)

@@ -45,7 +45,12 @@ def pick_device(device: str | None = None) -> torch.device:
 
 
 def pick_dtype(device: torch.device) -> torch.dtype:
-    return torch.bfloat16 if device.type == "cuda" else torch.float32
+    """The native precision: on a GPU bf16 where its arithmetic has it (compute capability 8.0 and up:
+    A100, H100, RTX 30 series and later), else fp16 (a T4, a V100, older consumer cards emulate bf16,
+    slowly); fp32 elsewhere."""
+    if device.type != "cuda":
+        return torch.float32
+    return torch.bfloat16 if torch.cuda.is_bf16_supported(including_emulation=False) else torch.float16
 
 
 PRECISIONS = ("auto", "native", "fp32", "int8")
