@@ -37,6 +37,7 @@ def test_download_loads_back_as_the_same_run(vm, finished, tmp_path):
     # read elsewhere: the page names its machine, and has no Step slider to point to
     assert "move Step" not in page and "on this machine" not in page and "on the machine it ran on" in page
     assert "move Step" in vm.stats(finished)
+    assert f"Done ({state.STOP_REASONS[finished.finished.stop_reason]})" in vm.stats(finished)  # in words
     loaded = vm.load(page.encode())
     assert loaded.steps == finished.steps and loaded.ar == finished.ar and loaded.finished == finished.finished
     assert loaded.prompt == finished.prompt and loaded.policy == "dyspec"

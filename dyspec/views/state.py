@@ -46,6 +46,8 @@ MAX_SIDE_BY_SIDE = 4  # trees shown at once
 REPLAYS_KEPT = 512  # replayed runs a view model keeps before it forgets them all
 BELOW_ONE = "below 1x = slower than plain decoding"
 FEATURED = "The tree shown is the step that accepted the most drafted tokens"
+# why a run ended (`GenerationFinished.stop_reason`), in words
+STOP_REASONS = {"eos": "the answer ended", "max_new_tokens": "the token limit", "stopped": "stopped"}
 MOVE_STEP = "; move Step to see any other."  # where there is a Step slider: not on a downloaded page
 
 
@@ -338,7 +340,8 @@ class ViewModel:
         if identity := identity_text(live):
             lines.append(identity)
         if live.finished is not None:
-            lines.append(f"Done ({live.finished.stop_reason}): {live.finished.wall_s:.2f} s wall, prefill included.")
+            why = STOP_REASONS.get(live.finished.stop_reason, live.finished.stop_reason)
+            lines.append(f"Done ({why}): {live.finished.wall_s:.2f} s wall, prefill included.")
             lines += [FEATURED + ("." if page else MOVE_STEP)] if steps else []
         return "<br>".join(lines)
 
