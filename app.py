@@ -172,6 +172,23 @@ def tree_grid() -> list[gr.Plot]:
     return plots
 
 
+def answer_trees(vm: state.ViewModel, runs, position: int) -> list:
+    """The answer with its token `position` outlined, and each run's tree that drafted it (the plots
+    left over hidden)."""
+    shown = vm.position_trees(runs, position)
+    hidden = [gr.update(visible=False)] * (state.MAX_SIDE_BY_SIDE - len(shown))
+    return [vm.position_text(runs, position), *(gr.update(value=f, visible=True) for f in shown), *hidden]
+
+
+def moved_along_answer(vm: state.ViewModel, runs, position) -> list:
+    """A position dragged to or typed, and the views of it; one typed past either end of the answer
+    is that end."""
+    if not runs:
+        return [gr.skip()] * (2 + state.MAX_SIDE_BY_SIDE)
+    at = state.answer_position(runs, position)
+    return [at, *answer_trees(vm, runs, at)]
+
+
 def side_by_side_tab(demo: gr.Blocks, vm: state.ViewModel, concurrency: int) -> None:
     """Several policies' trees replayed on one answer, a table of what each bought, and the sweep."""
 
@@ -180,17 +197,12 @@ def side_by_side_tab(demo: gr.Blocks, vm: state.ViewModel, concurrency: int) -> 
         vm.check_policies(policies, state.MAX_SIDE_BY_SIDE)
         vm.check(prompt, int(budget), 0.0, int(max_new_tokens), replay=True)
 
-    def trees(runs, position):
-        shown = vm.position_trees(runs, int(position))
-        hidden = [gr.update(visible=False)] * (state.MAX_SIDE_BY_SIDE - len(shown))
-        return [vm.position_text(runs, int(position)), *(gr.update(value=f, visible=True) for f in shown), *hidden]
-
     @errors_as_toasts
     def replay(prompt, policies, budget, max_new_tokens, choice, width, fraction):
         runs = vm.replay(prompt, policies, [int(budget)], int(max_new_tokens))
         table = vm.replay_table(runs, vm.replay_models(choice, width, fraction))
         waiting = vm.sweep_status(prompt, policies, int(max_new_tokens))
-        yield table, runs, slider_update(runs[0].tokens - 1, 0, 0), *trees(runs, 0), waiting, gr.skip()
+        yield table, runs, slider_update(runs[0].tokens - 1, 0, 0), *answer_trees(vm, runs, 0), waiting, gr.skip()
         _, sweep = vm.sweep(prompt, policies, int(max_new_tokens))
         yield gr.skip(), gr.skip(), gr.skip(), gr.skip(), *[gr.skip()] * state.MAX_SIDE_BY_SIDE, "", sweep
 
@@ -244,17 +256,10 @@ def side_by_side_tab(demo: gr.Blocks, vm: state.ViewModel, concurrency: int) -> 
             concurrency_id=PAIR,
         )
 
-    def moved(runs, position):
-        """A position dragged to or typed; one typed past either end of the answer is taken as that end
-        (unprocessed: the slider's own bounds check would paint every output with an error)."""
-        if not runs:
-            return [gr.skip()] * (2 + state.MAX_SIDE_BY_SIDE)
-        at = state.answer_position(runs, position)
-        return [at, *trees(runs, at)]
-
-    # `input`: a drag and a typed position alike (`release` misses typing); the latest one wins
+    # `input`: a drag and a typed position alike (`release` misses typing); the latest one wins; unprocessed,
+    # as the slider's own bounds check would paint every output with an error for one typed past the end
     position.input(
-        moved,
+        lambda r, pos: moved_along_answer(vm, r, pos),
         [runs, position],
         [position, answer, *tree_plots],
         api_name=False,

@@ -172,7 +172,6 @@ LEGEND = {
     "unreached": "drafted, never tried",
     "target": "the target's own next token (bonus or correction)",
 }
-TARGET_HOVER = "%{hovertext}<br>the target's own next token, not drafted<br>depth %{customdata[3]}<extra></extra>"
 HIGHLIGHT = {"drafted": "#b5e6a2", "target": "#a9c8f0"}  # yellowish green, blue: apart for every reader
 
 
@@ -301,6 +300,20 @@ def tree_edges(parents: list[int], x: list, y: list, outcome: list[str]) -> list
     return traces
 
 
+def node_hover(kind: str, predicted: bool) -> str:
+    """A tree node's hover: its token, draft and target probability, path value, depth and sibling
+    order, and the acceptance head's prediction where there is one; the target's own token was
+    never drafted, so it has no probabilities to show."""
+    if kind == "target":
+        return "%{hovertext}<br>the target's own next token, not drafted<br>depth %{customdata[3]}<extra></extra>"
+    return (
+        "%{hovertext}<br>draft p %{customdata[0]:.3f}<br>target p %{customdata[1]:.3f}"
+        "<br>path value %{customdata[2]:.3f}<br>depth %{customdata[3]}, sibling %{customdata[4]}"
+        + ("<br>predicted acceptance %{customdata[5]}" if predicted else "")
+        + "<extra></extra>"
+    )
+
+
 def tree_figure(step, upto: int | None = None, title: str | None = None) -> go.Figure:
     """The step's token tree, root at the left, one column per depth: colour by outcome, size by
     draft probability, the accepted path drawn thick and ended by the target's own next token (the
@@ -356,13 +369,7 @@ def tree_figure(step, upto: int | None = None, title: str | None = None) -> go.F
                     "line": {"width": 0},
                 },
                 customdata=[[probs[i], target_p[i], values[i], x[i], rank[i], head[i]] for i in idx],
-                # the target's own token was never drafted: it has no draft or target probability to show
-                hovertemplate=TARGET_HOVER
-                if kind == "target"
-                else "%{hovertext}<br>draft p %{customdata[0]:.3f}<br>target p %{customdata[1]:.3f}"
-                "<br>path value %{customdata[2]:.3f}<br>depth %{customdata[3]}, sibling %{customdata[4]}"
-                + ("<br>predicted acceptance %{customdata[5]}" if predicted else "")
-                + "<extra></extra>",
+                hovertemplate=node_hover(kind, bool(predicted)),
             )
         )
     made = f"copied after a {step.copied_after}-token match" if step.copied_after else "drafted"

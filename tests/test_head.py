@@ -149,8 +149,8 @@ def test_specdecpp_stops_by_predicted_acceptance(pair, tmp_path, bias, expected_
         assert len(predicted) == expected_k and predicted[-1] is None and None not in predicted[:-1]
         assert all(p == pytest.approx(1.0 if bias[1] > 0 else 0.0, abs=1e-6) for p in predicted if p is not None)
     fig = figures.tree_figure(steps[0])  # the views show the prediction next to the outcome
-    nodes = [t for t in fig.data if t.mode == "markers+text"]
-    assert all("predicted acceptance" in t.hovertemplate for t in nodes)
+    nodes = [t for t in fig.data if t.mode == "markers+text" and t.name != figures.LEGEND["target"]]  # drafted
+    assert nodes and all("predicted acceptance" in t.hovertemplate for t in nodes)
     shown = {row[5] for t in nodes for row in t.customdata}
     assert shown >= {f"{p:.3f}" for p in steps[0].extra["predicted_acceptance"] if p is not None}
 

@@ -22,7 +22,7 @@ pair = dyspec.load_pair()
 dash = Dashboard(pair)
 dash.max_new_tokens.value = 32
 dash"""
-FINISHED = "text=/Done \\((max_new_tokens|eos)\\)/"  # the stats once a run is over
+FINISHED = "text=/Done \\((the token limit|the answer ended)\\)/"  # the stats once a run is over
 
 
 def free_port() -> int:

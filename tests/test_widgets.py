@@ -169,8 +169,11 @@ def test_dashboard_downloads_a_run_and_loads_it_back(pair, tmp_path):
 
 
 def test_race_widget_measures_and_replays(pair):
-    r = Race(pair, prompt="Count from one to eight.")
+    r = Race(pair, prompt="Count from one to eight.")  # a 5-token answer: too few for a speedup
     r.policy.value, r.budget.value, r.max_new_tokens.value = "chain", 4, 12
+    r.run(animate=False)
+    assert "too few for a speedup" in r.board.value and "measured on this machine" not in r.board.value
+    r.prompt.value, r.max_new_tokens.value = "List the days of the week.", 24
     raced = r.run(animate=False)
     assert raced.ar.finished and raced.run.finished and r.error.value == ""
     assert r.board.value.count("· done") == 2 and "measured on this machine" in r.board.value
