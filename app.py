@@ -122,7 +122,8 @@ def examples_menu(prompt: gr.Textbox, expect: gr.Textbox, label: str, elem_id: s
         elem_id=elem_id,
     )
     expectations = {e.prompt: e.expect for e in EXAMPLES}
-    prompt.input(lambda text: expectations.get(text, ""), prompt, expect, api_name=False, show_progress="hidden")
+    # on every change, an example's fill included: it sets the expectation it came with again
+    prompt.change(lambda text: expectations.get(text, ""), prompt, expect, api_name=False, show_progress="hidden")
 
 
 def policy_menu(vm: state.ViewModel, policies: list[str], value: str, label: str, elem_id: str) -> gr.Dropdown:
