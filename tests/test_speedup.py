@@ -153,6 +153,18 @@ def test_a_baseline_slower_per_forward_than_the_trees_is_flagged():
     assert "25.0 ms" in busy_text(steps, slowed) and busy_text([], slowed) == ""
 
 
+def test_a_baseline_off_this_machines_profile_either_way_is_flagged():
+    """ar's forwards checked against the profile's t(1): a baseline faster than this machine runs
+    it (as from a faster thread) is caught too, which the comparison with the trees cannot do."""
+    steps = [fake_step(2, 3, 1, 0.025), fake_step(1, 3, 1, 0.025)] * 10
+    ar = [fake_step(1, 1, 0, 0.02)] * 20  # 20 ms a forward
+    assert busy_text(steps, ar, profile_ms=20.0) == busy_text(steps, ar, profile_ms=29.0) == ""
+    fast = busy_text(steps, ar, profile_ms=40.0)
+    assert "profile says 40.0 ms, so ar ran faster" in fast and "may understate" in fast
+    slow = speedup_text(steps, ar, final=False, profile_ms=10.0)
+    assert slow.startswith("1.20x. Unreliable") and "ran slower" in slow and "overstates" in slow
+
+
 def test_a_baseline_measured_while_the_cores_are_busy_is_flagged(default_pair):
     """The cores loaded (four spinning processes on the two cores) while ar is measured, not while
     the policy runs: the flag must catch what the interval over steps cannot."""

@@ -276,3 +276,20 @@ def test_a_big_tree_labels_its_path_and_its_likeliest_rejected_nodes():
     assert max(sizes) < 9  # a hundred rows: smaller dots, not a smear
     positions = [p for trace in chain.data if trace.mode == "markers+text" for p in trace.textposition]
     assert {"top center", "bottom center"} == set(positions)  # neighbours in a row alternate
+
+
+def test_the_speedup_checks_ar_against_this_machines_profile_where_one_is_measured(vm, finished, monkeypatch, tmp_path):
+    """With no profile cached, nothing is measured for the check; with one whose t(1) is far from
+    ar's forwards, the stats and the what-if say the baseline ran faster than this machine runs it;
+    a run made on another machine is not checked against this one's profile."""
+    monkeypatch.setenv("DYSPEC_CACHE", str(tmp_path))
+    assert vm.profile_ms() is None and "profile says" not in vm.stats(finished)
+    ar_ms = 1e3 * sorted(s.target_s for s in finished.ar)[len(finished.ar) // 2]
+    path = state.profile.profile_path(vm.pair)
+    path.parent.mkdir(parents=True)
+    path.write_text(json.dumps({"target": {"1": 10 * ar_ms}}))
+    assert vm.profile_ms() == pytest.approx(10 * ar_ms)
+    assert "so ar ran faster than this machine runs it" in vm.stats(finished)
+    assert "so ar ran faster" in vm.whatif(finished, state.whatif.THIS_MACHINE)
+    elsewhere = dataclasses.replace(finished, made_on="another host")
+    assert "profile says" not in vm.stats(elsewhere)

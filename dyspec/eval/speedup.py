@@ -18,7 +18,9 @@ Rules, each with its reason:
 - A baseline that something else slowed is flagged (`busy_text`): a forward of a whole tree never
   costs less than a forward of one token, so where `ar`'s forwards took longer than the run's, the
   cores were shared while `ar` ran (a notebook beside the app, a build) and the ratio overstates.
-  The interval over steps cannot show it: every `ar` step was slowed alike.
+  The interval over steps cannot show it: every `ar` step was slowed alike. Where this machine's
+  latency profile is at hand, `ar`'s forwards are also checked against its t(1), which catches a
+  baseline that ran faster than the run could (another thread, a quieter moment) as well.
 """
 
 from __future__ import annotations
@@ -35,6 +37,9 @@ from dyspec.load import ModelPair
 
 MIN_TOKENS = 16
 BUSY = 1.25  # ar's median forward over the run's beyond which ar was slowed by something else
+# ar's median forward against the profile's t(1) (at a shorter context than most answers reach)
+# beyond which, either way, ar did not run as this machine runs it
+PROFILE_MARGIN = 1.5
 METHOD = "decode rates, prefill excluded, both warm; ar measured once per prompt and settings"
 RESAMPLES = 200
 WARM_PROMPT = "Say hello."
@@ -74,31 +79,42 @@ def measured_speedup(steps: Sequence[StepVerified], ar: Sequence[StepVerified], 
     return Speedup(rate / ar_rate, ratios[RESAMPLES // 20], ratios[-RESAMPLES // 20 - 1], rate, ar_rate)
 
 
-def speedup_text(steps: Sequence[StepVerified], ar: Sequence[StepVerified], final: bool) -> str:
+def speedup_text(
+    steps: Sequence[StepVerified], ar: Sequence[StepVerified], final: bool, profile_ms: float | None = None
+) -> str:
     """The speedup as the views show it: nothing until MIN_TOKENS tokens are in, the ratio while the
     run streams, and with its interval once it is over (the bootstrap costs more than a step: too
-    much to repeat after every step); a baseline slowed by something else says so after it."""
+    much to repeat after every step); an unreliable baseline (`busy_text`) says so after it."""
     if sum(len(s.emitted) for s in steps) < MIN_TOKENS:
         return f"waiting for {MIN_TOKENS} tokens"
     shown = str(measured_speedup(steps, ar)) if final else f"{decode_rate(steps) / decode_rate(ar):.2f}x"
-    busy = busy_text(steps, ar)
+    busy = busy_text(steps, ar, profile_ms)
     return f"{shown}. {busy}" if busy else shown
 
 
-def busy_text(steps: Sequence[StepVerified], ar: Sequence[StepVerified]) -> str:
-    """A warning where `ar`'s measurement cannot be trusted: its one-token forwards took longer (by
-    their medians) than the run's forwards of whole trees; "" otherwise."""
+def busy_text(steps: Sequence[StepVerified], ar: Sequence[StepVerified], profile_ms: float | None = None) -> str:
+    """A warning where `ar`'s measurement cannot be trusted, "" otherwise: its one-token forwards took
+    longer (by their medians) than the run's forwards of whole trees, or, given `profile_ms` (this
+    machine's profiled t(1)), longer or shorter than PROFILE_MARGIN times what the profile says."""
     if not steps or not ar:
         return ""
     ar_ms = 1e3 * statistics.median(s.target_s for s in ar)
     run_ms = 1e3 * statistics.median(s.target_s for s in steps)
-    if ar_ms <= BUSY * run_ms:
-        return ""
-    return (
-        f"Unreliable: ar's forwards of one token took {ar_ms:.1f} ms, this run's forwards of whole trees "
-        f"{run_ms:.1f} ms, so something else used the cores while ar ran and this speedup overstates; "
-        "measure again with nothing else running"
-    )
+    if ar_ms > BUSY * run_ms:
+        return (
+            f"Unreliable: ar's forwards of one token took {ar_ms:.1f} ms, this run's forwards of whole trees "
+            f"{run_ms:.1f} ms, so something else used the cores while ar ran and this speedup overstates; "
+            "measure again with nothing else running"
+        )
+    if profile_ms and not 1 / PROFILE_MARGIN <= ar_ms / profile_ms <= PROFILE_MARGIN:
+        slower = ar_ms > profile_ms
+        return (
+            f"Unreliable: ar's forwards of one token took {ar_ms:.1f} ms, this machine's profile says "
+            f"{profile_ms:.1f} ms, so ar ran {'slower' if slower else 'faster'} than this machine runs it "
+            f"and this speedup {'overstates' if slower else 'may understate'}; measure again with nothing else "
+            "running (`dyspec profile` measures the profile again)"
+        )
+    return ""
 
 
 def mean_step(steps: Sequence[StepVerified]) -> dict[str, float]:

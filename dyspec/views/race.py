@@ -105,7 +105,7 @@ def race_frame(vm: ViewModel, race: Race, t: float, model: whatif.LatencyModel) 
         return f"<div>{few}.</div>{body}"
     ratio = speedup.decode_rate(race.run.steps) / speedup.decode_rate(race.ar.steps)
     modelled = whatif.modelled_speedup(whatif.step_shapes(race.run.steps), model)
-    busy = speedup.busy_text(race.run.steps, race.ar.steps)
+    busy = speedup.busy_text(race.run.steps, race.ar.steps, vm.profile_ms())
     return (
         f"<div style='display:flex;gap:24px;align-items:baseline;margin-bottom:8px'>"
         f"<div><span style='font-size:3em;font-weight:bold'>{ratio:.2f}x</span> measured {race.run.where}</div>"

@@ -7,13 +7,14 @@ which Gradio's Markdown and ipywidgets' HTML both render."""
 from __future__ import annotations
 
 import html
+import json
 import math
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
 
 from dyspec import figures
-from dyspec.auto import whatif
+from dyspec.auto import profile, whatif
 from dyspec.auto.budget import AUTO_CAP
 from dyspec.core.events import GenerationFinished, StepVerified
 from dyspec.decode.engine import MAX_BUDGET, MAX_TEMPERATURE, Knobs, check_settings, stream
@@ -322,7 +323,7 @@ class ViewModel:
         if steps:
             lines.append(speedup.step_split_text(steps, live.ar))
         if live.ar:
-            shown = speedup.speedup_text(steps, live.ar, live.finished is not None)
+            shown = speedup.speedup_text(steps, live.ar, live.finished is not None, self.here_ms(live))
             lines.append(
                 f"Measured speedup vs ar (plain decoding, {speedup.decode_rate(live.ar):.1f} tokens/s) "
                 f"{live.where}: <b>{shown}</b>; {BELOW_ONE}; {speedup.METHOD}."
@@ -345,6 +346,16 @@ class ViewModel:
             lines += [FEATURED + ("." if page else MOVE_STEP)] if steps else []
         return "<br>".join(lines)
 
+    def profile_ms(self) -> float | None:
+        """This machine's profiled t(1) of the target, where the profile is already measured (it is
+        not measured for this: that takes a minute), to check `ar`'s forwards against."""
+        path = profile.profile_path(self.pair)
+        return profile.target_profiles(json.loads(path.read_text()))[profile.CONTEXT][1] if path.exists() else None
+
+    def here_ms(self, live: Live) -> float | None:
+        """`profile_ms` for a run made on this machine; a loaded run's ran on another."""
+        return None if live.made_on else self.profile_ms()
+
     def latency_model(
         self, choice: str, width: int = WIDTH, draft_fraction: float = DRAFT_FRACTION
     ) -> whatif.LatencyModel:
@@ -363,7 +374,7 @@ class ViewModel:
             return "Run a generation to price its trees."
         here = speedup.measured_speedup(live.steps, live.ar) if live.ar else None
         if here:
-            busy = speedup.busy_text(live.steps, live.ar)
+            busy = speedup.busy_text(live.steps, live.ar, self.here_ms(live))
             measured = f"<b>{here.ratio:.2f}x</b> vs ar" + (f" ({busy})" if busy else "")
         elif live.finished is not None and live.finished.policy == "ar":
             measured = "1.00x: this run is ar, plain decoding"
