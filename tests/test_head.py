@@ -7,14 +7,15 @@ import time
 
 import pytest
 import torch
+from safetensors.torch import load_file
 
 from dyspec import figures, generate, stream
 from dyspec.core.copying import MATCHES, mix_along
 from dyspec.core.events import StepVerified
 from dyspec.core.kv import KVSession
 from dyspec.errors import DyspecError
-from dyspec.load.head import auc, head_for, load_head
-from dyspec.train.head import head_examples, train_head
+from dyspec.load.head import AcceptanceHead, auc, head_for, load_head, save_head
+from dyspec.train.head import calibration, fit_calibration, head_examples, train_head
 
 from .tiny import tiny_feature_pair, tiny_head_file, tiny_pair
 
@@ -27,6 +28,9 @@ def pair():
 def random_prompts(n: int, seed: int = 0) -> list[list[int]]:
     g = torch.Generator().manual_seed(seed)
     return torch.randint(0, 5, (n, 4), generator=g).tolist()
+
+
+EVAL = random_prompts(3, seed=9)  # the tiny pair has no tokenizer for MT-Bench's text
 
 
 def test_auc_matches_pairwise_count_with_soft_labels():
@@ -109,13 +113,13 @@ def test_head_examples_of_a_copying_draft_read_its_mixture():
 
 def test_train_head_saves_a_loadable_head_and_resumes(pair, tmp_path):
     prompts = random_prompts(6)
-    report = train_head(pair, tmp_path, prompts, max_new_tokens=6, epochs=2, heldout=0.34)
+    report = train_head(pair, tmp_path, prompts, max_new_tokens=6, epochs=2, heldout=0.34, eval_prompts=EVAL)
     assert report["examples"]["train"] > 0 and report["examples"]["heldout"] > 0
-    assert 0 <= report["auc_heldout"]["head"] <= 1
+    assert 0 <= report["heldout"]["auc"]["head"] <= 1 and report["eval"]["prompts"] == len(EVAL)
     head, meta = load_head(str(tmp_path / "head.safetensors"))
     assert meta["draft"] == "tiny-draft" and head.hidden_size == 32
     assert len((tmp_path / "continuations.jsonl").read_text().splitlines()) == 6
-    again = train_head(pair, tmp_path, prompts, max_new_tokens=6, epochs=3, heldout=0.34)
+    again = train_head(pair, tmp_path, prompts, max_new_tokens=6, epochs=3, heldout=0.34, eval_prompts=EVAL)
     assert json.loads((tmp_path / "report.json").read_text()) == again  # resumed: epoch 3 only, same data
     assert again["examples"] == report["examples"]
 
@@ -123,10 +127,77 @@ def test_train_head_saves_a_loadable_head_and_resumes(pair, tmp_path):
 def test_head_training_learns(pair, tmp_path):
     """On data where acceptance depends on the hidden state, the held-out loss falls with training."""
     prompts = random_prompts(40, seed=1)
-    untrained = train_head(pair, tmp_path, prompts, max_new_tokens=12, epochs=0, temperature=0.8)
-    report = train_head(pair, tmp_path, prompts, max_new_tokens=12, epochs=30, temperature=0.8)
+    untrained = train_head(pair, tmp_path, prompts, max_new_tokens=12, epochs=0, temperature=0.8, eval_prompts=EVAL)
+    report = train_head(pair, tmp_path, prompts, max_new_tokens=12, epochs=30, temperature=0.8, eval_prompts=EVAL)
     assert report["examples"] == untrained["examples"]
     assert report["loss"]["heldout"] < untrained["loss"]["heldout"]
+
+
+@pytest.mark.parametrize("design", ["dyspec", "specdecpp"])
+def test_a_trained_head_is_calibrated_on_the_validation_examples(pair, tmp_path, design):
+    """Platt scaling sets the intercept where the mean prediction equals the mean label (the
+    gradient in b is their difference), on the validation examples it is fitted to, and the saved
+    head predicts with it."""
+    prompts = random_prompts(40, seed=1)
+    report = train_head(pair, tmp_path, prompts, max_new_tokens=12, epochs=5, design=design, eval_prompts=EVAL)
+    head, meta = load_head(str(tmp_path / "head.safetensors"))
+    assert meta["design"] == report["design"] == design and head.design == design
+    assert head.calibration.tolist() == pytest.approx(report["calibration"], abs=1e-4)
+    data = load_file(tmp_path / "examples-T0.6.safetensors")
+    last = int(data["seq"].max())
+    val = (data["seq"] < int(last * 0.9)) & (data["seq"] >= int(last * 0.8))
+    predicted = head.accept_prob(data["hidden"][val], data["q"][val])
+    assert float(predicted.mean()) == pytest.approx(float(data["label"][val].mean()), abs=1e-3)
+    with pytest.raises(DyspecError, match="design"):  # a checkpoint of the other design is not resumed
+        other = "dyspec" if design == "specdecpp" else "specdecpp"
+        train_head(pair, tmp_path, prompts, max_new_tokens=12, epochs=6, design=other, eval_prompts=EVAL)
+
+
+def test_fit_calibration_recovers_a_known_platt_map():
+    """Labels drawn with chance sigmoid(2 z - 1) from a head whose logit is z: (a, b) = (2, -1)."""
+    g = torch.Generator().manual_seed(0)
+    head = AcceptanceHead(4, n_blocks=1)
+    hidden, q = torch.randn(20000, 4, generator=g), torch.rand(20000, generator=g)
+    z = head.logit(hidden, q).detach()
+    label = torch.bernoulli(torch.sigmoid(2 * z - 1), generator=g)
+    fit_calibration(head, hidden, q, label)
+    assert head.calibration.tolist() == pytest.approx([2.0, -1.0], abs=0.1)
+    torch.testing.assert_close(
+        head.accept_prob(hidden, q), torch.sigmoid(head.calibration[0] * z + head.calibration[1])
+    )
+
+
+def test_calibration_bins_and_error_by_hand():
+    predicted = torch.tensor([0.05, 0.15, 0.15, 0.95])
+    label = torch.tensor([0.0, 1.0, 0.0, 0.5])
+    table = calibration(predicted, label)
+    assert [(r["bin"], r["examples"], r["observed"]) for r in table["bins"]] == [
+        ([0.0, 0.1], 1, 0.0),
+        ([0.1, 0.2], 2, 0.5),
+        ([0.9, 1.0], 1, 0.5),
+    ]
+    assert table["error"] == pytest.approx((0.05 + 2 * 0.35 + 0.45) / 4, abs=1e-4)
+
+
+def test_the_papers_head_design_reads_the_hidden_state_alone_through_one_shared_block(tmp_path):
+    """SpecDec_pp's `[ResBlock(h)] * num_layers`: one block's weights applied n times; q never read.
+    Saved and loaded with its design and calibration."""
+    torch.manual_seed(0)
+    head = AcceptanceHead(8, n_blocks=3, design="specdecpp")
+    assert len(head.blocks) == 1 and head.blocks[0].weight.abs().sum() > 0  # default init, not the identity
+    x = torch.randn(5, 8)
+    expected = x
+    for _ in range(3):
+        expected = expected + torch.nn.functional.silu(head.blocks[0](expected))
+    torch.testing.assert_close(head(x, torch.rand(5)), head.out(expected))
+    torch.testing.assert_close(head(x, torch.rand(5)), head(x, torch.rand(5)))
+    head.calibration.copy_(torch.tensor([0.0, -0.5]))
+    save_head(head, tmp_path / "h.safetensors", {})
+    loaded, meta = load_head(str(tmp_path / "h.safetensors"))
+    assert (meta["design"], meta["n_blocks"], len(loaded.blocks)) == ("specdecpp", 3, 1)
+    torch.testing.assert_close(loaded.accept_prob(x, torch.rand(5)), torch.sigmoid(torch.tensor(-0.5)).expand(5))
+    with pytest.raises(DyspecError, match="head design must be"):
+        AcceptanceHead(8, design="medusa")
 
 
 def drafted(events) -> list[StepVerified]:

@@ -198,6 +198,7 @@ def cmd_train_head(args: argparse.Namespace) -> None:
         num_prompts=args.num_prompts,
         max_new_tokens=args.max_new_tokens,
         temperature=args.temperature,
+        design=args.design,
         epochs=args.epochs,
         seed=args.seed,
     )
@@ -211,6 +212,11 @@ def add_train_head(sub) -> None:
     th.add_argument("--num-prompts", type=int, default=256, help="Arena-Hard and IFEval prompts to continue")
     th.add_argument("--max-new-tokens", type=int, default=128, help="length of each target continuation")
     th.add_argument("--temperature", type=float, default=0.6, help="temperature of the soft labels")
+    th.add_argument(
+        "--design",
+        default="dyspec",
+        help="dyspec: hidden state and log q(y), independent blocks; specdecpp: the paper's, hidden state alone",
+    )
     th.add_argument("--epochs", type=int, default=20, help="the epoch with the best validation loss is kept")
     th.add_argument("--seed", type=int, default=0)
     add_model_args(th)

@@ -20,37 +20,62 @@ from dyspec.load.pair import ModelPair, pair_key
 SHIPPED = SHIPPED_FILES / "heads"
 
 
-class AcceptanceHead(nn.Module):
-    """Residual blocks x + SiLU(W_l x) with independent W_l (the reference code repeats one block,
-    sharing its weights), then Linear(., 2); class 1 is "accepted". The input is the draft's final
-    hidden state at the drafted token y and log q(y), the draft's own probability of y (T = 1):
-    the hidden state alone predicted acceptance worse than q(y) does (see dyspec/shipped/heads/README.md)."""
+DESIGNS = ("dyspec", "specdecpp")
 
-    def __init__(self, hidden_size: int, n_blocks: int = 3):
+
+class AcceptanceHead(nn.Module):
+    """Residual blocks x + SiLU(W x), then Linear(., 2); class 1 is "accepted". Two designs:
+
+    - "dyspec": the input is the draft's final hidden state at the drafted token y and log q(y),
+      the draft's own probability of y (T = 1); `n_blocks` blocks with independent weights, each
+      starting as the identity, so depth does not blow up the input.
+    - "specdecpp": the reference's (Kaffaljidhmah2/SpecDec_pp, `wrap_model.py`,
+      `AcceptancePredictionHead`): the hidden state alone, one block applied `n_blocks` times
+      (its `[ResBlock(h)] * num_layers` shares the weights), PyTorch's default initialisation.
+
+    `accept_prob` maps the logit z = logit(accept) - logit(reject) through sigmoid(a z + b) with
+    `calibration` = (a, b), fitted on validation examples after training (dyspec.train.head): the
+    rejection weight of the training loss shifts every prediction down by about log(weight) in z,
+    and a small head is over- or under-confident besides."""
+
+    def __init__(self, hidden_size: int, n_blocks: int = 3, design: str = "dyspec"):
         super().__init__()
-        self.hidden_size = hidden_size
-        width = hidden_size + 1
-        self.blocks = nn.ModuleList(nn.Linear(width, width) for _ in range(n_blocks))
+        if design not in DESIGNS:
+            raise DyspecError(f"head design must be one of {', '.join(DESIGNS)}, got {design!r}")
+        self.hidden_size, self.n_blocks, self.design = hidden_size, n_blocks, design
+        width = hidden_size + (design == "dyspec")
+        shared = design == "specdecpp"
+        self.blocks = nn.ModuleList(nn.Linear(width, width) for _ in range(1 if shared else n_blocks))
         self.out = nn.Linear(width, 2)
-        for block in self.blocks:  # start as the identity map, so depth does not blow up the input
-            nn.init.zeros_(block.weight)
-            nn.init.zeros_(block.bias)
+        self.register_buffer("calibration", torch.tensor([1.0, 0.0]))
+        if not shared:
+            for block in self.blocks:
+                nn.init.zeros_(block.weight)
+                nn.init.zeros_(block.bias)
 
     def forward(self, hidden: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
-        x = torch.cat([hidden.float(), q.float().clamp_min(1e-9).log()[..., None]], dim=-1)
-        for block in self.blocks:
-            x = x + nn.functional.silu(block(x))
+        x = hidden.float()
+        if self.design == "dyspec":
+            x = torch.cat([x, q.float().clamp_min(1e-9).log()[..., None]], dim=-1)
+        for i in range(self.n_blocks):
+            x = x + nn.functional.silu(self.blocks[i % len(self.blocks)](x))
         return self.out(x)
+
+    def logit(self, hidden: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
+        """z = logit(accept) - logit(reject), before calibration."""
+        logits = self.forward(hidden, q)
+        return logits[..., 1] - logits[..., 0]
 
     @torch.inference_mode()
     def accept_prob(self, hidden: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
-        """On the head's device (it loads on the CPU; a draft on a GPU hands it a few rows a step)."""
+        """Calibrated, on the head's device (it loads on the CPU; a draft on a GPU hands it a few rows a step)."""
         device = self.out.weight.device
-        return torch.softmax(self.forward(hidden.to(device), q.to(device)), dim=-1)[..., 1]
+        a, b = self.calibration
+        return torch.sigmoid(a * self.logit(hidden.to(device), q.to(device)) + b)
 
 
 def save_head(head: AcceptanceHead, path: Path, info: dict) -> None:
-    meta = {"hidden_size": head.hidden_size, "n_blocks": len(head.blocks), **info}
+    meta = {"hidden_size": head.hidden_size, "n_blocks": head.n_blocks, "design": head.design, **info}
     save_file({k: v.contiguous() for k, v in head.state_dict().items()}, path, metadata={"dyspec": json.dumps(meta)})
 
 
@@ -67,8 +92,10 @@ def _load_head(path: str, mtime_ns: int) -> tuple[AcceptanceHead, dict]:
         meta = json.loads((f.metadata() or {}).get("dyspec", "{}"))
     if "hidden_size" not in meta:
         raise DyspecError(f"{path} is not an acceptance head saved by `dyspec train-head`")
-    head = AcceptanceHead(meta["hidden_size"], meta["n_blocks"])
-    head.load_state_dict(load_file(path))
+    head = AcceptanceHead(meta["hidden_size"], meta["n_blocks"], meta.get("design", "dyspec"))
+    state = load_file(path)
+    state.setdefault("calibration", head.calibration)  # a head trained before calibration: as trained
+    head.load_state_dict(state)
     return head.eval(), meta
 
 

@@ -24,6 +24,7 @@ from dyspec.core.kv import KVSession, target_features
 from dyspec.core.sampling import sample_rows, to_probs
 from dyspec.drafts.feature import features_before
 from dyspec.errors import DyspecError
+from dyspec.eval.prompts import load_prompts
 from dyspec.load import ModelPair
 from dyspec.load.head import AcceptanceHead, auc, save_head
 from dyspec.train.corpus import continuations, training_prompts
@@ -78,7 +79,9 @@ def _loss(logits: torch.Tensor, label: torch.Tensor, reject_weight: float) -> to
     return -(label * logp[:, 1] + reject_weight * (1 - label) * logp[:, 0]).mean()
 
 
-def head_data(pair: ModelPair, seqs: list[dict], data_path: Path, temperature: float, seed: int) -> dict:
+def head_data(
+    pair: ModelPair, seqs: list[dict], data_path: Path, temperature: float, seed: int, desc: str = "head examples"
+) -> dict:
     """Every sequence's examples (`head_examples`), with the sequence each came from, made once and
     kept at `data_path`."""
     if data_path.exists():
@@ -86,13 +89,84 @@ def head_data(pair: ModelPair, seqs: list[dict], data_path: Path, temperature: f
     generator = torch.Generator(device=pair.device).manual_seed(seed)
     parts = [
         head_examples(pair, s["prompt"], s["response"], temperature, generator)
-        for s in tqdm(seqs, desc="head examples", unit="seq")
+        for s in tqdm(seqs, desc=desc, unit="seq")
         if s["response"]
     ]
     data = {k: torch.cat([part[k] for part in parts]) for k in parts[0]}
     data["seq"] = torch.cat([torch.full((len(part["label"]),), i) for i, part in enumerate(parts)])
     save_file(data, data_path)
     return data
+
+
+def fit_calibration(head: AcceptanceHead, hidden: torch.Tensor, q: torch.Tensor, label: torch.Tensor) -> None:
+    """Platt scaling: the (a, b) of sigmoid(a z + b) that minimise the plain (unweighted) soft-label
+    cross-entropy on these examples, so that the predicted acceptance is the observed one."""
+    with torch.no_grad():
+        z = head.logit(hidden, q)
+    ab = torch.tensor([1.0, 0.0], requires_grad=True)
+    opt = torch.optim.LBFGS([ab], max_iter=200, line_search_fn="strong_wolfe")
+
+    def closure() -> torch.Tensor:
+        opt.zero_grad()
+        loss = torch.nn.functional.binary_cross_entropy_with_logits(ab[0] * z + ab[1], label.float())
+        loss.backward()
+        return loss
+
+    opt.step(closure)
+    head.calibration.copy_(ab.detach())
+
+
+def calibration(predicted: torch.Tensor, label: torch.Tensor, bins: int = 10) -> dict:
+    """Predicted against observed acceptance by bin of prediction (width 1/bins; empty bins left out),
+    and the expected calibration error: the examples-weighted mean of |predicted - observed|."""
+    which = (predicted.double() * bins).long().clamp(max=bins - 1)
+    rows = []
+    for b in which.unique().tolist():
+        inside = which == b
+        rows.append(
+            {
+                "bin": [b / bins, (b + 1) / bins],
+                "examples": int(inside.sum()),
+                "predicted": round(float(predicted[inside].mean()), 4),
+                "observed": round(float(label[inside].mean()), 4),
+            }
+        )
+    error = sum(r["examples"] * abs(r["predicted"] - r["observed"]) for r in rows) / len(label)
+    return {"bins": rows, "error": round(error, 4)}
+
+
+def scores(head: AcceptanceHead, data: dict, mask: torch.Tensor | None = None) -> dict:
+    """What the head is judged by on these examples: the acceptance rate, the AUC of the head's
+    predictions and of the draft probability q(y) alone, and the head's calibration."""
+    x, q, label = (data[k] if mask is None else data[k][mask] for k in ("hidden", "q", "label"))
+    predicted = head.accept_prob(x, q)
+    return {
+        "acceptance_rate": round(float(label.mean()), 4),
+        "mean_predicted": round(float(predicted.mean()), 4),
+        "auc": {"head": auc(predicted, label), "draft_prob": auc(q, label)},
+        "calibration": calibration(predicted, label),
+    }
+
+
+def eval_scores(
+    pair: ModelPair,
+    head: AcceptanceHead,
+    prompts: list | None,
+    out: Path,
+    max_new_tokens: int,
+    temperature: float,
+    seed: int,
+) -> dict:
+    """`scores` on examples from the target's answers to `prompts` (default: MT-Bench's 80 first
+    turns), made as the training examples are and kept in `out` beside them."""
+    if prompts is None:
+        prompts = [text for _, text in load_prompts("mtbench")]
+    prompts = training_prompts(pair, prompts, len(prompts))  # as long as the training prompts at most
+    seqs = continuations(pair, prompts, max_new_tokens, out / "eval-continuations.jsonl")
+    data = head_data(
+        pair, seqs, out / f"eval-examples-T{temperature:g}.safetensors", temperature, seed, "eval examples"
+    )
+    return {"prompts": len(seqs), "examples": len(data["label"]), **scores(head, data)}
 
 
 def fit_head(
@@ -114,6 +188,11 @@ def fit_head(
     best = {"loss": loss_on(), "epoch": 0, "head": copy.deepcopy(head.state_dict())}
     if ckpt_path.exists():
         ckpt = torch.load(ckpt_path)
+        if ckpt.get("design", "dyspec") != head.design:
+            raise DyspecError(
+                f"{ckpt_path} trains a head of design {ckpt.get('design', 'dyspec')!r}, not {head.design!r}: "
+                "use another --out (copy its continuations and examples files there to reuse the data)"
+            )
         head.load_state_dict(ckpt["head"])
         opt.load_state_dict(ckpt["opt"])
         start, best = ckpt["epoch"], ckpt["best"]
@@ -131,7 +210,8 @@ def fit_head(
         if val_loss < best["loss"]:
             best = {"loss": val_loss, "epoch": epoch + 1, "head": copy.deepcopy(head.state_dict())}
         bar.set_postfix(val_loss=f"{val_loss:.4f}", best_epoch=best["epoch"])
-        torch.save({"head": head.state_dict(), "opt": opt.state_dict(), "epoch": epoch + 1, "best": best}, ckpt_path)
+        state = {"head": head.state_dict(), "opt": opt.state_dict(), "epoch": epoch + 1, "best": best}
+        torch.save({**state, "design": head.design}, ckpt_path)
 
     return best
 
@@ -143,17 +223,20 @@ def train_head(
     num_prompts: int = 256,
     max_new_tokens: int = 128,
     temperature: float = 0.6,
+    design: str = "dyspec",
     n_blocks: int = 3,
     epochs: int = 20,
     lr: float = 1e-4,
     weight_decay: float = 0.1,
     reject_weight: float = 6.0,
     heldout: float = 0.1,
+    eval_prompts: list[str] | list[list[int]] | None = None,
     seed: int = 0,
 ) -> dict:
-    """Build the data (resumable), train with checkpoints every epoch (resumable), and save
-    `out/head.safetensors` with its metrics. Returns the report. `prompts` (strings or token ids)
-    default to the Arena-Hard v2.0 and IFEval instructions, interleaved."""
+    """Build the data (resumable), train with checkpoints every epoch (resumable), calibrate on the
+    validation examples, and save `out/head.safetensors` with its metrics. Returns the report.
+    `prompts` (strings or token ids) default to the Arena-Hard v2.0 and IFEval instructions,
+    interleaved; `eval_prompts`, answered the same way and only scored, to MT-Bench's 80 first turns."""
     if pair.draft is None:
         raise DyspecError("train-head needs a draft model")
     if not 0 < heldout < 1:
@@ -164,7 +247,7 @@ def train_head(
     seqs = continuations(pair, prompts, max_new_tokens, out / "continuations.jsonl")
     data = head_data(pair, seqs, out / f"examples-T{temperature:g}.safetensors", temperature, seed)
     # Split by sequence, not by token: the last `heldout` for the report, as much before it to pick
-    # the epoch (the head overfits within a few epochs), the rest to train on.
+    # the epoch (the head overfits within a few epochs) and calibrate, the rest to train on.
     last = int(data["seq"].max())
     test = data["seq"] >= int(last * (1 - heldout))
     val = ~test & (data["seq"] >= int(last * (1 - 2 * heldout)))
@@ -175,25 +258,26 @@ def train_head(
             return float(_loss(head(data["hidden"][mask], data["q"][mask]), data["label"][mask], reject_weight))
 
     torch.manual_seed(seed)
-    head = AcceptanceHead(data["hidden"].shape[1], n_blocks)
+    head = AcceptanceHead(data["hidden"].shape[1], n_blocks, design)
     best = fit_head(
         head, data, train, lambda: loss_on(val), out / "checkpoint.pt", epochs, lr, weight_decay, reject_weight, seed
     )
     head.load_state_dict(best["head"])
-    scores = head.accept_prob(data["hidden"][test], data["q"][test])
+    uncalibrated = scores(head, data, test)
+    fit_calibration(head, data["hidden"][val], data["q"][val], data["label"][val])
     report = {
         "target": pair.target_name,
         "draft": pair.draft_name,
+        "design": design,
         "temperature": temperature,
         "examples": {"train": int(train.sum()), "validation": int(val.sum()), "heldout": int(test.sum())},
-        "sequences": int(data["seq"].max()) + 1,
-        "acceptance_rate_heldout": float(data["label"][test].mean()),
+        "sequences": last + 1,
         "loss": {"train": loss_on(train), "validation": loss_on(val), "heldout": loss_on(test)},
         "best_epoch": best["epoch"],
-        "auc_heldout": {
-            "head": auc(scores, data["label"][test]),
-            "draft_prob": auc(data["q"][test], data["label"][test]),
-        },
+        "calibration": [round(float(v), 4) for v in head.calibration],
+        "heldout": scores(head, data, test),
+        "heldout_uncalibrated": uncalibrated,
+        "eval": eval_scores(pair, head, eval_prompts, out, max_new_tokens, temperature, seed),
         "settings": {
             "num_prompts": num_prompts,
             "max_new_tokens": max_new_tokens,
