@@ -199,13 +199,15 @@ def side_by_side_tab(demo: gr.Blocks, vm: state.ViewModel, concurrency: int) -> 
         vm.check(prompt, int(budget), 0.0, int(max_new_tokens), replay=True)
 
     @errors_as_toasts
-    def replay(prompt, policies, budget, max_new_tokens, choice, width, fraction):
+    def replay(prompt, policies, budget, max_new_tokens, hardware, width, draft_fraction):
         runs = vm.replay(prompt, policies, [int(budget)], int(max_new_tokens))
-        table = vm.replay_table(runs, vm.replay_models(choice, width, fraction))
+        table = vm.replay_table(runs, vm.replay_models(hardware, width, draft_fraction))
         waiting = vm.sweep_status(prompt, policies, int(max_new_tokens))
-        yield table, runs, slider_update(runs[0].tokens - 1, 0, 0), *answer_trees(vm, runs, 0), waiting, gr.skip()
-        _, sweep = vm.sweep(prompt, policies, int(max_new_tokens))
-        yield gr.skip(), gr.skip(), gr.skip(), gr.skip(), *[gr.skip()] * state.MAX_SIDE_BY_SIDE, "", sweep
+        return table, runs, slider_update(runs[0].tokens - 1, 0, 0), *answer_trees(vm, runs, 0), waiting
+
+    @errors_as_toasts
+    def sweep(prompt, policies, max_new_tokens):
+        return "", vm.sweep(prompt, policies, int(max_new_tokens))[1]
 
     gr.Markdown(LOOK_FOR)
     with gr.Row():
@@ -219,8 +221,10 @@ def side_by_side_tab(demo: gr.Blocks, vm: state.ViewModel, concurrency: int) -> 
             pricing = pricing_controls(vm, "Price the trees on", vm.side_by_side_hardware, "sbs-hardware")
             button = gr.Button("Replay side by side", variant="primary", elem_id="sbs-run")
         with gr.Column(scale=3):
-            table = gr.Markdown("Replaying the opening comparison...", elem_id="sbs-table")
-            answer = gr.HTML(elem_id="sbs-answer")
+            table = gr.Markdown(
+                "Replaying the opening comparison...", label="Table", show_label=False, elem_id="sbs-table"
+            )
+            answer = gr.HTML(label="Answer", show_label=False, elem_id="sbs-answer")
             position = gr.Slider(
                 0,
                 1,
@@ -231,23 +235,21 @@ def side_by_side_tab(demo: gr.Blocks, vm: state.ViewModel, concurrency: int) -> 
                 elem_id="sbs-position",
             )
             tree_plots = tree_grid()
-            sweep_status = gr.Markdown(elem_id="sbs-sweep-status")
-            sweep = gr.Plot(label="Tokens per forward against budget", elem_id="sbs-sweep")
+            sweep_status = gr.Markdown(label="Sweep status", show_label=False, elem_id="sbs-sweep-status")
+            sweep_plot = gr.Plot(label="Tokens per forward against budget", elem_id="sbs-sweep")
     runs = gr.State(None)
     inputs = [prompt, policies, budget, max_new, *pricing]
-    outputs = [table, runs, position, answer, *tree_plots, sweep_status, sweep]
-    # a click while a replay runs is kept for after it (by default Gradio drops it: trigger_mode "once")
+    outputs = [table, runs, position, answer, *tree_plots, sweep_status]
+    queued = {"concurrency_limit": concurrency, "concurrency_id": PAIR}
+    # the table and trees, then the sweep: two endpoints, each returning what it shows; a click while
+    # a replay runs is kept for after it (by default Gradio drops it: trigger_mode "once")
     button.click(check, inputs, None, api_name=False, trigger_mode="always_last").success(
-        replay,
-        inputs,
-        outputs,
-        api_name="side_by_side",
-        concurrency_limit=concurrency,
-        concurrency_id=PAIR,
-        trigger_mode="always_last",
-    )
+        replay, inputs, outputs, api_name="side_by_side", trigger_mode="always_last", **queued
+    ).success(sweep, [prompt, policies, max_new], [sweep_status, sweep_plot], api_name="sweep", **queued)
     # the page opens on the opening comparison (replays are kept: after the first, it is instant)
-    demo.load(replay, inputs, outputs, api_name=False, concurrency_limit=concurrency, concurrency_id=PAIR)
+    demo.load(replay, inputs, outputs, api_name=False, **queued).success(
+        sweep, [prompt, policies, max_new], [sweep_status, sweep_plot], api_name=False, **queued
+    )
     for control in pricing:  # another accelerator reprices the same trees at once
         control.change(
             lambda r, *p: vm.replay_table(r, vm.replay_models(*p)) if r else gr.skip(),
@@ -356,27 +358,30 @@ def live_handlers(vm: state.ViewModel) -> tuple:
         seed,
         max_new_tokens,
         measure_ar,
-        choice,
+        hardware,
         width,
-        fraction,
+        draft_fraction,
         request: gr.Request,
     ):
         stop = stops[request.session_hash] = threading.Event()
         knobs = tunings[request.session_hash] = vm.knobs(state.budget_of(budget, auto), temperature)
         settings = (temperature, int(seed), int(max_new_tokens), None, measure_ar, stop.is_set, knobs)
         for live, draw in state.paced(vm.run(prompt, policy, knobs.budget, *settings)):
-            yield live_views(vm, live, draw, (choice, width, fraction), request.session_hash)
+            yield live_views(vm, live, draw, (hardware, width, draft_fraction), request.session_hash)
 
-    def load(data: bytes, choice, width, fraction, request: gr.Request):
-        """A downloaded run, shown as it was when it finished; a file that is not one is said in a
-        toast, and what is on screen stays (an error raised here would mark every output)."""
-        try:
-            live = vm.load(data)
-        except DyspecError as e:
-            gr.Warning(str(e))
-            return (gr.skip(),) * (LIVE_OUTPUTS + 1 + LOADED_SETTINGS)
+    @errors_as_toasts
+    def check_file(run_file: bytes, *_) -> None:
+        """A file that is not a downloaded run, said before `load` runs: an error there would mark
+        every output, and what is on screen stays."""
+        vm.load(run_file)
+
+    @errors_as_toasts
+    def load(run_file: bytes, hardware, width, draft_fraction, request: gr.Request):
+        """A downloaded run, shown as it was when it finished, and the controls it ran with."""
+        live = vm.load(run_file)
         settings = (gr.skip() if value is None else value for value in vm.loaded_settings(live))
-        return *live_views(vm, live, True, (choice, width, fraction), request.session_hash), live.prompt, *settings
+        pricing = (hardware, width, draft_fraction)
+        return *live_views(vm, live, True, pricing, request.session_hash), live.prompt, *settings
 
     def stop(request: gr.Request) -> None:
         if request.session_hash in stops:
@@ -397,7 +402,7 @@ def live_handlers(vm: state.ViewModel) -> tuple:
         upto = min(int(growth), len(step.tokens))
         return figures.tree_figure(step, upto), slider_update(len(step.tokens), 1, upto), vm.text(live.steps, index)
 
-    return check, run, stop, tune, show_step, load
+    return check, run, stop, tune, show_step, check_file, load
 
 
 def export_panel(vm: state.ViewModel, live_state: gr.State) -> None:
@@ -411,13 +416,16 @@ def export_panel(vm: state.ViewModel, live_state: gr.State) -> None:
             export_btn = gr.Button("Export this tree", elem_id="export")
         export_code = gr.Code(language="python", label="Paste into your engine's config", elem_id="snippet")
     export_btn.click(
-        lambda live, f: vm.export(live or state.Live(), f), [live_state, fmt], export_code, api_name="export"
+        lambda live, engine_format: vm.export(live or state.Live(), engine_format),
+        [live_state, fmt],
+        export_code,
+        api_name="export",
     )
 
 
 def generate_tab(vm: state.ViewModel, concurrency: int) -> None:
     """A live run measured against `ar`: its text, trees, per-step chart, export and what-if."""
-    check, run, stop, tune, show_step, load = live_handlers(vm)
+    check, run, stop, tune, show_step, check_file, load = live_handlers(vm)
     live_state = gr.State(None)
     gr.Markdown(
         f"A live run on this machine, measured against plain decoding (`ar`) on the same prompt. "
@@ -429,7 +437,8 @@ def generate_tab(vm: state.ViewModel, concurrency: int) -> None:
         with gr.Column(scale=1):
             *settings, run_btn, stop_btn = generate_controls(vm)
         with gr.Column(scale=2):
-            stats, text = gr.Markdown(elem_id="stats"), gr.HTML(elem_id="text")
+            stats = gr.Markdown(label="Stats", show_label=False, elem_id="stats")
+            text = gr.HTML(label="Text", show_label=False, elem_id="text")
             tree = gr.Plot(label="Token tree", elem_id="tree")
             step_slider = gr.Slider(0, 1, value=0, step=1, label="Step")
             growth_slider = gr.Slider(
@@ -453,7 +462,9 @@ def generate_tab(vm: state.ViewModel, concurrency: int) -> None:
                 )
                 with gr.Row():
                     pricing = pricing_controls(vm, "Hardware", None, "hardware")
-                whatif_md = gr.Markdown("Run a generation to price its trees.", elem_id="whatif")
+                whatif_md = gr.Markdown(
+                    "Run a generation to price its trees.", label="What-if", show_label=False, elem_id="whatif"
+                )
     inputs = [*settings, *pricing]
     outputs = [text, tree, chart, depth, stats, live_state, step_slider, growth_slider, whatif_md, download]
     run_btn.click(check, inputs, None, api_name=False).success(
@@ -476,7 +487,9 @@ def generate_tab(vm: state.ViewModel, concurrency: int) -> None:
             trigger_mode="always_last",
         )
     # its prompt and the controls it ran with; in the model's queue: pricing on this machine may profile it
-    upload.upload(load, [upload, *pricing], [*outputs, *settings[:7]], api_name="load_run", concurrency_id=PAIR)
+    upload.upload(check_file, upload, None, api_name=False).success(
+        load, [upload, *pricing], [*outputs, *settings[:7]], api_name="load_run", concurrency_id=PAIR
+    )
     for control in pricing:
         control.change(
             lambda live, *p: vm.whatif(live or state.Live(), *p),
@@ -495,7 +508,9 @@ def race_controls(vm: state.ViewModel) -> list:
     policy = policy_menu(vm, vm.racers, vm.first_racer, "Policy against ar", "race-policy")
     budget = gr.Slider(1, vm.limits.budget, value=vm.default_budget, step=1, label="Budget", elem_id="race-budget")
     max_new = gr.Slider(1, vm.limits.max_new_tokens, value=96, step=1, label="Max new tokens", elem_id="race-max")
-    pace = gr.Radio(race.PACES, value=1.0, label="Replay pace", elem_id="race-pace")
+    # string values: the API documents a Radio's choices as strings, so a client sends "0.5"
+    paces = [(label, str(speed)) for label, speed in race.PACES]
+    pace = gr.Radio(paces, value=paces[0][1], label="Replay pace", elem_id="race-pace")
     return [prompt, policy, budget, max_new, pace]
 
 
@@ -508,19 +523,19 @@ def race_tab(vm: state.ViewModel, concurrency: int) -> None:
         vm.check(prompt, int(budget), 0.0, int(max_new_tokens))
         vm.check_policies([policy])
 
-    def replay(run, pace, choice, width, fraction):
+    def replay(run, pace, hardware, width, draft_fraction):
         if run is None:
             return
-        model = vm.latency_model(choice, width, fraction)
+        model = vm.latency_model(hardware, width, draft_fraction)
         for t in race.frame_times(run, float(pace)):
             yield race.race_frame(vm, run, t, model)
             time.sleep(race.FRAME_S)
 
     @errors_as_toasts
-    def run(prompt, policy, budget, max_new_tokens, pace, *pricing):
+    def run(prompt, policy, budget, max_new_tokens, pace, hardware, width, draft_fraction):
         for now in race.run_race(vm, prompt, policy, int(budget), int(max_new_tokens)):
             yield race.progress_text(now), now
-        for frame in replay(now, pace, *pricing):
+        for frame in replay(now, pace, hardware, width, draft_fraction):
             yield frame, now
 
     gr.Markdown(
@@ -536,7 +551,12 @@ def race_tab(vm: state.ViewModel, concurrency: int) -> None:
                 start = gr.Button("Race", variant="primary", elem_id="race-run")
                 again = gr.Button("Replay the race", elem_id="race-again")
         with gr.Column(scale=3):
-            board = gr.HTML("Press Race: ar runs, then the policy, then both replay side by side.", elem_id="race")
+            board = gr.HTML(
+                "Press Race: ar runs, then the policy, then both replay side by side.",
+                label="Race",
+                show_label=False,
+                elem_id="race",
+            )
     raced = gr.State(None)
     inputs = [*controls, *pricing]
     start.click(check, inputs, None, api_name=False).success(

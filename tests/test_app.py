@@ -68,7 +68,7 @@ def test_binds_to_localhost_only(server):
     assert ports and all(addr.ip == "127.0.0.1" for addr in ports)
 
 
-def test_api_with_gradio_client(server):
+def test_api_with_gradio_client(server, tmp_path):
     from gradio_client import Client, handle_file
 
     url, _ = server
@@ -93,9 +93,23 @@ def test_api_with_gradio_client(server):
     prompt, policy, _, auto, temperature, seed, length = loaded[-7:]
     assert (prompt, policy, auto, temperature, seed, length) == ("Name three colors.", "dyspec", True, 0, 0, 12)
     assert "on the machine it ran on" in loaded_stats
-    board = client.predict("Name three colors.", "chain", 4, 12, 1.0, *whatif, api_name="/race")  # no State
+    not_a_run = tmp_path / "notes.html"
+    not_a_run.write_text("<html><body>my notes</body></html>")
+    with pytest.raises(Exception, match="not a run downloaded from dyspec"):  # an error, not blank outputs
+        client.predict(handle_file(str(not_a_run)), *whatif, api_name="/load_run")
+    board = client.predict("Name three colors.", "chain", 4, 12, "0.5", *whatif, api_name="/race")  # no State
     # 12 tokens at most: too few for a speedup, as the live tab says (the browser's race measures 48)
     assert board.count("· done") == 2 and "too few for a speedup" in board and "measured on" not in board
+    # the side-by-side tab: its table and trees, then its sweep, each an endpoint returning what it shows
+    table, position, answer, *trees, waiting = client.predict(
+        "Name three colors.", ["chain", "dyspec"], 4, 12, *whatif, api_name="/side_by_side"
+    )
+    assert "| chain" in table and "| dyspec" in table and "<span" in answer and position["value"] == 0
+    assert [t.get("visible") for t in trees] == [True, True, False, False]  # two policies, two trees
+    status, sweep = client.predict("Name three colors.", ["chain", "dyspec"], 12, api_name="/sweep")
+    assert status == "" and "against budget" in sweep["plot"]
+    exported = client.predict("trtllm", api_name="/export")  # the client's session holds its last run
+    assert "max_draft_len" in exported and "max_total_draft_tokens" in exported
     with pytest.raises(Exception, match="maximum value 64"):
         client.predict("hi", "chain", 999, False, 0, 0, 12, False, *whatif, api_name="/run")
     with pytest.raises(Exception, match="Type a prompt"):
@@ -104,6 +118,21 @@ def test_api_with_gradio_client(server):
         client.predict(
             "hi", ["chain", "specinfer", "sequoia", "dyspec", "eagle2"], 8, 8, *whatif, api_name="/side_by_side"
         )
+
+
+def test_api_names_every_input_and_output(server):
+    """A client reads names, not `param_5` or `value_60`; a Radio's choices are documented as strings."""
+    from gradio_client import Client
+
+    url, _ = server
+    info = Client(url, verbose=False).view_api(return_format="dict", print_info=False)["named_endpoints"]
+    assert set(info) == {"/side_by_side", "/sweep", "/run", "/load_run", "/race", "/export"}
+    for name, endpoint in info.items():
+        for item in endpoint["parameters"] + endpoint["returns"]:
+            label = item.get("parameter_name") or item["label"]
+            assert not re.fullmatch(r"(param|value)_\d+", label), f"{name}: {label}"
+    pace = next(p for p in info["/race"]["parameters"] if p["parameter_name"] == "pace")
+    assert pace["python_type"]["type"].startswith("Literal['1.0'")
 
 
 def test_concurrent_clients_match_single_run_and_memory_settles(server):
@@ -334,7 +363,8 @@ def test_browser_run_and_stop(server, page, tmp_path):
         page.locator("#upload").click()
     chooser.value.set_files(files=[{"name": "notes.html", "mimeType": "text/html", "buffer": b"<html>my notes</html>"}])
     expect(page.get_by_text("This file is not a run downloaded from dyspec").first).to_be_visible(timeout=30_000)
-    expect(page.locator(".error")).to_have_count(0)
+    expect(page.locator("#stats .error, #tree .error, #text .error")).to_have_count(0)  # a toast, no badge
+    assert page.locator("#text").inner_text() == before  # and what is on screen stays
     page.locator(".toast-close").first.click()
 
     # the run's tree shape, ready for a serving engine: TensorRT-LLM's dynamic tree that covers it
