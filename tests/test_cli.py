@@ -226,15 +226,21 @@ def test_fit_copy_needs_a_feature_draft(tmp_path):
 def test_replay_sweep_records_table_and_page(tmp_path):
     """`dyspec replay`: a record per prompt, policy and budget; the table's nodes and tokens per
     forward are the records' totals (a tree is full but at an answer's last token, where it is the
-    root alone); `dyspec report` makes a results page from them, each speedup labelled modelled."""
+    root alone); `dyspec report` makes a results page from them, each speedup labelled modelled. A
+    policy with options (`dyspec:batch=1`, the paper's one node a draft forward) is its own setting."""
     out = tmp_path / "replay.jsonl"
     r = dyspec(
         "replay", "--dataset", "mtbench", "--num-prompts", "2", "--max-new-tokens", "16",
-        "--policies", "chain,dyspec", "--budgets", "2,16", "--whatif", "h100", "--out", str(out),
+        "--policies", "chain,dyspec,dyspec:batch=1", "--budgets", "2,16", "--whatif", "h100", "--out", str(out),
     )  # fmt: skip
     assert r.returncode == 0, r.stderr
     records = [json.loads(line) for line in out.read_text().splitlines()]
-    assert len(records) == 2 * 2 * 2 and {x["kind"] for x in records} == {"replay"}
+    assert len(records) == 2 * 3 * 2 and {x["kind"] for x in records} == {"replay"}
+    forwards = {
+        p: sum(x["draft_forwards"] for x in records if x["policy"] == p and x["budget"] == 16)
+        for p in ("dyspec", "dyspec:batch=1")
+    }
+    assert forwards["dyspec:batch=1"] > forwards["dyspec"]
     assert all(x["command"].startswith("dyspec replay") for x in records)
     rows = [line.strip("|").split("|") for line in r.stdout.splitlines()[2:]]
     for policy, budget, *_ in rows:
@@ -247,3 +253,4 @@ def test_replay_sweep_records_table_and_page(tmp_path):
     page = dyspec("report", str(out), "--whatif", "h100", "--title", "Replay")
     assert page.returncode == 0 and "not measured" in page.stdout and "| chain | 16 | 2 |" in page.stdout
     assert_one_line_error(dyspec("replay", "--prompt", "hi", "--budgets", "300"), "budget")
+    assert_one_line_error(dyspec("replay", "--prompt", "hi", "--policies", "dyspec:batch"), "bad policy spec")

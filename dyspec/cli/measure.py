@@ -126,13 +126,10 @@ def add_report(sub) -> None:
 def cmd_replay(args: argparse.Namespace) -> None:
     from pathlib import Path
 
-    from dyspec.decode.engine import check_settings
     from dyspec.eval.prompts import load_prompts
-    from dyspec.eval.sweep import REPLAY_NOTE, run_sweep, sweep_rows, sweep_table
+    from dyspec.eval.sweep import REPLAY_NOTE, check_sweep, run_sweep, sweep_rows, sweep_table
 
-    for policy in args.policies:
-        for b in args.budgets:
-            check_settings(policy, b, 0.0, args.max_new_tokens, {})
+    check_sweep(args.policies, args.budgets, args.max_new_tokens)  # before the models load
     prompts = [("prompt", args.prompt)] if args.prompt else load_prompts(args.dataset, args.num_prompts, args.spread)
     pair, models = priced_pair(args.whatif or [THIS_MACHINE_FLAG, "h100"], lambda: pair_of(args))
     dataset, out = "prompt" if args.prompt else args.dataset, Path(args.out)
@@ -152,7 +149,12 @@ def add_replay(sub) -> None:
     source.add_argument("--dataset", default="mtbench", help="as for bench")
     rl.add_argument("--num-prompts", type=int, default=10)
     rl.add_argument("--spread", action="store_true", help=SPREAD_HELP)
-    rl.add_argument("--policies", type=csv(str), default=REPLAY_POLICIES, help=f"default: {','.join(REPLAY_POLICIES)}")
+    rl.add_argument(
+        "--policies",
+        type=csv(str),
+        default=REPLAY_POLICIES,
+        help=f"NAME[:OPTION=VALUE...] as for bench (default: {','.join(REPLAY_POLICIES)})",
+    )
     rl.add_argument(
         "--budgets",
         type=csv(budget),

@@ -13,7 +13,7 @@ from tqdm.auto import tqdm
 from dyspec.auto import whatif
 from dyspec.decode.engine import check_settings
 from dyspec.decode.replay import ReplayRun, record_trace, replay_run
-from dyspec.eval.bench import append_record, host_stamp
+from dyspec.eval.bench import append_record, host_stamp, parse_policy_spec
 from dyspec.load import ModelPair
 
 KIND = "replay"
@@ -38,6 +38,15 @@ def run_record(run: ReplayRun) -> dict:
     }
 
 
+def check_sweep(policies: Sequence[str], budgets: Sequence[int | str], max_new_tokens: int) -> dict[str, tuple]:
+    """Each policy spec (`NAME[:OPTION=VALUE...]`) as (name, options), every setting checked."""
+    settings = {spec: parse_policy_spec(spec) for spec in policies}
+    for policy, options in settings.values():
+        for budget in budgets:
+            check_settings(policy, budget, 0.0, max_new_tokens, options)
+    return settings
+
+
 def run_sweep(
     pair: ModelPair,
     dataset: str,
@@ -50,10 +59,9 @@ def run_sweep(
     progress: bool = True,
 ) -> list[dict]:
     """Each prompt's (id, text) trace recorded once, then every policy at every budget along it; a
-    record per run appended to `out` (rewritten first), `dataset` naming where the prompts came from."""
-    for policy in policies:
-        for budget in budgets:
-            check_settings(policy, budget, 0.0, max_new_tokens, {})
+    record per run appended to `out` (rewritten first), `dataset` naming where the prompts came from.
+    A policy may carry options as bench's do (`specdecpp:h=0.3`); its records are named so."""
+    settings = check_sweep(policies, budgets, max_new_tokens)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text("")
     stamp = {"kind": KIND, "dataset": dataset, "max_new_tokens": max_new_tokens, **host_stamp(pair, command)}
@@ -61,9 +69,10 @@ def run_sweep(
     bar = tqdm(total=len(prompts) * len(policies) * len(budgets), desc="replay", disable=not progress)
     for prompt_id, prompt in prompts:
         trace = record_trace(pair, prompt, max_new_tokens)
-        for policy in policies:
+        for spec, (policy, options) in settings.items():
             for budget in budgets:
-                record = {"prompt_id": prompt_id, **run_record(replay_run(pair, trace, policy, budget)), **stamp}
+                run = replay_run(pair, trace, policy, budget, options)
+                record = {"prompt_id": prompt_id, **run_record(run), "policy": spec, **stamp}
                 append_record(out, record)
                 records.append(record)
                 bar.update()
