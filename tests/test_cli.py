@@ -165,6 +165,8 @@ def test_train_head_and_distill_run_from_the_command_line(tmp_path):
         "6",
         "--epochs",
         "1",
+        "--eval-prompts",
+        "2",
         "--device",
         "cpu",
     )

@@ -200,6 +200,7 @@ def cmd_train_head(args: argparse.Namespace) -> None:
         temperature=args.temperature,
         design=args.design,
         epochs=args.epochs,
+        eval_prompts=args.eval_prompts,
         seed=args.seed,
     )
     print(json.dumps(report, indent=2))
@@ -218,6 +219,12 @@ def add_train_head(sub) -> None:
         help="dyspec: hidden state and log q(y), independent blocks; specdecpp: the paper's, hidden state alone",
     )
     th.add_argument("--epochs", type=int, default=20, help="the epoch with the best validation loss is kept")
+    th.add_argument(
+        "--eval-prompts",
+        type=int,
+        default=80,
+        help="MT-Bench questions the head is scored on, never trained on (0: none)",
+    )
     th.add_argument("--seed", type=int, default=0)
     add_model_args(th)
     th.set_defaults(func=cmd_train_head)

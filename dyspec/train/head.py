@@ -151,16 +151,16 @@ def scores(head: AcceptanceHead, data: dict, mask: torch.Tensor | None = None) -
 def eval_scores(
     pair: ModelPair,
     head: AcceptanceHead,
-    prompts: list | None,
+    prompts: list | int,
     out: Path,
     max_new_tokens: int,
     temperature: float,
     seed: int,
 ) -> dict:
-    """`scores` on examples from the target's answers to `prompts` (default: MT-Bench's 80 first
-    turns), made as the training examples are and kept in `out` beside them."""
-    if prompts is None:
-        prompts = [text for _, text in load_prompts("mtbench")]
+    """`scores` on examples from the target's answers to `prompts` (a number: that many of MT-Bench's
+    first turns, spread over its categories), made as the training examples are and kept in `out`."""
+    if isinstance(prompts, int):
+        prompts = [text for _, text in load_prompts("mtbench", prompts, spread=True)]
     prompts = training_prompts(pair, prompts, len(prompts))  # as long as the training prompts at most
     seqs = continuations(pair, prompts, max_new_tokens, out / "eval-continuations.jsonl")
     data = head_data(
@@ -230,13 +230,14 @@ def train_head(
     weight_decay: float = 0.1,
     reject_weight: float = 6.0,
     heldout: float = 0.1,
-    eval_prompts: list[str] | list[list[int]] | None = None,
+    eval_prompts: list[str] | list[list[int]] | int = 80,
     seed: int = 0,
 ) -> dict:
     """Build the data (resumable), train with checkpoints every epoch (resumable), calibrate on the
     validation examples, and save `out/head.safetensors` with its metrics. Returns the report.
     `prompts` (strings or token ids) default to the Arena-Hard v2.0 and IFEval instructions,
-    interleaved; `eval_prompts`, answered the same way and only scored, to MT-Bench's 80 first turns."""
+    interleaved; `eval_prompts`, answered the same way and only scored, to MT-Bench's 80 first turns
+    (a number: that many of them; 0: none)."""
     if pair.draft is None:
         raise DyspecError("train-head needs a draft model")
     if not 0 < heldout < 1:
@@ -277,7 +278,7 @@ def train_head(
         "calibration": [round(float(v), 4) for v in head.calibration],
         "heldout": scores(head, data, test),
         "heldout_uncalibrated": uncalibrated,
-        "eval": eval_scores(pair, head, eval_prompts, out, max_new_tokens, temperature, seed),
+        "eval": eval_scores(pair, head, eval_prompts, out, max_new_tokens, temperature, seed) if eval_prompts else None,
         "settings": {
             "num_prompts": num_prompts,
             "max_new_tokens": max_new_tokens,
