@@ -6,7 +6,7 @@ import argparse
 import json
 import sys
 
-from dyspec.cli.common import SPREAD_HELP, add_model_args, add_option_arg, budget, csv, pair_of
+from dyspec.cli.common import SPREAD_HELP, add_model_args, add_option_arg, budget, command_line, csv, pair_of
 
 
 def cmd_distill(args: argparse.Namespace) -> None:
@@ -201,6 +201,7 @@ def cmd_train_head(args: argparse.Namespace) -> None:
         design=args.design,
         epochs=args.epochs,
         eval_prompts=args.eval_prompts,
+        command=command_line(),
         seed=args.seed,
     )
     print(json.dumps(report, indent=2))

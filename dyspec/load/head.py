@@ -1,6 +1,7 @@
 """SpecDec++'s acceptance head (Huang et al. 2024): a small MLP on the draft's final hidden state at
-a drafted token that predicts the chance the target accepts that token. Trained by
-`dyspec train-head` (dyspec.train.head); heads for the default pairs ship in dyspec/shipped/heads/."""
+a drafted token that predicts the chance the target accepts that token, calibrated so that the
+prediction is that chance. Trained by `dyspec train-head` (dyspec.train.head); heads for the
+default pairs ship in dyspec/shipped/heads/."""
 
 from __future__ import annotations
 

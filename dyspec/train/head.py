@@ -24,6 +24,7 @@ from dyspec.core.kv import KVSession, target_features
 from dyspec.core.sampling import sample_rows, to_probs
 from dyspec.drafts.feature import features_before
 from dyspec.errors import DyspecError
+from dyspec.eval.bench import host_stamp
 from dyspec.eval.prompts import load_prompts
 from dyspec.load import ModelPair
 from dyspec.load.head import AcceptanceHead, auc, save_head
@@ -216,6 +217,16 @@ def fit_head(
     return best
 
 
+def split_by_sequence(seq: torch.Tensor, heldout: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Masks of the examples to train on, to validate on and to report, split by sequence, not by
+    token: the last `heldout` of the sequences for the report, as many before them to pick the epoch
+    (the head overfits within a few epochs) and calibrate, the rest to train on."""
+    last = int(seq.max())
+    test = seq >= int(last * (1 - heldout))
+    val = ~test & (seq >= int(last * (1 - 2 * heldout)))
+    return ~test & ~val, val, test
+
+
 def train_head(
     pair: ModelPair,
     out: Path,
@@ -232,6 +243,7 @@ def train_head(
     heldout: float = 0.1,
     eval_prompts: list[str] | list[list[int]] | int = 80,
     seed: int = 0,
+    command: str | None = None,
 ) -> dict:
     """Build the data (resumable), train with checkpoints every epoch (resumable), calibrate on the
     validation examples, and save `out/head.safetensors` with its metrics. Returns the report.
@@ -247,12 +259,8 @@ def train_head(
     prompts = training_prompts(pair, prompts, num_prompts)
     seqs = continuations(pair, prompts, max_new_tokens, out / "continuations.jsonl")
     data = head_data(pair, seqs, out / f"examples-T{temperature:g}.safetensors", temperature, seed)
-    # Split by sequence, not by token: the last `heldout` for the report, as much before it to pick
-    # the epoch (the head overfits within a few epochs) and calibrate, the rest to train on.
+    train, val, test = split_by_sequence(data["seq"], heldout)
     last = int(data["seq"].max())
-    test = data["seq"] >= int(last * (1 - heldout))
-    val = ~test & (data["seq"] >= int(last * (1 - 2 * heldout)))
-    train = ~test & ~val
 
     def loss_on(mask: torch.Tensor) -> float:
         with torch.no_grad():
@@ -290,6 +298,7 @@ def train_head(
             "seed": seed,
         },
         "seconds": round(time.perf_counter() - t_start, 1),
+        "stamp": host_stamp(pair, command),  # the machine, versions, date and command
     }
     save_head(head, out / "head.safetensors", report)
     (out / "report.json").write_text(json.dumps(report, indent=2))
