@@ -6,16 +6,19 @@ which Gradio's Markdown and ipywidgets' HTML both render."""
 
 from __future__ import annotations
 
+import functools
 import html
 import json
 import math
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
+from pathlib import Path
 
 from dyspec import figures
 from dyspec.auto import profile, whatif
 from dyspec.auto.budget import AUTO_CAP
+from dyspec.cache import cache_dir
 from dyspec.core.events import GenerationFinished, StepVerified
 from dyspec.decode.engine import MAX_BUDGET, MAX_TEMPERATURE, Knobs, check_settings, stream
 from dyspec.decode.replay import ReplayRun, Trace, record_trace, replay
@@ -184,6 +187,12 @@ def budget_of(budget: int | float, auto: bool) -> int | str:
     return "auto" if auto else int(budget)
 
 
+@functools.lru_cache(maxsize=4)
+def profiled_t1(path: str, mtime_ns: int) -> float:
+    """A latency profile file's t(1), read again only when the file changes."""
+    return profile.target_profiles(json.loads(Path(path).read_text()))[profile.CONTEXT][1]
+
+
 class ViewModel:
     """`profiles`: latency models the operator loaded for the what-if menu, besides the shipped ones,
     this machine's and a parametric accelerator."""
@@ -208,6 +217,7 @@ class ViewModel:
         self.replays: dict[tuple, ReplayRun] = {}  # per prompt, length, policy and budget: replays are exact
         self.speedups: dict[tuple, list[float]] = {}  # measured per prompt and settings: their spread
         self.hidden_ids = frozenset(pair.tokenizer.all_special_ids)  # not printed in the text
+        self.profile_paths: dict[str, Path] = {}  # this pair's latency profile, per cache folder
 
     @staticmethod
     def policy_line(policy: str) -> str:
@@ -348,9 +358,14 @@ class ViewModel:
 
     def profile_ms(self) -> float | None:
         """This machine's profiled t(1) of the target, where the profile is already measured (it is
-        not measured for this: that takes a minute), to check `ar`'s forwards against."""
-        path = profile.profile_path(self.pair)
-        return profile.target_profiles(json.loads(path.read_text()))[profile.CONTEXT][1] if path.exists() else None
+        not measured for this: that takes a minute), to check `ar`'s forwards against. Asked on
+        every streamed step: the path (versions and kernel read, a millisecond) is found once per
+        cache folder, the file read once per version of it."""
+        folder = str(cache_dir())
+        if folder not in self.profile_paths:
+            self.profile_paths[folder] = profile.profile_path(self.pair)
+        path = self.profile_paths[folder]
+        return profiled_t1(str(path), path.stat().st_mtime_ns) if path.exists() else None
 
     def here_ms(self, live: Live) -> float | None:
         """`profile_ms` for a run made on this machine; a loaded run's ran on another."""
