@@ -17,6 +17,8 @@ from nbclient import NotebookClient
 from traitlets import Type
 from traitlets.config import Config
 
+from dyspec.eval.speedup import PROFILE_MARGIN
+
 ROOT = Path(__file__).resolve().parents[1]
 NOTEBOOKS = sorted((ROOT / "notebooks").glob("*.ipynb"))
 EXECUTED = ROOT / "build" / "notebooks"  # docs/hooks.py's
@@ -78,6 +80,11 @@ def test_notebook_executes(path, request):
     }
     if path.stem in before:
         assert before[path.stem] in printed and "right" not in printed.split()
+    if path.stem == "04_tuning_budget_and_temperature":  # it times the forward decoding runs, as the profile does
+        here, profiled = map(float, re.search(r"t\(1\): ([\d.]+) ms measured here, ([\d.]+) ms", printed).groups())
+        assert 1 / PROFILE_MARGIN <= here / profiled <= PROFILE_MARGIN, (here, profiled)
+    if path.stem == "03_policies_compared":  # Sequoia checked against its own DP
+        assert re.search(r"sequoia: [\d.]+ tokens per forward predicted by its DP, [\d.]+ measured", printed)
     if path.stem == "06_exactness":  # every policy the pair can run, each identical to ar
         from dyspec.policies import available_policies
 
@@ -87,22 +94,39 @@ def test_notebook_executes(path, request):
 
 def test_policies_notebooks_measure_passes_settings_and_its_expansion_example_fits():
     """03's `measure` hands temperature and a policy's options to every run (its exercises set them),
-    and the expansion its exercise suggests fits the budget it names."""
+    runs ar beside the policy at the same temperature, and the expansion its exercise suggests fits
+    the budget it names."""
+    from dyspec.eval.speedup import measured_speedup
     from dyspec.policies.specinfer import parse_expansion
 
     book = nbformat.read(next(p for p in NOTEBOOKS if p.stem == "03_policies_compared"), as_version=4)
     source = next(c.source for c in book.cells if "def measure(" in c.source)
-    (measure,) = (n for n in ast.parse(source).body if isinstance(n, ast.FunctionDef) and n.name == "measure")
+    functions = [n for n in ast.parse(source).body if isinstance(n, ast.FunctionDef)]
     calls = []
 
-    def run(pair, prompt, **settings):
+    def steps_of(pair, prompt, **settings):
         calls.append(settings)
-        return SimpleNamespace(new_tokens=4, target_forwards=2, wall_s=1.0, prefill_s=0.5)
+        step = SimpleNamespace(
+            tokens=[0] * 9, emitted=[1, 2], draft_forwards=2, draft_s=0.1, target_s=0.2, overhead_s=0.0
+        )
+        return [step] if settings["policy"] != "ar" else [SimpleNamespace(**vars(step) | {"emitted": [1]})]
 
-    space = {"dyspec": SimpleNamespace(generate=run), "pair": None, "prompts": ["a"], "TOKENS": 4, "BUDGET": 4}
-    exec(compile(ast.Module([measure], []), "03", "exec"), space)
-    assert space["measure"]("specinfer", 8, temperature=0.6, options={"expansion": "4,1"}) == (2.0, 8.0)
-    assert all(c["options"] == {"expansion": "4,1"} and c["temperature"] == 0.6 and c["budget"] == 8 for c in calls)
+    space = {
+        "dyspec": SimpleNamespace(generate=lambda pair, prompt, **settings: calls.append(settings)),
+        "steps_of": steps_of,
+        "measured_speedup": measured_speedup,
+        "pair": None,
+        "prompts": ["a"],
+        "TOKENS": 4,
+        "BUDGET": 4,
+    }
+    exec(compile(ast.Module(functions, []), "03", "exec"), space)
+    m = space["measure"]("specinfer", 8, temperature=0.6, options={"expansion": "4,1"})
+    assert (m["nodes"], m["draft_forwards"], m["tokens_per_forward"], m["speedup"].ratio) == (8, 2, 2, 2)
+    policy_runs = [c for c in calls if c["policy"] == "specinfer"]
+    assert len(policy_runs) == 2 and len(calls) == 4  # each warmed up, then one run per prompt
+    assert all(c["options"] == {"expansion": "4,1"} and c["budget"] == 8 for c in policy_runs)
+    assert all(c["temperature"] == 0.6 for c in calls)
     text = next(c.source for c in book.cells if "## Exercises" in c.source)
     (example,) = re.findall(r'measure\("specinfer", (\d+), options=\{"expansion": "([\d,]+)"\}\)', text)
     assert parse_expansion(example[1], int(example[0]))  # raises where the tree is over the budget
