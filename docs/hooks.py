@@ -4,7 +4,7 @@ home page is README.md and the changelog page CHANGELOG.md; the tutorials are th
 executed where `make notebooks` (or the test suite) left executed copies in EXECUTED."""
 
 import json
-import shutil
+import re
 from pathlib import Path
 
 from mkdocs.plugins import event_priority
@@ -25,10 +25,21 @@ def on_files(files, config, **kwargs):
     for source in sorted((ROOT / "notebooks").glob("*.ipynb")):
         executed = EXECUTED / source.name
         fresh = executed.is_file() and executed.stat().st_mtime >= source.stat().st_mtime
-        shutil.copyfile(executed if fresh else source, STAGED / "tutorials" / source.name)
+        book = json.loads((executed if fresh else source).read_text())
+        for cell in book["cells"]:
+            if cell["cell_type"] == "markdown":
+                cell["source"] = site_links("".join(cell["source"]))
+        (STAGED / "tutorials" / source.name).write_text(json.dumps(book))
         uri = f"tutorials/{source.name}"
         files.append(File(uri, str(STAGED), config.site_dir, config.use_directory_urls))
     return files
+
+
+def site_links(markdown: str) -> str:
+    """A notebook's links as its page in the site (tutorials/NAME/) reaches their targets: the docs'
+    pages and the other notebooks, which JupyterLab opens by their paths in the checkout."""
+    markdown = re.sub(r"\]\(\.\./docs/([^)#]+)\.md(#[^)]*)?\)", lambda m: f"](../../{m[1]}/{m[2] or ''})", markdown)
+    return re.sub(r"\]\((\d\d_\w+)\.ipynb\)", r"](../\1/)", markdown)
 
 
 def cli_reference() -> str:

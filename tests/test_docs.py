@@ -2,6 +2,7 @@
 covers every subcommand and public name, the README stays short, and the docs speak of the tool,
 not of its development."""
 
+import json
 import re
 import subprocess
 import sys
@@ -43,10 +44,27 @@ def test_reference_covers_every_subcommand_and_public_name(site):
 
 
 def test_every_notebook_is_a_tutorial_page(site):
-    """The six notebooks render as pages (executed where the suite or `make notebooks` ran them)."""
+    """The six notebooks render as pages (executed where the suite or `make notebooks` ran them), and
+    their relative links (the glossary, the next notebook) reach a page of the site."""
     for notebook in sorted((ROOT / "notebooks").glob("*.ipynb")):
-        page = (site / "tutorials" / notebook.stem / "index.html").read_text()
+        folder = site / "tutorials" / notebook.stem
+        page = (folder / "index.html").read_text()
         assert "import dyspec" in page, notebook.name
+        links = re.findall(r'<a href="(\.\./[^"#]*)', page)
+        assert links, notebook.name
+        for link in links:
+            assert (folder / link / "index.html").resolve().is_file(), (notebook.name, link)
+
+
+def test_notebook_links_reach_files_in_the_checkout():
+    """As JupyterLab opens them: relative to the notebooks' folder."""
+    found = 0
+    for notebook in sorted((ROOT / "notebooks").glob("*.ipynb")):
+        for cell in json.loads(notebook.read_text())["cells"]:
+            for link in re.findall(r"\]\(([^)#:]+)(?:#[^)]*)?\)", "".join(cell["source"])):
+                found += 1
+                assert (notebook.parent / link).is_file(), (notebook.name, link)
+    assert found >= 7  # the glossary from the first two, each notebook's next but the last
 
 
 def test_home_is_the_readme_and_it_is_short(site):

@@ -75,11 +75,13 @@ def test_notebook_executes(path, request):
     before = {
         "01_quickstart": "write your guess first",
         "02_anatomy_of_a_dynamic_tree": "set TRY above",
+        "03_policies_compared": "set BUDGET = 16 in the cell above",
+        "04_tuning_budget_and_temperature": "set my_estimate above first",
         "05_bring_your_own_models": "list the drafts you tried",
         "06_exactness": "write your answer in my_answers first",
     }
     if path.stem in before:
-        assert before[path.stem] in printed and "right" not in printed.split()
+        assert before[path.stem] in printed and not {"right", "close:"} & set(printed.split())
     if path.stem == "04_tuning_budget_and_temperature":  # it times the forward decoding runs, as the profile does
         here, profiled = map(float, re.search(r"t\(1\): ([\d.]+) ms measured here, ([\d.]+) ms", printed).groups())
         assert 1 / PROFILE_MARGIN <= here / profiled <= PROFILE_MARGIN, (here, profiled)
