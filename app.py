@@ -54,8 +54,12 @@ def write_download(page: str, live: state.Live, session: str) -> str:
     return str(path)
 
 
-# table headers and policy names on one line: a narrow column otherwise breaks "budget" in two
-CSS = "#sbs-table th, #sbs-table td:first-child { white-space: nowrap; }"
+GLOSSARY = Path(__file__).with_name("docs") / "concepts" / "glossary.md"  # the docs site's page, read offline
+
+
+# policy names on one line, and headers that wrap between words, never inside one ("budget"): at a
+# projector's 1280 px the table fits the results' column
+CSS = "#sbs-table td:first-child { white-space: nowrap; } #sbs-table th { word-break: normal; overflow-wrap: normal; }"
 
 
 def slider_update(last: int, first: int, value: int | None = None):
@@ -89,7 +93,7 @@ def errors_as_toasts(fn):
 
 def pricing_controls(vm: state.ViewModel, label: str, value: str | None, elem_id: str):
     """The hardware menu, and the parametric accelerator's two sliders, shown only when it is chosen."""
-    choice = gr.Dropdown(vm.hardware_choices, value=value or vm.hardware_choices[0], label=label, elem_id=elem_id)
+    choice = gr.Dropdown(vm.hardware_menu, value=value or vm.hardware_choices[0], label=label, elem_id=elem_id)
     width = gr.Slider(
         1,
         256,
@@ -578,6 +582,9 @@ def build_app(pair: dyspec.ModelPair, concurrency: int = 1, profiles: dict | Non
             "target checks the whole tree in one forward and keeps the longest path it agrees with, plus one token "
             "of its own, so the answer is exactly the target's."
         )
+        if GLOSSARY.is_file():
+            with gr.Accordion("Glossary: the words this page uses", open=False, elem_id="glossary"):
+                gr.Markdown(GLOSSARY.read_text(encoding="utf-8").split("\n", 1)[1])  # below its title
         with gr.Tab("Trees side by side"):
             side_by_side_tab(demo, vm, concurrency)
         with gr.Tab("Generate (live, measured)"):

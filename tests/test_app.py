@@ -226,7 +226,9 @@ def test_browser_side_by_side(page, tmp_path):
     page.locator("#sbs-run").click()
     table = page.locator("#sbs-table")
     expect(table).to_contain_text("ar (baseline)", timeout=180_000)
-    assert table.locator("th").first.evaluate("e => getComputedStyle(e).whiteSpace") == "nowrap"  # "budget" whole
+    # headers wrap between words, never inside one ("budget" whole)
+    for th in table.locator("th").all():
+        assert th.evaluate("e => [getComputedStyle(e).wordBreak, getComputedStyle(e).overflowWrap]") == ["normal"] * 2
     cells = [row.locator("td").all_inner_texts() for row in table.locator("tr").all()]
     rows = {c[0].strip(): (c[3].strip(), c[4].strip()) for c in cells if c}  # tokens a forward, draft forwards
     nodes = {c[0].strip(): float(c[2]) for c in cells if c}  # drafted nodes per tree: a budget is a cap
@@ -262,12 +264,24 @@ def test_browser_side_by_side(page, tmp_path):
     expect(page.locator("#sbs-sweep-status")).not_to_contain_text("Replaying")  # said while it waited, then gone
     # another accelerator reprices the same trees at once, without a replay
     page.locator("#sbs-hardware input").click()
-    page.get_by_role("option", name="this machine", exact=True).click()
+    expect(page.get_by_role("option", name="H100, 8B target", exact=True)).to_be_visible()  # names, not file names
+    expect(page.get_by_role("option", name="h100-8b")).to_have_count(0)
+    page.get_by_role("option", name="this machine (measured here)", exact=True).click()
     expect(table).to_contain_text("modelled on this machine", timeout=30_000)
     expect(table).not_to_contain_text("modelled on H100")
     page.get_by_text("What each policy does").click()
     expect(page.locator("#sbs-policy-lines")).to_contain_text("DySpec: grows the tree")
+    page.get_by_text("Glossary: the words this page uses").click()  # the docs' glossary, offline
+    for term in ("Tokens per forward.", "Path value.", "90% interval over steps."):
+        expect(page.locator("#glossary")).to_contain_text(term)
+    page.get_by_text("Glossary: the words this page uses").click()
     page.set_viewport_size({"width": 1280, "height": 720})  # a projector's
+    # the table fits its column there: its last column, the one a presenter reads out, is not cut off
+    overflow = page.evaluate(
+        "() => { const box = (q) => document.querySelector(q).getBoundingClientRect();"
+        " return box('#sbs-table table').right - box('#sbs-table').right; }"
+    )
+    assert overflow <= 1, overflow
     screenshot(page, tmp_path, "app-side-by-side.png")
     # big trees stay readable: at budget 128 (kept from the sweep) labels do not print over each other
     page.locator("#sbs-position input[type=number]").fill("0")

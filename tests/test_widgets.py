@@ -110,6 +110,7 @@ def test_dashboard_examples_and_hardware_whatif(pair):
     d.policy.value = "ar"
     d.run()
     assert "1.00x: this run is ar" in d.whatif.value
+    assert ("H100, 8B target", "h100-8b") in d.pricing.choice.options  # a menu says what it prices on
     assert d.pricing.width.layout.display == "none"  # the parametric sliders only for the parametric one
     d.pricing.choice.value, d.pricing.width.value, d.pricing.draft_fraction.value = "parametric", 256, 0.0
     assert d.pricing.width.layout.display is None

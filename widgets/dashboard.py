@@ -56,7 +56,7 @@ class Pricing:
     def __init__(self, vm: ViewModel, value: str | None = None, description: str = "What-if"):
         self.vm = vm
         self.choice = W.Dropdown(
-            options=vm.hardware_choices, value=value or vm.hardware_choices[0], description=description
+            options=vm.hardware_menu, value=value or vm.hardware_choices[0], description=description
         )
         self.width = W.IntSlider(
             WIDTH, min=1, max=256, description="Flat width", tooltip="tokens a target forward checks at the cost of one"

@@ -210,6 +210,9 @@ class ViewModel:
         self.first_racer = self.default_policy if self.default_policy in self.racers else self.racers[0]
         self.hardware = {**whatif.shipped_models(), **(profiles or {})}
         self.hardware_choices = [*self.hardware, whatif.THIS_MACHINE, whatif.PARAMETRIC]
+        # the menus' (label, choice) pairs: a profile by the name it gives itself, not its file's
+        names = {whatif.THIS_MACHINE: "this machine (measured here)", whatif.PARAMETRIC: "a parametric accelerator"}
+        self.hardware_menu = [(names.get(c) or self.hardware[c].name, c) for c in self.hardware_choices]
         # the side-by-side view prices its trees on SIDE_BY_SIDE_HARDWARE where it ships, else the first
         self.side_by_side_hardware = SIDE_BY_SIDE_HARDWARE if SIDE_BY_SIDE_HARDWARE in self.hardware else None
         self.ar_cache: dict = {}  # ar's measured steps per prompt and settings, and which policies ran warm
@@ -544,7 +547,7 @@ class ViewModel:
         """Per run: drafted nodes per tree (a budget is a cap: a policy may draft fewer), tokens per
         forward, draft forwards per step and the speedup modelled on each of `models`, below a row for
         `ar`, the baseline (one token a forward, its own speed by definition)."""
-        head = "| policy | budget | nodes per tree | tokens per target forward | draft forwards per step |"
+        head = "| policy | budget | nodes a tree | tokens a target forward | draft forwards a step |"
         head += "".join(f" modelled on {m.name} |" for m in models)
         rows = [head, "|---|---|---|---|---|" + "---|" * len(models)]
         rows.append("| ar (baseline) | - | 0 | 1.00 | 0 |" + " 1.00x |" * len(models))
