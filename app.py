@@ -27,6 +27,7 @@ import dyspec
 from dyspec import figures
 from dyspec.auto import whatif
 from dyspec.errors import DyspecError
+from dyspec.eval import speedup
 from dyspec.export import VIEW_FORMATS
 from dyspec.load import DEFAULT_DRAFT, DEFAULT_TARGET, PRECISIONS
 from dyspec.views import race, state
@@ -315,6 +316,8 @@ def generate_controls(vm: state.ViewModel) -> list:
     return [prompt, policy, budget, auto, temperature, seed, max_new, measure_ar, run_btn, stop_btn]
 
 
+# a finished run replayed slower than it ran, for a room to follow; string values, as the race's
+LIVE_PACES = [("as measured", "1.0"), ("a quarter", "0.25"), ("a tenth", "0.1")]
 LIVE_OUTPUTS = 10  # what live_views returns: text, tree, chart, depth, stats, run, two sliders, what-if, download
 LOADED_SETTINGS = 6  # the controls a loaded run sets beside its prompt (`ViewModel.loaded_settings`)
 
@@ -397,16 +400,26 @@ def live_handlers(vm: state.ViewModel) -> tuple:
         if request.session_hash in tunings:
             vm.tune(tunings[request.session_hash], policy, state.budget_of(budget, auto), temperature)
 
-    def show_step(live, index, growth):
-        """The tree of step `index` grown to `growth` nodes, and the text with that step's tokens outlined."""
+    def show_step(live, index, growth=None, so_far=False):
+        """The tree of step `index` grown to `growth` nodes (all of them by default), the text with that
+        step's tokens outlined (`so_far`: the text up to that step alone), and the Step slider on it."""
         if not live or not live.steps:
-            return gr.skip(), gr.skip(), gr.skip()
-        index = min(int(index), len(live.steps) - 1)
+            return gr.skip(), gr.skip(), gr.skip(), gr.skip()
+        index = max(0, min(int(index), len(live.steps) - 1))
         step = live.steps[index]
-        upto = min(int(growth), len(step.tokens))
-        return figures.tree_figure(step, upto), slider_update(len(step.tokens), 1, upto), vm.text(live.steps, index)
+        upto = len(step.tokens) if growth is None else min(int(growth), len(step.tokens))
+        text = vm.text(live.steps[: index + 1] if so_far else live.steps, index)
+        steps = slider_update(len(live.steps) - 1, 0, index)
+        return figures.tree_figure(step, upto), slider_update(len(step.tokens), 1, upto), text, steps
 
-    return check, run, stop, tune, show_step, check_file, load
+    def replay(live, pace):
+        """The finished run again, a step at a time on its measured clock slowed to `pace`, never faster
+        than a browser draws a tree: the text so far, the step's tree and the Step slider together."""
+        for index, step in enumerate(live.steps if live and live.finished is not None else ()):
+            yield show_step(live, index, so_far=True)
+            time.sleep(max(speedup.step_seconds(step) / float(pace), race.FRAME_S))
+
+    return check, run, stop, tune, show_step, replay, check_file, load
 
 
 def export_panel(vm: state.ViewModel, live_state: gr.State) -> None:
@@ -429,7 +442,7 @@ def export_panel(vm: state.ViewModel, live_state: gr.State) -> None:
 
 def generate_tab(vm: state.ViewModel, concurrency: int) -> None:
     """A live run measured against `ar`: its text, trees, per-step chart, export and what-if."""
-    check, run, stop, tune, show_step, check_file, load = live_handlers(vm)
+    check, run, stop, tune, show_step, replay, check_file, load = live_handlers(vm)
     live_state = gr.State(None)
     gr.Markdown(
         f"A live run on this machine, measured against plain decoding (`ar`) on the same prompt. "
@@ -444,7 +457,11 @@ def generate_tab(vm: state.ViewModel, concurrency: int) -> None:
             stats = gr.Markdown(label="Stats", show_label=False, elem_id="stats")
             text = gr.HTML(label="Text", show_label=False, elem_id="text")
             tree = gr.Plot(label="Token tree", elem_id="tree")
-            step_slider = gr.Slider(0, 1, value=0, step=1, label="Step")
+            step_slider = gr.Slider(0, 1, value=0, step=1, label="Step", elem_id="step")
+            with gr.Row():
+                pace = gr.Radio(LIVE_PACES, value=LIVE_PACES[1][1], label="Replay pace", elem_id="live-pace", scale=3)
+                replay_btn = gr.Button("Replay this run", elem_id="live-replay", scale=1)
+                next_btn = gr.Button("Next step", elem_id="live-next", scale=1)
             growth_slider = gr.Slider(
                 1, 2, value=1, step=1, label="Nodes shown: the root and the drafted ones, in growth order"
             )
@@ -482,14 +499,14 @@ def generate_tab(vm: state.ViewModel, concurrency: int) -> None:
     auto.change(lambda a: gr.update(interactive=not a), auto, budget, api_name=False)  # auto sizes the trees
     for control in (budget, auto, temperature):
         control.change(tune, [policy, budget, auto, temperature], None, concurrency_limit=None, api_name=False)
+    shown = [tree, growth_slider, text, step_slider]
     for slider in (step_slider, growth_slider):  # dragged or typed (`input`), the latest one wins
         slider.input(
-            show_step,
-            [live_state, step_slider, growth_slider],
-            [tree, growth_slider, text],
-            api_name=False,
-            trigger_mode="always_last",
+            show_step, [live_state, step_slider, growth_slider], shown, api_name=False, trigger_mode="always_last"
         )
+    next_step = lambda live, index: show_step(live, int(index) + 1)  # noqa: E731
+    next_btn.click(next_step, [live_state, step_slider], shown, api_name=False)
+    replay_btn.click(replay, [live_state, pace], shown, api_name=False, trigger_mode="always_last")
     # its prompt and the controls it ran with; in the model's queue: pricing on this machine may profile it
     upload.upload(check_file, upload, None, api_name=False).success(
         load, [upload, *pricing], [*outputs, *settings[:7]], api_name="load_run", concurrency_id=PAIR
@@ -567,6 +584,15 @@ def race_tab(vm: state.ViewModel, concurrency: int) -> None:
         run, inputs, [board, raced], api_name="race", concurrency_limit=concurrency, concurrency_id=PAIR
     )
     again.click(replay, [raced, controls[-1], *pricing], board, api_name=False, concurrency_id=PAIR)
+
+    def reprice(run, hardware, width, draft_fraction):
+        """The finished race modelled on other hardware at once, without replaying it."""
+        if run is None:
+            return gr.skip()
+        return race.race_frame(vm, run, run.seconds, vm.latency_model(hardware, width, draft_fraction))
+
+    for control in pricing:
+        control.change(reprice, [raced, *pricing], board, api_name=False, concurrency_id=PAIR)
 
 
 def build_app(pair: dyspec.ModelPair, concurrency: int = 1, profiles: dict | None = None) -> gr.Blocks:

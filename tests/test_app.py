@@ -350,6 +350,21 @@ def test_browser_run_and_stop(server, page, tmp_path):
     expect(page.locator("#stats")).to_contain_text("accepted the most")  # it opens on its longest path
     screenshot(page, tmp_path, "app.png")
 
+    # a finished run replays at a pace a room can follow: the text grows with the Step slider, to its end
+    full, step = page.locator("#text").inner_text(), page.locator("#step input[type=number]")
+    last = step.get_attribute("max")
+    page.locator("#live-pace").get_by_label("a tenth").check()
+    page.locator("#live-replay").click()
+    expect(step).to_have_value("0", timeout=10_000)
+    expect(page.locator("#text")).not_to_have_text(full)  # its first step's tokens alone
+    expect(step).to_have_value(last, timeout=60_000)
+    expect(page.locator("#text")).to_have_text(full)
+    step.fill("0")
+    step.press("Enter")
+    page.locator("#live-next").click()  # or a step at a time
+    expect(step).to_have_value("1", timeout=10_000)
+    expect(page.locator("#tree .gtitle")).to_contain_text("step 1:")
+
     # the run downloads as one page that draws offline, and loads back into the tab
     with page.expect_download() as download:
         page.locator("#download").click()
@@ -466,6 +481,11 @@ def test_browser_race(page, tmp_path):
     assert abs(first["y"] - second["y"]) < 5  # side by side
     page.set_viewport_size({"width": 1280, "height": 720})
     screenshot(page, tmp_path, "app-race.png")
+    # other hardware models the finished race at once, without a replay
+    page.locator("#race-hardware input").click()
+    page.get_by_role("option", name="this machine (measured here)", exact=True).click()
+    expect(board).to_contain_text("modelled on this machine", timeout=30_000)
+    expect(board).not_to_contain_text("modelled on H100")
     page.locator("#race-again").click()  # replays from the start without measuring again
     expect(board).not_to_contain_text("measured on this machine", timeout=10_000)
     expect(board).to_contain_text("measured on this machine", timeout=60_000)
