@@ -17,7 +17,8 @@ from dyspec.eval import speedup
 from dyspec.views.state import BELOW_ONE, Live, ViewModel, identity_text, pricing_note
 
 FRAME_S = 0.1  # the replay's clock tick: ten frames a second
-PACES = [("as measured", 1.0), ("half speed", 0.5), ("quarter speed", 0.25), ("a tenth", 0.1)]  # the replay's speeds, labelled
+# the replay's speeds, labelled
+PACES = [("as measured", 1.0), ("half speed", 0.5), ("quarter speed", 0.25), ("a tenth", 0.1)]
 
 
 @dataclass
