@@ -316,8 +316,9 @@ def generate_controls(vm: state.ViewModel) -> list:
     return [prompt, policy, budget, auto, temperature, seed, max_new, measure_ar, run_btn, stop_btn]
 
 
-# a finished run replayed slower than it ran, for a room to follow; string values, as the race's
-LIVE_PACES = [("as measured", "1.0"), ("a quarter", "0.25"), ("a tenth", "0.1")]
+# the replays' speeds (the race's and a finished live run's) as a Radio's choices: string values,
+# since the API documents a Radio's choices as strings and a client sends "0.5"
+PACES = [(label, str(speed)) for label, speed in race.PACES]
 LIVE_OUTPUTS = 10  # what live_views returns: text, tree, chart, depth, stats, run, two sliders, what-if, download
 LOADED_SETTINGS = 6  # the controls a loaded run sets beside its prompt (`ViewModel.loaded_settings`)
 
@@ -459,7 +460,7 @@ def generate_tab(vm: state.ViewModel, concurrency: int) -> None:
             tree = gr.Plot(label="Token tree", elem_id="tree")
             step_slider = gr.Slider(0, 1, value=0, step=1, label="Step", elem_id="step")
             with gr.Row():
-                pace = gr.Radio(LIVE_PACES, value=LIVE_PACES[1][1], label="Replay pace", elem_id="live-pace", scale=3)
+                pace = gr.Radio(PACES, value=PACES[2][1], label="Replay pace", elem_id="live-pace", scale=3)
                 replay_btn = gr.Button("Replay this run", elem_id="live-replay", scale=1)
                 next_btn = gr.Button("Next step", elem_id="live-next", scale=1)
             growth_slider = gr.Slider(
@@ -529,9 +530,7 @@ def race_controls(vm: state.ViewModel) -> list:
     policy = policy_menu(vm, vm.racers, vm.first_racer, "Policy against ar", "race-policy")
     budget = gr.Slider(1, vm.limits.budget, value=vm.default_budget, step=1, label="Budget", elem_id="race-budget")
     max_new = gr.Slider(1, vm.limits.max_new_tokens, value=96, step=1, label="Max new tokens", elem_id="race-max")
-    # string values: the API documents a Radio's choices as strings, so a client sends "0.5"
-    paces = [(label, str(speed)) for label, speed in race.PACES]
-    pace = gr.Radio(paces, value=paces[0][1], label="Replay pace", elem_id="race-pace")
+    pace = gr.Radio(PACES, value=PACES[0][1], label="Replay pace", elem_id="race-pace")
     return [prompt, policy, budget, max_new, pace]
 
 
