@@ -73,10 +73,12 @@ def test_dyspec_greedy_finds_the_best_subtree(budget):
 
 
 def test_dyspec_batches_draft_forwards():
+    """16 nodes a forward, and no more forwards than `forwards_for` says: the root's round, short of
+    slots (it has only V children), is not made up by a fifth forward."""
     draft = SyntheticDraft()
     tree = dyspec.build(draft, 0, 64, 0.0, torch.Generator(), batch=16, select="top")
-    assert tree.size == 64 and draft.forwards == 64 // 16 + 1
-    assert tree.growth[-1] == len(tree)
+    assert draft.forwards == dyspec.forwards_for(64, {"batch": 16}) == 4
+    assert tree.size == V + 3 * 16 and tree.growth == [1 + V + 16 * i for i in range(4)]
 
 
 @pytest.mark.parametrize("budget,options", [(4, {}), (9, {}), (16, {}), (5, {"batch": 1}), (30, {"batch": 4})])

@@ -13,6 +13,7 @@ from typing import Any, Protocol
 
 from dyspec.core.draft import DraftSession
 from dyspec.core.tree import Tree
+from dyspec.core.tree_tensors import TreeTensors
 
 ENGINE_SET = ("auto_rates", "free_budget")  # `build` arguments the engine sets (under `--budget auto`), never a user
 BUILD_ARGS = ("draft", "root", "budget", "temperature", "generator")
@@ -49,6 +50,11 @@ class Policy:
     # target's logits over the tree; a replay, which has no target logits, refuses such a policy
     learn: Callable[[DraftSession, Tree, Any], None] | None = None
     summary: str = ""  # one line for the views' menus, in words a newcomer reads
+    # grow(draft, root, budget, temperature, generator, **options) -> TreeTensors: build's tree as a tensor
+    # program on the draft's device (the step on the device: dyspec.decode.step), where
+    # on_device(temperature, options) says the step runs it
+    grow: Callable[..., TreeTensors] | None = None
+    on_device: Callable[[float, dict], bool] | None = None
 
     def __post_init__(self) -> None:
         params = inspect.signature(self.build).parameters

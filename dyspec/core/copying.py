@@ -98,3 +98,40 @@ def mix_along(
     seq[: start + i + 1], mixed with that context's copy as the engine mixes a node's."""
     copies = [copy_token(seq[: start + i + 1], weights) for i in range(len(logits))]
     return mix(logits, [token for token, _ in copies], [weight for _, weight in copies], temperature)
+
+
+def copy_tokens(
+    sequences: torch.Tensor, lengths: torch.Tensor, weights: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """`copy_token` of many contexts at once on their device, with no host read: row i of `sequences`
+    [rows, W] is a context of `lengths[i]` tokens (left-aligned; what follows is ignored), `weights`
+    [MATCHES + 1] is 0 then the weights per match length. Returns each row's copied token (-1 where
+    nothing repeats) and its weight. A match of n tokens ending at e is the context's last n tokens
+    ending at e <= length - 2, the latest such e for the largest n, as `copied` finds with rfind."""
+    rows, width = sequences.shape
+    device = sequences.device
+    # windows[i, e, j]: the token MATCHES - 1 - j before e (padding before the context), against the
+    # context's last tokens in the same order; a match of n tokens ends at e where the last n agree
+    padded = torch.cat([sequences.new_full((rows, MATCHES - 1), -2), sequences], 1)
+    last = sequences.gather(1, (lengths[:, None] - MATCHES + torch.arange(MATCHES, device=device)).clamp(min=0))
+    same = padded.unfold(1, MATCHES, 1) == last[:, None, :]
+    run = same.flip(-1).cumprod(-1).bool()  # [rows, W, n - 1]: the last n tokens match, ending at e
+    at = torch.arange(width, device=device)
+    ends = torch.where(run & (at <= lengths[:, None] - 2)[:, :, None], at[None, :, None], -1).amax(1)
+    n = ((ends >= 0) * torch.arange(1, MATCHES + 1, device=device)).amax(1)  # the longest match
+    end = ends.gather(1, (n - 1).clamp(min=0)[:, None])[:, 0]
+    token = torch.where(n > 0, sequences.gather(1, (end + 1).clamp(min=0)[:, None])[:, 0], -1)
+    return token, weights[n]
+
+
+def mix_rows(logits: torch.Tensor, columns: torch.Tensor, weights: torch.Tensor, temperature: float) -> torch.Tensor:
+    """`mix` as tensor ops on the logits' device, with no host read: `columns` [n] the copies' columns
+    (any where the weight is 0), `weights` [n] float64."""
+    tau = temperature if temperature > 0 else 1.0
+    mixed = logits.to(torch.float32, copy=True)
+    log_z = row_stats(mixed if tau == 1.0 else mixed / tau)[1].double()
+    at = columns.clamp(min=0)[:, None]
+    x, w = mixed.gather(1, at)[:, 0].double(), weights
+    new = tau * (torch.log((1 - w) * torch.exp(x / tau - log_z) + w) - torch.log1p(-w) + log_z)
+    mixed.scatter_(1, at, torch.where(w > 0, new, x).float()[:, None])  # a row of weight 0 keeps its own
+    return mixed

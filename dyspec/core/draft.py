@@ -27,10 +27,11 @@ import numpy as np
 import torch
 from transformers import PreTrainedModel
 
-from dyspec.core.copying import copy_token, mix
+from dyspec.core.copying import copy_token, copy_tokens, mix, mix_rows
 from dyspec.core.draft_model import PLAIN, draft_model
 from dyspec.core.kv import KVSession, sync
 from dyspec.core.tree import Tree
+from dyspec.core.tree_tensors import TreeTensors
 from dyspec.core.vocab import DraftVocab
 
 
@@ -64,6 +65,7 @@ class DraftSession:
         self.context = array("i", prompt)
         self.pending_features: torch.Tensor | None = None  # [len(pending), H], feature drafts only
         self.node_features: dict[int, torch.Tensor] = {}  # tree node -> the draft's predicted feature
+        self.tree_features: torch.Tensor | None = None  # the same [nodes, H], for a tree grown on the device
         self.slot_of: dict[int, int] = {}  # tree node -> cache slot, for nodes forwarded this step
         self.memo: dict = {} if memo is None else memo  # policies' learnt state, by policy
         # whether it forwards in this generation: an idle one (`ar`, `lookup` without its fallback)
@@ -106,21 +108,26 @@ class DraftSession:
         if features is not None:
             self.pending_features = self.pending_features[n:]
 
-    def _timed_forward(self, tree: Tree, nodes: list[int], *args, **kwargs) -> torch.Tensor:
+    def _timed_forward(self, tree: Tree, nodes: list[int], *args, on_device: bool = False, **kwargs) -> torch.Tensor:
+        """`on_device`: a step on the device's, which mixes copies as tensor ops and never waits for
+        the device (its one host read does)."""
         if self.kv is None:
             raise RuntimeError("this policy needs a draft model, and none is loaded")
         t = time.perf_counter()
         logits = self.kv.forward(*args, **kwargs)
         if self.copy_weights:
-            logits = self._mix_copies(tree, nodes, logits)
-        sync(self.kv.device)
+            logits = self._mix_copies(tree, nodes, logits, on_device)
+        if not on_device:
+            sync(self.kv.device)
         self.seconds += time.perf_counter() - t
         self.calls.append((len(tree), len(nodes)))
         return logits
 
-    def _mix_copies(self, tree: Tree, nodes: list[int], logits: torch.Tensor) -> torch.Tensor:
+    def _mix_copies(self, tree: Tree, nodes: list[int], logits: torch.Tensor, on_device: bool) -> torch.Tensor:
         """Each node's logits mixed with its copy (dyspec.core.copying.mix), widened to the target's
         vocabulary first where a copy is a token outside the draft's."""
+        if isinstance(tree, TreeTensors):
+            return self._mix_tree_copies(tree, nodes, logits)
         copies = [
             copy_token(self.context + array("i", [tree.tokens[a] for a in tree.path(node)]), self.copy_weights)
             for node in nodes
@@ -130,7 +137,31 @@ class DraftSession:
             logits = vocab.widen(logits, float("-inf"))
         width = logits.shape[-1]
         columns = [token if vocab is None or not weight else vocab.column(token, width) for token, weight in copies]
-        return mix(logits, columns, [weight for _, weight in copies], self.temperature)
+        weights = [weight for _, weight in copies]
+        if on_device:
+            device = logits.device
+            return mix_rows(
+                logits, torch.tensor(columns, device=device), torch.tensor(weights, device=device), self.temperature
+            )
+        return mix(logits, columns, weights, self.temperature)
+
+    def _mix_tree_copies(self, t: TreeTensors, nodes: list[int], logits: torch.Tensor) -> torch.Tensor:
+        """`_mix_copies` of nodes of a tree on the device (`copy_tokens` over the context and each
+        node's path), widened to the target's vocabulary where the draft's is reduced: whether a copy
+        falls outside it is not known without a read."""
+        device, rows = logits.device, slice(nodes[0], nodes[-1] + 1)
+        context = torch.frombuffer(self.context, dtype=torch.int32).to(device, torch.long)
+        depth = int(len(t) - 1)  # no path is longer than the tree's nodes
+        on_path = t.ancestors[rows] & (torch.arange(len(t), device=device) > 0)
+        at = torch.where(on_path, t.depths - 1, depth)  # column of each ancestor by depth; the rest to a spare one
+        paths = torch.full((len(nodes), depth + 1), -1, dtype=torch.long, device=device)
+        paths.scatter_(1, at, t.tokens.expand(len(nodes), -1))
+        sequences = torch.cat([context.expand(len(nodes), -1), paths[:, :depth]], 1)
+        weights = torch.tensor([0.0, *self.copy_weights], dtype=torch.float64, device=device)
+        tokens, w = copy_tokens(sequences, len(context) + t.depths[rows], weights)
+        if self.vocab is not None:
+            logits = self.vocab.widen(logits, float("-inf"))
+        return mix_rows(logits, tokens, w, self.temperature)
 
     @property
     def hidden(self) -> torch.Tensor:
@@ -138,13 +169,16 @@ class DraftSession:
         return self.kv.hidden
 
     @torch.inference_mode()
-    def logits(self, tree: Tree, nodes: list[int]) -> torch.Tensor:
+    def logits(self, tree: Tree, nodes: list[int], on_device: bool = False) -> torch.Tensor:
         """Draft logits [len(nodes), V] after each of `nodes`, in one forward with tree attention; V is
         the draft's vocabulary (`vocab`) or, in a call that copies a token outside it, the target's.
         Node 0 (the root) comes alone, first, once per step; every other node's ancestors are the
-        root, nodes forwarded earlier this step, or nodes earlier in `nodes`."""
+        root, nodes forwarded earlier this step, or nodes earlier in `nodes`. `on_device`: the root's
+        forward in a step on the device (`_timed_forward`)."""
         if nodes == [0]:
-            logits = self._timed_forward(tree, nodes, self.pending, last_only=True, features=self.pending_features)
+            logits = self._timed_forward(
+                tree, nodes, self.pending, last_only=True, features=self.pending_features, on_device=on_device
+            )
             self.kv.commit(list(range(self.kv.length, self.kv.length + len(self.pending))))
             self.pending = []
             if self.needs_features:
@@ -168,6 +202,29 @@ class DraftSession:
             self.node_features.update(zip(nodes, self.hidden))
         return logits
 
+    @torch.inference_mode()
+    def tree_logits(self, t: TreeTensors, nodes: range) -> torch.Tensor:
+        """`logits` after nodes of a tree grown on the device (dyspec.core.tree_tensors), with no host
+        read: `nodes` are consecutive ids, and every node before them but the root was forwarded
+        this step, in earlier calls."""
+        start, length, rows = self.kv.cached, self.kv.length, slice(nodes.start, nodes.stop)
+        self.slot_of.update((node, start + i) for i, node in enumerate(nodes))
+        # each node's ancestors among this step's slots, which a padded forward leaves gaps between
+        columns = torch.tensor([self.slot_of[node] - length for node in range(1, nodes.stop)], device=t.tokens.device)
+        visible = torch.zeros(len(nodes), start - length + len(nodes), dtype=torch.bool, device=t.tokens.device)
+        visible[:, columns] = t.ancestors[rows, 1 : nodes.stop]
+        features = None
+        if self.needs_features:
+            if self.tree_features is None:
+                self.tree_features = self.node_features[0].new_zeros(len(t), self.node_features[0].shape[-1])
+                self.tree_features[0] = self.node_features[0]
+            features = self.tree_features[t.parents[rows]]
+        positions = length - 1 + t.depths[rows]
+        logits = self._timed_forward(t, nodes, t.tokens[rows], positions, visible, features=features, on_device=True)
+        if self.needs_features:
+            self.tree_features[rows] = self.hidden
+        return logits
+
     def relabel(self, old_ids: list[int]) -> None:
         """The tree was renumbered (pruned): new node i was old node old_ids[i]."""
         self.slot_of = {new: self.slot_of[old] for new, old in enumerate(old_ids) if old in self.slot_of}
@@ -185,7 +242,7 @@ class DraftSession:
             path = [0, *accepted]  # a child's id is above its parent's: a path ending at len - 1 is 0..len - 1
             rows = target_hidden[: len(path)] if path[-1] == len(path) - 1 else target_hidden[path]
             self.pending_features = torch.cat([self.pending_features, rows]) if len(self.pending_features) else rows
-            self.node_features = {}
+            self.node_features, self.tree_features = {}, None
         if self.kv is not None and self.slot_of:
             self.kv.commit([self.slot_of[node] for node in accepted[:seen]])
         self.pending += [tree.tokens[node] for node in accepted[seen:]] + [next_token]

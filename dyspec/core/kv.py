@@ -127,15 +127,17 @@ class KVSession:
         if size == n and self.static is None:  # a tree's step: each op here costs a step microseconds
             see = torch.ones(n, width, dtype=torch.bool, device=self.device)
             see[:, self.length :] = visible.to(self.device, non_blocking=True)
-        else:  # made on the host and copied once: on a GPU every op on the device is a launch
+        else:  # made on the host and copied once (on a GPU every op on the device is a launch), or
+            # where `visible` was made on the device, made there: a copy to the host would wait for it
+            on = None if visible is None or visible.is_cpu else visible.device
             own = start - self.length + size  # uncommitted slots and this forward's tokens
-            see = torch.zeros(size, width, dtype=torch.bool)
+            see = torch.zeros(size, width, dtype=torch.bool, device=on)
             see[:, : self.length] = True
             block = see[:, self.length : start + size]
             block[:n, : own - size + n] = (
                 torch.ones(n, own - size + n).tril(own - size).bool() if visible is None else visible
             )
-            block[n:, own - size + n :] = torch.eye(size - n, dtype=torch.bool)
+            block[n:, own - size + n :] = torch.eye(size - n, dtype=torch.bool, device=on)
             see = see.to(self.device, non_blocking=True)
         if self.bool_mask:
             return see[None, None]
@@ -145,8 +147,8 @@ class KVSession:
     @torch.inference_mode()
     def forward(
         self,
-        tokens: list[int],
-        positions: list[int] | None = None,
+        tokens: list[int] | torch.Tensor,
+        positions: list[int] | torch.Tensor | None = None,
         visible: torch.Tensor | None = None,
         last_only: bool = False,
         features: torch.Tensor | None = None,
@@ -158,7 +160,9 @@ class KVSession:
         `visible` [n, cached - length + n] (bool) says which uncommitted cache slots and new tokens
         each new token attends to (every token attends to the committed prefix); None means plain
         causal attention. `positions` default to consecutive positions after the cache. `features`
-        [n, H or its feature_size] go to a feature-conditioned draft.
+        [n, H or its feature_size] go to a feature-conditioned draft. Tokens and positions may be
+        int64 tensors on the device (a tree grown there: dyspec.core.tree_tensors), which it takes
+        without reading them.
         `pad_to`: run the forward at that many tokens (where the profile says it is cheaper,
         `dyspec.auto.cost.padded_size`; the static path pads to its bucket); the padding attends to itself
         alone, no token attends to it, its logits and hidden states are not returned, and `commit`
@@ -176,7 +180,11 @@ class KVSession:
             positions = list(range(start, start + n))
         mask = self._mask(n, size, visible)
         pad = size - n
-        tokens, positions = tokens + tokens[-1:] * pad, positions + positions[-1:] * pad
+        if isinstance(tokens, torch.Tensor):
+            ids = torch.stack([tokens, positions]).to(self.device)
+            ids = torch.cat([ids, ids[:, -1:].expand(2, pad)], 1) if pad else ids
+        else:  # one copy to the device, not two
+            ids = torch.tensor([tokens + tokens[-1:] * pad, positions + positions[-1:] * pad], device=self.device)
         extra = {}
         if features is not None:
             if pad:
@@ -191,7 +199,6 @@ class KVSession:
         run = self.static.run if self.static is not None and (size, last_only) in self.static.compiled else self.model
         if run is not self.model:
             torch.compiler.cudagraph_mark_step_begin()  # the last replay's outputs were copied out
-        ids = torch.tensor([tokens, positions], device=self.device)  # one copy to the device, not two
         with MODEL_CALL.get()():
             out = run(
                 input_ids=ids[:1],

@@ -90,6 +90,8 @@ def _target_probs(s: Step) -> list[float]:
     """Target probability of each node's token after its parent (at T = 1 when decoding greedily);
     NaN where the target did not run (a replay)."""
     tree = s.tree
+    if s.target_probs is not None:
+        return [1.0, *s.target_probs[1:]]
     if tree.size == 0 or s.logits is None:
         return [1.0] + [math.nan] * tree.size
     nodes = list(zip(tree.parents[1:], tree.tokens[1:]))

@@ -121,7 +121,7 @@ def replay_step(run: Decoding, root: int, budget, trace: Trace, committed: int, 
     """One step after `committed` tokens of the trace's answer: the policy's tree, verified against it."""
     t0 = time.perf_counter()
     context = len(trace.prompt_ids) - 1 + committed  # the root's position
-    tree, plan, draft_s, draft_forwards = draft_tree(run, root, budget, context, left)
+    tree, plan, draft_s, draft_forwards = draft_tree(run, root, budget, budget.plan(context, left))
     accepted, next_token = follow(tree, trace.tokens[committed:])
     hidden = None
     if trace.features is not None:  # the target's features at the nodes the drafts keep

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 
 import torch
 
+from dyspec.core import tree_tensors
 from dyspec.core.contract import Budget, Plan, Policy
 from dyspec.core.draft import DraftSession
 from dyspec.core.kv import KVSession, sync
@@ -49,15 +50,14 @@ class Step:
     budget: int | str | None = None  # the settings it ran with, where a run's may change (`engine.Knobs`)
     temperature: float | None = None
     log_z: torch.Tensor | None = None  # each row's logsumexp at T = 0, for the views' target probabilities
+    target_probs: list[float] | None = None  # those probabilities, where the step read them with its tree
 
 
-def draft_tree(run: Decoding, root: int, budget: Budget, context: int, left: int) -> tuple[Tree, Plan, float, int]:
-    """The step's tree from the last committed token `root`, after `context` committed tokens, with
-    `left` tokens of the answer to draft; the budget's plan for the step, and the seconds and
-    forwards its drafts took."""
+def draft_tree(run: Decoding, root: int, budget: Budget, plan: Plan) -> tuple[Tree, Plan, float, int]:
+    """The step's tree from the last committed token `root` under the budget's `plan` for the step;
+    the plan as the budget's cut left it, and the seconds and forwards its drafts took."""
     d = run.drafts
     draft_s0, forwards0 = sum(x.seconds for x in d), sum(x.forwards for x in d)
-    plan = budget.plan(context, left)
     source = d if run.policy.multi_draft else d[0]
     tree = (
         Tree.root(root)
@@ -80,9 +80,15 @@ def commit_drafts(
 
 
 def speculative_step(run: Decoding, root: int, budget: Budget, left: int) -> Step:
-    """One step from the last committed token `root`, with `left` tokens of the answer to draft."""
+    """One step from the last committed token `root`, with `left` tokens of the answer to draft: on
+    the device (`device_step`) where the policy grows its tree there for these settings."""
     t0 = time.perf_counter()
-    tree, plan, draft_s, draft_forwards = draft_tree(run, root, budget, run.target.length, left)
+    plan = budget.plan(run.target.length, left)
+    on_device = run.policy.on_device
+    # under `--budget auto` (plan.args) the tree is cut by what the budget learnt: on the host
+    if plan.cap is not None and not plan.args and on_device and on_device(run.temperature, run.options):
+        return device_step(run, root, budget, plan, t0)
+    tree, plan, draft_s, draft_forwards = draft_tree(run, root, budget, plan)
     positions = [run.target.length + depth for depth in tree.depths]
     # even a chain gets a mask: a causal forward of several tokens is read as a prefill
     visible = tree.ancestor_mask() if len(tree) > 1 else None
@@ -103,3 +109,43 @@ def speculative_step(run: Decoding, root: int, budget: Budget, left: int) -> Ste
     run.target.commit([run.target.length + i for i in [0, *accepted]])
     commit_drafts(run, budget, plan, tree, accepted, next_token, run.target.hidden)
     return Step(tree, accepted, next_token, logits, p, draft_s, t1 - t0 - draft_s, t2 - t1, draft_forwards, log_z=log_z)
+
+
+def device_step(run: Decoding, root: int, budget: Budget, plan: Plan, t0: float) -> Step:
+    """`speculative_step` with the tree grown, verified greedily and scored on the device
+    (dyspec.core.tree_tensors) and read by the host once, after the target's forward: on a GPU
+    nothing in the step waits for the device before that read."""
+    draft = run.drafts[0]
+    draft_s0, forwards0 = draft.seconds, draft.forwards
+    t = run.policy.grow(draft, root, plan.cap, run.temperature, run.generator, **run.options)
+    draft_s = draft.seconds - draft_s0
+    t1 = time.perf_counter()
+    logits = run.target.forward(t.tokens, run.target.length + t.depths, t.ancestors)
+    t2 = time.perf_counter()  # on a GPU, the time to queue it: the step's one read below waits for it all
+    target_argmax, log_z = row_stats(logits)
+    accepted, next_token = tree_tensors.verify_greedy(t, target_argmax)
+    target_probs = (logits[t.parents, t.tokens] - log_z[t.parents]).exp()
+    host = tree_tensors.read_step(t, accepted, next_token, target_probs)
+    tree, old_ids, accepted, target_probs = tree_tensors.to_tree(t, host)
+    draft.relabel(old_ids)
+    hidden = run.target.hidden
+    if len(old_ids) < len(t):  # padding dropped: the rows the views and the drafts read, renumbered
+        rows = torch.tensor(old_ids, device=logits.device)
+        logits, log_z = logits[rows], log_z[rows]
+        hidden = None if hidden is None else hidden[rows]
+    run.target.commit([run.target.length + old_ids[i] for i in [0, *accepted]])
+    commit_drafts(run, budget, plan, tree, accepted, host["next_token"], hidden)
+    forwards = draft.forwards - forwards0
+    return Step(
+        tree,
+        accepted,
+        host["next_token"],
+        logits,
+        None,
+        draft_s,
+        t1 - t0 - draft_s,
+        t2 - t1,
+        forwards,
+        log_z=log_z,
+        target_probs=target_probs,
+    )

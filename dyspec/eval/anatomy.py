@@ -27,7 +27,7 @@ from dyspec.forward.thread import forward_thread
 TORCH = os.path.dirname(torch.__file__)
 HERE = os.path.dirname(os.path.dirname(os.path.dirname(__file__)))  # the checkout or site-packages
 READ_METHODS = ("tolist", "numpy")  # reads that dispatch no op; `item` and the casts dispatch _local_scalar_dense
-# the step policies `dyspec profile` counts, with the budgets they run at
+# the step policies `dyspec profile` counts (bench's NAME:OPTION=VALUE specs), with the budgets they run at
 ANATOMY_STEPS = (
     ("ar", 1),
     ("lookup", 4),
@@ -35,6 +35,9 @@ ANATOMY_STEPS = (
     ("dyspec", 4),
     ("dyspec", 16),
     ("dyspec", 64),
+    ("dyspec:step=device", 4),
+    ("dyspec:step=device", 16),
+    ("dyspec:step=device", 64),
     ("sequoia", 16),
     ("sglang", 16),
 )
@@ -133,18 +136,20 @@ def anatomy(pair, prompt: str, settings=ANATOMY_STEPS, max_new_tokens: int = 48)
     milliseconds (its time outside the two models' forwards, measured in a run of its own: counting
     slows it), on `prompt`, warm; {"error": why} for a policy the pair cannot run as it is (sequoia
     with no acceptance vector for it)."""
+    from dyspec.eval.bench import parse_policy_spec
     from dyspec.eval.speedup import mean_step, steps_of, warm_up
 
     out = {}
-    for policy, budget in settings:
+    for spec, budget in settings:
+        policy, options = parse_policy_spec(spec)
         try:
             warm_up(pair, policy, budget, {})
         except DyspecError as e:
-            out[f"{policy}@{budget}"] = {"error": str(e)}
+            out[f"{spec}@{budget}"] = {"error": str(e)}
             continue
-        counts = step_counts(pair, prompt, policy, budget, max_new_tokens)
-        m = mean_step(steps_of(pair, prompt, policy, budget, max_new_tokens=max_new_tokens))
-        out[f"{policy}@{budget}"] = counts | {"host_ms": m["overhead_ms"], "tokens": m["tokens"]}
+        counts = step_counts(pair, prompt, policy, budget, max_new_tokens, options=options)
+        m = mean_step(steps_of(pair, prompt, policy, budget, max_new_tokens=max_new_tokens, options=options))
+        out[f"{spec}@{budget}"] = counts | {"host_ms": m["overhead_ms"], "tokens": m["tokens"]}
     return out
 
 

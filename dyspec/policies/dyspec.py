@@ -7,6 +7,12 @@ the best slot adds a node and pushes u's next-sibling slot; the new node's first
 its draft distribution, so new nodes wait until the end of the round, when one draft forward
 serves them all. A round pops up to `batch` slots; batch=1 is the paper's sequential algorithm.
 Under `--budget auto` with sampled children the heap values a slot by what auto has learnt instead.
+
+`grow` is the same tree as a tensor program on the draft's device (dyspec.core.tree_tensors), for
+the step on the device: where a slot's value falls with its rank, as the draft's scores do, the
+heap's `batch` pops of a round are the top `batch` of every unpopped candidate's slot value (new
+nodes' slots join only the round after), ties to the lower node id, then the lower rank, as the
+heap's (value, node) order breaks them. `build`, node by node, is its reference.
 """
 
 import heapq
@@ -18,6 +24,7 @@ from dyspec.core.contract import AutoNeeds, Policy, slot_rate
 from dyspec.core.draft import DraftSession
 from dyspec.core.sampling import ranked_children, to_probs
 from dyspec.core.tree import Tree
+from dyspec.core.tree_tensors import TreeTensors, add_nodes, new_tree
 from dyspec.errors import DyspecError
 from dyspec.load.head import AcceptanceHead, head_for, load_head
 from dyspec.policies.common import child_mode, drawn_slot
@@ -40,6 +47,31 @@ def _head(score: str, head: str | None) -> AcceptanceHead | None:
     if head is None:
         raise DyspecError("score=head needs an acceptance head (the `head` option, or one shipped for the pair)")
     return load_head(head)[0]
+
+
+STEPS = ("host", "device")
+
+
+def _step(step: str) -> str:
+    if step not in STEPS:
+        raise DyspecError(f"step must be one of {', '.join(STEPS)}, got '{step}'")
+    return step
+
+
+def _batch(budget: int, batch: int | None) -> int:
+    batch = math.ceil(budget / 4) if batch is None else batch
+    if batch < 1:
+        raise DyspecError(f"batch must be at least 1, got {batch}")
+    return batch
+
+
+def on_device(temperature: float, options: dict) -> bool:
+    """Whether a step at `temperature` with these options grows its tree on the device (`grow`)."""
+    o = POLICY.options | options
+    if _step(o["step"]) == "host":
+        return False
+    sample, _, _ = child_mode(o["select"], temperature, o["draft_temperature"])
+    return temperature == 0 and not sample and o["score"] == "draft"
 
 
 def forwards_for(budget: int, options: dict) -> int:
@@ -142,6 +174,7 @@ def build(
     score: str = "draft",
     head: str | None = None,
     auto_rates: list[float] | None = None,
+    step: str = "host",
 ) -> Tree:
     """Algorithm 1: pop the most valuable slot, add its child, push the parent's next slot, and
     forward each round's new nodes together for their own first slots.
@@ -154,11 +187,13 @@ def build(
     probabilities on its path (the paper, `DraftScore`); "head", the product of SpecDec++
     acceptance-head predictions (`HeadScore`; `head`: its file, else the one shipped for the pair).
     `auto_rates` (set by the engine under `--budget auto`): with sampled children and
-    score="draft", slots are valued by the rates auto learnt (`LearntScore`)."""
-    batch = math.ceil(budget / 4) if batch is None else batch
-    if batch < 1:
-        raise DyspecError(f"batch must be at least 1, got {batch}")
+    score="draft", slots are valued by the rates auto learnt (`LearntScore`).
+    A tree takes at most `forwards_for` draft forwards; a round whose picks all sit at `max_depth`
+    forwards nothing and still pops. `step`: "device" grows it with `grow` where `on_device` says
+    it can; "host", the default (faster on a CPU: docs/results/cpu-device-step.md), here."""
+    batch = _batch(budget, batch)
     sample, tau, sampling = child_mode(select, temperature, draft_temperature)
+    _step(step)
     acceptance_head = _head(score, head)
     tree = Tree.root(root, sampling, draft.vocab)
     if acceptance_head is not None:
@@ -177,16 +212,17 @@ def build(
             heapq.heappush(heap, (-scorer.reach(u) * scorer.slot(u, k, probs), u))
 
     new = [0]
-    while new and tree.size < budget:
-        logits = draft.logits(tree, new)
-        q = to_probs(logits, tau)
-        columns, probs = ranked_children(q, budget, sample, generator)
-        scorer.forwarded(draft, new, logits, q, columns)
-        tokens, rows = tree.candidates(columns, probs, q.shape[-1])  # one host read for the round
-        for i, node in enumerate(new):
-            tree.q[node] = q[i]
-            ranked[node], drawn[node] = (tokens[i], rows[i]), 0
-            push_slot(node)
+    for _ in range(forwards_for(budget, {"batch": batch})):
+        if new:  # the nodes of the round before, each for its first slot
+            logits = draft.logits(tree, new)
+            q = to_probs(logits, tau)
+            columns, probs = ranked_children(q, budget, sample, generator)
+            scorer.forwarded(draft, new, logits, q, columns)
+            tokens, rows = tree.candidates(columns, probs, q.shape[-1])  # one host read for the round
+            for i, node in enumerate(new):
+                tree.q[node] = q[i]
+                ranked[node], drawn[node] = (tokens[i], rows[i]), 0
+                push_slot(node)
         new = []
         for _ in range(batch):
             if not heap or tree.size >= budget:
@@ -204,9 +240,60 @@ def build(
     return tree
 
 
+def grow(
+    draft: DraftSession,
+    root: int,
+    budget: int,
+    temperature: float,
+    generator: torch.Generator,
+    *,
+    batch: int | None = None,
+    max_depth: int = 16,
+    select: str = "auto",
+    draft_temperature: float = 0.6,
+    **_: object,
+) -> TreeTensors:
+    """`build`'s tree with "top" children and the draft's scores, grown as tensor ops with no host
+    read: each round forwards the last round's `batch` picks (padding too, `valid` False, so that
+    every round has one shape) and picks the next `batch` from the candidate matrix of every node
+    forwarded so far. Where `on_device` says so."""
+    batch = _batch(budget, batch)
+    _, tau, sampling = child_mode(select, temperature, draft_temperature)
+    rounds = forwards_for(budget, {"batch": batch})
+    device = draft.kv.device
+    t = new_tree(root, 1 + rounds * batch, device, sampling, draft.vocab)
+    logits = draft.logits(Tree.root(root, sampling, draft.vocab), [0], on_device=True)
+    nodes, slots = range(1), None
+    for r in range(rounds):
+        q = to_probs(logits, tau)
+        columns, probs = ranked_children(q, budget, False)
+        t.q.append((q, list(nodes)))
+        if slots is None:  # candidates [nodes, k] of every node, their slot values -inf until forwarded
+            k = columns.shape[1]
+            slots = torch.full((len(t), k), -math.inf, dtype=torch.float64, device=device)
+            tokens = torch.zeros(len(t), k, dtype=torch.long, device=device)
+            p = torch.zeros(len(t), k, dtype=torch.float64, device=device)
+        rows = slice(nodes.start, nodes.stop)
+        tokens[rows] = columns if draft.vocab is None else draft.vocab.tokens(columns, q.shape[-1])
+        p[rows] = probs.double()
+        live = (p[rows] > 0) & (t.valid[rows] & (t.depths[rows] < max_depth))[:, None]
+        slots[rows] = torch.where(live, t.values[rows, None] * p[rows], -math.inf)
+        picks = slots.flatten().sort(descending=True, stable=True).indices[:batch]
+        room = budget + 1 - t.valid.sum()  # the budget's nodes not added yet (the root is valid), as a tensor: no read
+        taken = (slots.flatten()[picks] > -math.inf) & (torch.arange(batch, device=device) < room)
+        nodes = range(1 + r * batch, 1 + (r + 1) * batch)
+        add_nodes(t, nodes.start, picks // k, tokens.flatten()[picks], p.flatten()[picks], taken)
+        slots.view(-1)[picks] = -math.inf
+        if r + 1 < rounds:
+            logits = draft.tree_logits(t, nodes)
+    return t
+
+
 POLICY = Policy(
     "dyspec",
     build,
+    grow=grow,
+    on_device=on_device,
     needs_draft=True,
     prepare=prepare,
     auto=AutoNeeds(rates=True, grows_by_value=True, forwards_for=forwards_for),

@@ -1,0 +1,133 @@
+"""A step's token tree as tensors of fixed shape, for the step on the device (DESIGN.md, "The step on
+the device"): a policy grows it in rounds of one draft forward, a top-k and a selection over the
+candidates, with no host read; the target verifies it greedily on the device; one host read copies
+tree and verdict together (`read_step`), and the views' `Tree` is made from that copy.
+
+Nodes are numbered in the order they were picked, rounds after one another, so a parent's id is
+below its child's, as in `Tree`. A node may be padding (`valid` False): a pick past the budget or of
+no candidate, kept so that every round adds the same number of nodes; it never has valid
+descendants, never matches in verification, and is dropped from the `Tree`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+
+import torch
+
+from dyspec.core.tree import Tree
+from dyspec.core.vocab import DraftVocab
+
+
+@dataclass
+class TreeTensors:
+    tokens: torch.Tensor  # [N] int64 target token ids; node 0 the root
+    parents: torch.Tensor  # [N] int64; the root is its own parent, so that gathers along paths stay in range
+    depths: torch.Tensor  # [N] int64
+    probs: torch.Tensor  # [N] float64: q(token) when drawn, as `Tree.draft_probs`
+    values: torch.Tensor  # [N] float64: the product of probs on the root path, as `Tree.values`
+    valid: torch.Tensor  # [N] bool
+    ancestors: torch.Tensor  # [N, N] bool: (i, j) where j is i or an ancestor of i
+    sampling: str
+    vocab: DraftVocab | None
+    q: list[tuple[torch.Tensor, list[int]]] = field(default_factory=list)  # per draft forward: q, its node ids
+    growth: list[int] = field(default_factory=list)  # node count after each round, padding included
+
+    def __len__(self) -> int:
+        return len(self.tokens)
+
+
+def new_tree(root: int, capacity: int, device: torch.device, sampling: str, vocab: DraftVocab | None) -> TreeTensors:
+    """The root alone, with room for `capacity` nodes in all."""
+    n = capacity
+    valid = torch.zeros(n, dtype=torch.bool, device=device)
+    valid[0] = True
+    return TreeTensors(
+        tokens=torch.full((n,), root, dtype=torch.long, device=device),
+        parents=torch.zeros(n, dtype=torch.long, device=device),
+        depths=torch.zeros(n, dtype=torch.long, device=device),
+        probs=torch.ones(n, dtype=torch.float64, device=device),
+        values=torch.ones(n, dtype=torch.float64, device=device),
+        valid=valid,
+        ancestors=torch.eye(n, dtype=torch.bool, device=device),
+        sampling=sampling,
+        vocab=vocab,
+    )
+
+
+def add_nodes(
+    t: TreeTensors, start: int, parents: torch.Tensor, tokens: torch.Tensor, probs: torch.Tensor, valid: torch.Tensor
+) -> None:
+    """Nodes start.. start + len(parents) - 1, children of `parents` (ids below start), in place."""
+    new = slice(start, start + len(parents))
+    t.parents[new], t.tokens[new], t.probs[new] = parents, tokens, probs
+    t.depths[new] = t.depths[parents] + 1
+    t.values[new] = t.values[parents] * probs
+    t.valid[new] = valid & t.valid[parents]
+    t.ancestors[new] |= t.ancestors[parents]  # the eye already holds each node itself
+    t.growth.append(start + len(parents))
+
+
+def verify_greedy(t: TreeTensors, target_argmax: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """`dyspec.core.verify.verify_greedy` on the device: the accepted nodes [N] bool (one root path)
+    and the token after them. A node is taken where its token is the target's argmax after its
+    parent and no earlier sibling's is (the walk tries children in id order), and so is every node
+    on its path."""
+    ids = torch.arange(len(t), device=t.tokens.device)
+    match = t.valid & (t.tokens == target_argmax[t.parents]) & (ids > 0)
+    earlier = (t.parents[:, None] == t.parents[None, :]) & (ids[None, :] < ids[:, None]) & match[None, :]
+    taken = (match & ~earlier.any(1)) | (ids == 0)
+    accepted = ~(t.ancestors & ~taken[None, :]).any(1) & (ids > 0)
+    end = (ids * accepted).amax(0, keepdim=True)  # ids grow along a path: its deepest node
+    return accepted, target_argmax[end]  # indexed by a 1-d tensor: a 0-d one is read as an int
+
+
+def read_step(t: TreeTensors, accepted: torch.Tensor, next_token: torch.Tensor, target_probs: torch.Tensor) -> dict:
+    """The tree, its verdict and the target's probability of each node's token, in one host read
+    (float64 holds token ids exactly)."""
+    rows = torch.stack([t.tokens, t.parents, t.probs, t.valid, accepted, target_probs]).to(torch.float64)
+    table = torch.cat([rows.flatten(), next_token.reshape(1).to(torch.float64)]).cpu().tolist()
+    n = len(t)
+    tokens, parents, probs, valid, accepted_, target = (table[i * n : (i + 1) * n] for i in range(6))
+    return {
+        "tokens": tokens,
+        "parents": parents,
+        "probs": probs,
+        "valid": valid,
+        "accepted": accepted_,
+        "target_probs": target,
+        "next_token": int(table[-1]),
+    }
+
+
+class Rows(Mapping):
+    """Node -> its row of a forward's q, made when asked for: a view per node would be an op each."""
+
+    def __init__(self, where: dict[int, tuple[torch.Tensor, int]]):
+        self.where = where
+
+    def __getitem__(self, node: int) -> torch.Tensor:
+        q, i = self.where[node]
+        return q[i]
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(self.where)
+
+    def __len__(self) -> int:
+        return len(self.where)
+
+
+def to_tree(t: TreeTensors, host: dict) -> tuple[Tree, list[int], list[int], list[float]]:
+    """The views' `Tree` from `read_step`'s copy, padding dropped; the old id of each of its nodes,
+    its accepted node ids, and the target's probability of each node's token."""
+    old_ids = [i for i, v in enumerate(host["valid"]) if v]
+    new_id = {old: new for new, old in enumerate(old_ids)}
+    tree = Tree.root(int(host["tokens"][0]), t.sampling, t.vocab)
+    for old in old_ids[1:]:
+        tree.add(new_id[int(host["parents"][old])], host["tokens"][old], host["probs"][old])
+    tree.growth = sorted({sum(1 for old in old_ids if old < g) for g in t.growth})
+    where = {new_id[old]: (q, i) for q, nodes in t.q for i, old in enumerate(nodes) if old in new_id}
+    tree.q = Rows(where)  # type: ignore[assignment]
+    accepted = [new_id[i] for i, a in enumerate(host["accepted"]) if a]
+    return tree, old_ids, accepted, [host["target_probs"][old] for old in old_ids]

@@ -1,0 +1,158 @@
+"""The step on the device (dyspec.core.tree_tensors, `dyspec.policies.dyspec.grow`, `device_step`): its
+tensor programs against the host's node-by-node references on the same inputs, and the step's one
+host read."""
+
+import random
+from array import array
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from dyspec.core.copying import copy_token, copy_tokens, mix, mix_rows
+from dyspec.core.tree import Tree
+from dyspec.core.tree_tensors import add_nodes, new_tree, read_step, to_tree, verify_greedy
+from dyspec.core.verify import verify_greedy as verify_greedy_host
+from dyspec.decode.engine import generate
+from dyspec.eval.anatomy import _on_steps, step_counts
+from dyspec.policies import dyspec
+
+from .conftest import PROMPTS
+from .test_anatomy import site_of
+
+WEIGHTS = [0.1, 0.2, 0.3, 0.4, 0.5, 0.6]
+
+
+def test_copies_on_the_device_are_the_hosts():
+    rng = random.Random(0)
+    weights = torch.tensor([0.0, *WEIGHTS], dtype=torch.float64)
+    for _ in range(200):
+        contexts = [[rng.randrange(3) for _ in range(rng.randrange(1, 30))] for _ in range(4)]
+        rows = torch.full((4, 32), -1)
+        for i, c in enumerate(contexts):
+            rows[i, : len(c)] = torch.tensor(c)
+        tokens, w = copy_tokens(rows, torch.tensor([len(c) for c in contexts]), weights)
+        assert [(int(x), float(y)) for x, y in zip(tokens, w)] == [copy_token(array("i", c), WEIGHTS) for c in contexts]
+
+
+@pytest.mark.parametrize("temperature", [0.0, 0.7, 1.0])
+def test_mixing_on_the_device_is_the_hosts_to_the_bit(temperature):
+    logits = torch.randn(4, 50, generator=torch.Generator().manual_seed(1))
+    columns, weights = [3, 7, 0, 9], [0.3, 0.0, 0.5, 0.2]
+    host = mix(logits, columns, weights, temperature)
+    device = mix_rows(logits, torch.tensor(columns), torch.tensor(weights, dtype=torch.float64), temperature)
+    assert torch.equal(host, device) and not torch.equal(host, logits.float())
+
+
+def random_tree(rng: random.Random, n: int, vocab: int, padding: int) -> tuple[Tree, list[int]]:
+    """A tree of n nodes with duplicate siblings, and `padding` invalid nodes after it, as tensors."""
+    tree = Tree.root(0)
+    for _ in range(n - 1):
+        tree.add(rng.randrange(len(tree)), rng.randrange(vocab), 0.5)
+    return tree, [rng.randrange(n) for _ in range(padding)]
+
+
+def test_greedy_verification_on_the_device_is_the_walks():
+    rng = random.Random(2)
+    for trial in range(300):
+        tree, padding = random_tree(rng, rng.randrange(1, 20), 3, rng.randrange(3))
+        t = new_tree(0, len(tree) + len(padding), torch.device("cpu"), "deterministic", None)
+        for node in range(1, len(tree)):
+            parent = torch.tensor([tree.parents[node]])
+            add_nodes(t, node, parent, torch.tensor([tree.tokens[node]]), torch.tensor([0.5]), torch.tensor([True]))
+        if padding:  # padding matches the target everywhere, and must still never be accepted
+            add_nodes(
+                t,
+                len(tree),
+                torch.tensor(padding),
+                torch.zeros(len(padding), dtype=torch.long),
+                torch.ones(len(padding)),
+                torch.zeros(len(padding), dtype=torch.bool),
+            )
+        argmax = torch.tensor([rng.randrange(3) for _ in range(len(t))])
+        argmax[len(tree) :] = 0
+        accepted, next_token = verify_greedy(t, argmax)
+        host = verify_greedy_host(tree, argmax.tolist())
+        assert ([i for i in range(len(t)) if accepted[i]], int(next_token)) == host, trial
+
+
+class TableDraft:
+    """A draft whose logits after a node depend on its token and depth alone, small integers so that
+    many slot values tie exactly: both builds see the same distributions, and their tie-breaking
+    shows."""
+
+    def __init__(self, vocab: int, seed: int):
+        g = torch.Generator().manual_seed(seed)
+        self.table = torch.randint(0, 4, (66, vocab, vocab), generator=g).float()
+        self.vocab, self.kv = None, SimpleNamespace(device=torch.device("cpu"))
+
+    def logits(self, tree: Tree, nodes: list[int], on_device: bool = False) -> torch.Tensor:
+        return self.table[[tree.depths[n] for n in nodes], [tree.tokens[n] for n in nodes]]
+
+    def tree_logits(self, t, nodes: range) -> torch.Tensor:
+        rows = slice(nodes.start, nodes.stop)
+        return self.table[t.depths[rows].clamp(max=65), t.tokens[rows]]
+
+
+@pytest.mark.parametrize("batch, max_depth", [(None, 16), (1, 16), (3, 2), (7, 16), (1, 3)])
+def test_the_tree_grown_on_the_device_is_the_heaps(batch, max_depth):
+    """`grow` against `build` (Algorithm 1 with a heap) on the same draft outputs, at budgets 1-64 over
+    many seeds: the same nodes in the same order, with the same probabilities and growth."""
+    for seed in range(12):
+        draft = TableDraft(12, seed)
+        for budget in (1, 2, 5, 8, 16, 33, 64):
+            options = dict(batch=batch, max_depth=max_depth, select="top")
+            ref = dyspec.build(draft, 3, budget, 0.0, torch.Generator(), **options)
+            t = dyspec.grow(draft, 3, budget, 0.0, torch.Generator(), **options)
+            none = torch.zeros(len(t), dtype=torch.bool)
+            tree = to_tree(t, read_step(t, none, torch.tensor([0]), torch.zeros(len(t))))[0]
+            assert (tree.tokens, tree.parents, tree.draft_probs) == (ref.tokens, ref.parents, ref.draft_probs)
+            assert tree.values == ref.values and tree.growth == ref.growth, (seed, budget)
+            assert all(torch.equal(tree.q[n], ref.q[n]) for n in ref.q)
+            # the device forwards a round's picks at max_depth too (one shape a round): their q is extra
+            assert all(tree.depths[n] == max_depth for n in set(tree.q) - set(ref.q))
+
+
+def test_which_steps_run_on_the_device():
+    assert not dyspec.on_device(0.0, {}) and dyspec.on_device(0.0, {"step": "device"})  # the host by default
+    for temperature, options in [(0.8, {}), (0.0, {"select": "sample"}), (0.0, {"score": "head"})]:
+        assert not dyspec.on_device(temperature, options | {"step": "device"})  # these grow on the host
+    with pytest.raises(Exception, match="step must be one of host, device"):
+        dyspec.on_device(0.0, {"step": "gpu"})
+
+
+@pytest.mark.parametrize(
+    "budget, options, same_rows",
+    [(4, {}, True), (16, {}, True), (64, {}, True), (10, {"batch": 3, "max_depth": 2}, False)],
+)
+def test_a_step_on_the_device_is_the_host_step(pair, budget, options, same_rows):
+    """`ar`'s tokens (greedy identity) on the default pair, and where both steps forward the same rows
+    (no padding, no pick at max_depth), the same trees step for step. The device's forwards carry
+    its padding rows, and a forward of more rows rounds differently in fp32: the target's
+    probabilities agree to that rounding."""
+    trees = {}
+    for step in ("host", "device"):
+        seen = []
+        hook = _on_steps(lambda e: seen.append((e.tokens, e.parents, e.accepted, e.target_probs)))  # noqa: B023
+        out = generate(
+            pair,
+            PROMPTS[2],
+            policy="dyspec",
+            budget=budget,
+            max_new_tokens=32,
+            options=options | {"step": step},
+            hooks=[hook],
+        )
+        trees[step] = seen, out.token_ids
+    ar = generate(pair, PROMPTS[2], policy="ar", budget=1, max_new_tokens=32)
+    assert trees["device"][1] == trees["host"][1] == ar.token_ids
+    for host, device in zip(*(trees[s][0] for s in ("host", "device")), strict=True) if same_rows else ():
+        assert host[:3] == device[:3]
+        assert device[3] == pytest.approx(host[3], rel=1e-4, abs=1e-7)
+
+
+@pytest.mark.parametrize("budget", [4, 64])
+def test_a_step_on_the_device_reads_the_host_once(pair, budget):
+    counts = step_counts(pair, PROMPTS[1], "dyspec", budget, max_new_tokens=24, options={"step": "device"})
+    assert counts["steps"] > 3 and counts["reads"] == 1
+    assert list(counts["read_sites"]) == [site_of("dyspec/core/tree_tensors.py", ".cpu().tolist()")]
