@@ -411,7 +411,7 @@ def test_the_policy_contract_is_checked_when_a_policy_is_made():
     from dyspec.policies.chain import build as chain_build
     from dyspec.policies.lookup import build as lookup_build
 
-    assert Policy("mine", chain_build, needs_draft=True).options == {"confidence": 0.0}
+    assert Policy("mine", chain_build, needs_draft=True).options == {"confidence": 0.0, "step": "host"}
     with pytest.raises(TypeError, match="build must take"):
         Policy("multi", chain_build, needs_draft=True, multi_draft=True)  # a multi-draft build takes `drafts`
     with pytest.raises(TypeError, match="free_budget"):

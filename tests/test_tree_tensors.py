@@ -15,7 +15,7 @@ from dyspec.core.tree_tensors import add_nodes, new_tree, read_step, to_tree, ve
 from dyspec.core.verify import verify_greedy as verify_greedy_host
 from dyspec.decode.engine import generate
 from dyspec.eval.anatomy import _on_steps, step_counts
-from dyspec.policies import dyspec
+from dyspec.policies import chain, dyspec
 
 from .conftest import PROMPTS
 from .test_anatomy import site_of
@@ -113,8 +113,28 @@ def test_the_tree_grown_on_the_device_is_the_heaps(batch, max_depth):
             assert all(tree.depths[n] == max_depth for n in set(tree.q) - set(ref.q))
 
 
+@pytest.mark.parametrize("confidence", [0.0, 0.2, 0.6])
+def test_the_chain_grown_on_the_device_is_the_loops(confidence):
+    """`chain.grow` against `chain.build`, the confidence stop included: the same tokens and growth,
+    and the same probabilities but for the last bit (torch's float64 exp against the host's
+    math.exp)."""
+    for seed in range(12):
+        draft = TableDraft(12, seed)
+        for budget in (1, 2, 5, 16):
+            ref = chain.build(draft, 3, budget, 0.0, torch.Generator(), confidence=confidence)
+            t = chain.grow(draft, 3, budget, 0.0, torch.Generator(), confidence=confidence)
+            tree = to_tree(
+                t, read_step(t, torch.zeros(len(t), dtype=torch.bool), torch.tensor([0]), torch.zeros(len(t)))
+            )[0]
+            assert (tree.tokens, tree.parents, tree.growth) == (ref.tokens, ref.parents, ref.growth) and not tree.q
+            assert tree.draft_probs == pytest.approx(ref.draft_probs, rel=1e-15)
+            assert tree.values == pytest.approx(ref.values, rel=1e-14)
+
+
 def test_which_steps_run_on_the_device():
     assert not dyspec.on_device(0.0, {}) and dyspec.on_device(0.0, {"step": "device"})  # the host by default
+    assert not chain.on_device(0.0, {}) and chain.on_device(0.0, {"step": "device"})
+    assert not chain.on_device(0.7, {"step": "device"})
     for temperature, options in [(0.8, {}), (0.0, {"select": "sample"}), (0.0, {"score": "head"})]:
         assert not dyspec.on_device(temperature, options | {"step": "device"})  # these grow on the host
     with pytest.raises(Exception, match="step must be one of host, device"):
@@ -122,10 +142,17 @@ def test_which_steps_run_on_the_device():
 
 
 @pytest.mark.parametrize(
-    "budget, options, same_rows",
-    [(4, {}, True), (16, {}, True), (64, {}, True), (10, {"batch": 3, "max_depth": 2}, False)],
+    "policy, budget, options, same_rows",
+    [
+        ("dyspec", 4, {}, True),
+        ("dyspec", 16, {}, True),
+        ("dyspec", 64, {}, True),
+        ("dyspec", 10, {"batch": 3, "max_depth": 2}, False),
+        ("chain", 4, {}, True),
+        ("chain", 6, {"confidence": 0.5}, False),
+    ],
 )
-def test_a_step_on_the_device_is_the_host_step(pair, budget, options, same_rows):
+def test_a_step_on_the_device_is_the_host_step(pair, policy, budget, options, same_rows):
     """`ar`'s tokens (greedy identity) on the default pair, and where both steps forward the same rows
     (no padding, no pick at max_depth), the same trees step for step. The device's forwards carry
     its padding rows, and a forward of more rows rounds differently in fp32: the target's
@@ -137,7 +164,7 @@ def test_a_step_on_the_device_is_the_host_step(pair, budget, options, same_rows)
         out = generate(
             pair,
             PROMPTS[2],
-            policy="dyspec",
+            policy=policy,
             budget=budget,
             max_new_tokens=32,
             options=options | {"step": step},
@@ -151,8 +178,8 @@ def test_a_step_on_the_device_is_the_host_step(pair, budget, options, same_rows)
         assert device[3] == pytest.approx(host[3], rel=1e-4, abs=1e-7)
 
 
-@pytest.mark.parametrize("budget", [4, 64])
-def test_a_step_on_the_device_reads_the_host_once(pair, budget):
-    counts = step_counts(pair, PROMPTS[1], "dyspec", budget, max_new_tokens=24, options={"step": "device"})
+@pytest.mark.parametrize("policy, budget", [("dyspec", 4), ("dyspec", 64), ("chain", 4)])
+def test_a_step_on_the_device_reads_the_host_once(pair, policy, budget):
+    counts = step_counts(pair, PROMPTS[1], policy, budget, max_new_tokens=24, options={"step": "device"})
     assert counts["steps"] > 3 and counts["reads"] == 1
     assert list(counts["read_sites"]) == [site_of("dyspec/core/tree_tensors.py", ".cpu().tolist()")]

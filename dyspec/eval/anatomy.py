@@ -32,6 +32,7 @@ ANATOMY_STEPS = (
     ("ar", 1),
     ("lookup", 4),
     ("chain", 4),
+    ("chain:step=device", 4),
     ("dyspec", 4),
     ("dyspec", 16),
     ("dyspec", 64),

@@ -8,8 +8,10 @@ from dyspec.core.contract import Policy
 from dyspec.core.draft import DraftSession
 from dyspec.core.sampling import sample, to_probs
 from dyspec.core.tree import Tree
+from dyspec.core.tree_tensors import TreeTensors, add_nodes, new_tree
 from dyspec.errors import DyspecError
 from dyspec.kernels.row_stats import row_stats
+from dyspec.policies.common import on_device_asked
 
 
 def extend(tree: Tree, node: int, logits: torch.Tensor, temperature: float, generator: torch.Generator) -> int:
@@ -43,12 +45,14 @@ def build(
     generator: torch.Generator,
     *,
     confidence: float = 0.0,
+    step: str = "host",
 ) -> Tree:
     """`confidence`: stop early, once the chain's value (the product of its draft probabilities, the
     chance its last token is reached) falls below it: each further token costs a draft forward and
     a row of the target's, and pays only where it is likely reached. The stop reads the draft alone,
-    so the outputs keep the target's distribution."""
+    so the outputs keep the target's distribution. `step`: "device" grows it with `grow` at T = 0."""
     check_confidence(confidence)
+    on_device_asked(step)
     tree = Tree.root(root, "iid", draft.vocab)
     for node in range(budget):
         extend(tree, node, draft.logits(tree, [node])[0], temperature, generator)
@@ -57,9 +61,42 @@ def build(
     return tree
 
 
+def on_device(temperature: float, options: dict) -> bool:
+    """Whether a step at `temperature` with these options grows its chain on the device (`grow`)."""
+    return on_device_asked(options.get("step", "host")) and temperature == 0
+
+
+def grow(
+    draft: DraftSession,
+    root: int,
+    budget: int,
+    temperature: float,
+    generator: torch.Generator,
+    *,
+    confidence: float = 0.0,
+    step: str = "host",
+) -> TreeTensors:
+    """`build`'s chain at T = 0 as tensor ops with no host read: a node past the confidence stop is
+    padding (`valid` False), still forwarded, so that the chain has one shape."""
+    check_confidence(confidence)
+    t = new_tree(root, budget + 1, draft.kv.device, "iid", draft.vocab)
+    ids = torch.arange(budget + 1, device=draft.kv.device)
+    logits = draft.logits(Tree.root(root, "iid", draft.vocab), [0], on_device=True)
+    for node in range(budget):
+        best, log_z = row_stats(logits)
+        q_x = (logits.gather(1, best[:, None])[:, 0].double() - log_z.double()).exp()  # as `extend`, in float64
+        tokens = best if draft.vocab is None else draft.vocab.tokens(best, logits.shape[-1])
+        add_nodes(t, node + 1, ids[node : node + 1], tokens, q_x, t.values[node : node + 1] >= confidence)
+        if node + 1 < budget:
+            logits = draft.tree_logits(t, range(node + 1, node + 2))
+    return t
+
+
 POLICY = Policy(
     "chain",
     build,
+    grow=grow,
+    on_device=on_device,
     needs_draft=True,
     summary="the draft's top guess, then its top guess after that: one path, no branches",
 )

@@ -1,4 +1,5 @@
-"""Choices shared by the tree policies that draw several children per node."""
+"""Choices shared by the tree policies: where a step grows the tree, how children are chosen where a
+node has several, EAGLE-style expansion and rerank."""
 
 from dyspec.core.draft import DraftSession
 from dyspec.core.sampling import ranked_children, to_probs
@@ -6,6 +7,16 @@ from dyspec.core.tree import Tree
 from dyspec.errors import DyspecError
 
 SELECTS = ("auto", "sample", "top")
+STEPS = ("host", "device")
+
+
+def on_device_asked(step: str) -> bool:
+    """Whether a policy's `step` option asks for its tree grown on the device (its `grow`, where the
+    policy's `on_device` allows it); the host, node by node, is the default (faster on a CPU:
+    docs/results/cpu-device-step.md)."""
+    if step not in STEPS:
+        raise DyspecError(f"step must be one of {', '.join(STEPS)}, got '{step}'")
+    return step == "device"
 
 
 def child_mode(select: str, temperature: float, draft_temperature: float) -> tuple[bool, float, str]:

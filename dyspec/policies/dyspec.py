@@ -27,7 +27,7 @@ from dyspec.core.tree import Tree
 from dyspec.core.tree_tensors import TreeTensors, add_nodes, new_tree
 from dyspec.errors import DyspecError
 from dyspec.load.head import AcceptanceHead, head_for, load_head
-from dyspec.policies.common import child_mode, drawn_slot
+from dyspec.policies.common import child_mode, drawn_slot, on_device_asked
 
 SCORES = ("draft", "head")
 
@@ -49,15 +49,6 @@ def _head(score: str, head: str | None) -> AcceptanceHead | None:
     return load_head(head)[0]
 
 
-STEPS = ("host", "device")
-
-
-def _step(step: str) -> str:
-    if step not in STEPS:
-        raise DyspecError(f"step must be one of {', '.join(STEPS)}, got '{step}'")
-    return step
-
-
 def _batch(budget: int, batch: int | None) -> int:
     batch = math.ceil(budget / 4) if batch is None else batch
     if batch < 1:
@@ -68,7 +59,7 @@ def _batch(budget: int, batch: int | None) -> int:
 def on_device(temperature: float, options: dict) -> bool:
     """Whether a step at `temperature` with these options grows its tree on the device (`grow`)."""
     o = POLICY.options | options
-    if _step(o["step"]) == "host":
+    if not on_device_asked(o["step"]):
         return False
     sample, _, _ = child_mode(o["select"], temperature, o["draft_temperature"])
     return temperature == 0 and not sample and o["score"] == "draft"
@@ -193,7 +184,7 @@ def build(
     it can; "host", the default (faster on a CPU: docs/results/cpu-device-step.md), here."""
     batch = _batch(budget, batch)
     sample, tau, sampling = child_mode(select, temperature, draft_temperature)
-    _step(step)
+    on_device_asked(step)
     acceptance_head = _head(score, head)
     tree = Tree.root(root, sampling, draft.vocab)
     if acceptance_head is not None:
