@@ -293,3 +293,24 @@ def test_the_speedup_checks_ar_against_this_machines_profile_where_one_is_measur
     assert "so ar ran faster" in vm.whatif(finished, state.whatif.THIS_MACHINE)
     elsewhere = dataclasses.replace(finished, made_on="another host")
     assert "profile says" not in vm.stats(elsewhere)
+
+
+def test_the_examples_say_what_their_record_measured():
+    """Each example's "what to expect" comes from a bench of the default pair on the examples
+    themselves (docs/results/cpu-examples.md): the prompts there are these, and the one said to pay
+    most and the one said to pay least have the most and the fewest tokens per forward under this
+    CPU's default (greedy: the pair's and the text's, not the machine's noise)."""
+    from pathlib import Path
+
+    from dyspec.views.examples import EXAMPLES
+
+    results = Path(__file__).parent.parent / "docs" / "results"
+    prompts = [json.loads(line) for line in (results / "cpu-examples-prompts.jsonl").read_text().splitlines()]
+    assert [(p["id"], p["prompt"]) for p in prompts] == [(e.label, e.prompt) for e in EXAMPLES]
+    records = [json.loads(line) for line in (results / "cpu-examples.jsonl").read_text().splitlines()]
+    default = {r["prompt_id"]: r["tokens_per_forward"] for r in records if r["options"] and r["budget"] == 4}
+    assert list(default) == [e.label for e in EXAMPLES]
+    (most,) = [e.label for e in EXAMPLES if e.expect.startswith("Trees pay most")]
+    (least,) = [e.label for e in EXAMPLES if e.expect.startswith("Trees pay least")]
+    assert default[most] == max(default.values()) > default[least] == min(default.values())
+    assert all(e.expect.startswith("Trees pay") for e in EXAMPLES)
