@@ -15,7 +15,7 @@ from dyspec.core.tree_tensors import add_nodes, new_tree, read_step, to_tree, ve
 from dyspec.core.verify import verify_greedy as verify_greedy_host
 from dyspec.decode.engine import generate
 from dyspec.eval.anatomy import _on_steps, step_counts
-from dyspec.policies import chain, dyspec
+from dyspec.policies import chain, dyspec, sequoia
 
 from .conftest import PROMPTS
 from .test_anatomy import site_of
@@ -89,9 +89,8 @@ class TableDraft:
     def logits(self, tree: Tree, nodes: list[int], on_device: bool = False) -> torch.Tensor:
         return self.table[[tree.depths[n] for n in nodes], [tree.tokens[n] for n in nodes]]
 
-    def tree_logits(self, t, nodes: range) -> torch.Tensor:
-        rows = slice(nodes.start, nodes.stop)
-        return self.table[t.depths[rows].clamp(max=65), t.tokens[rows]]
+    def tree_logits(self, t, nodes: list[int]) -> torch.Tensor:
+        return self.table[t.depths[nodes].clamp(max=65), t.tokens[nodes]]
 
 
 @pytest.mark.parametrize("batch, max_depth", [(None, 16), (1, 16), (3, 2), (7, 16), (1, 3)])
@@ -131,10 +130,41 @@ def test_the_chain_grown_on_the_device_is_the_loops(confidence):
             assert tree.values == pytest.approx(ref.values, rel=1e-14)
 
 
+def test_the_static_tree_grown_on_the_device_is_the_layers():
+    """`sequoia.grow` against `sequoia.build` on random breadth-first shapes and the DP's optimal trees."""
+    rng = random.Random(3)
+    shapes = [sequoia.optimal_tree((0.6, 0.2, 0.1, 0.05), budget, 8)[0] for budget in (1, 4, 16, 40)]
+    for _ in range(30):
+        parents = [-1]
+        for i in range(1, rng.randrange(2, 30)):
+            parents.append(rng.randint(max(0, parents[-1]), i - 1))
+        shapes.append(parents)
+    for seed, parents in enumerate(shapes):
+        draft = TableDraft(12, seed)
+        ref = sequoia.build(draft, 3, len(parents) - 1, 0.0, torch.Generator(), parents=parents, select="top")
+        t = sequoia.grow(draft, 3, len(parents) - 1, 0.0, torch.Generator(), parents=parents, select="top")
+        tree = to_tree(t, read_step(t, torch.zeros(len(t), dtype=torch.bool), torch.tensor([0]), torch.zeros(len(t))))[
+            0
+        ]
+        assert (tree.tokens, tree.parents, tree.draft_probs, tree.values) == (
+            ref.tokens,
+            ref.parents,
+            ref.draft_probs,
+            ref.values,
+        )
+        assert tree.growth == ref.growth and set(tree.q) == set(ref.q)
+        assert all(torch.equal(tree.q[n], ref.q[n]) for n in ref.q)
+    with pytest.raises(Exception, match="breadth-first"):
+        sequoia.grow(draft, 3, 3, 0.0, torch.Generator(), parents=[-1, 0, 1, 0], select="top")
+
+
 def test_which_steps_run_on_the_device():
     assert not dyspec.on_device(0.0, {}) and dyspec.on_device(0.0, {"step": "device"})  # the host by default
     assert not chain.on_device(0.0, {}) and chain.on_device(0.0, {"step": "device"})
     assert not chain.on_device(0.7, {"step": "device"})
+    assert sequoia.on_device(0.0, {"step": "device"}) and not sequoia.on_device(
+        0.0, {"step": "device", "select": "sample"}
+    )
     for temperature, options in [(0.8, {}), (0.0, {"select": "sample"}), (0.0, {"score": "head"})]:
         assert not dyspec.on_device(temperature, options | {"step": "device"})  # these grow on the host
     with pytest.raises(Exception, match="step must be one of host, device"):
@@ -150,6 +180,7 @@ def test_which_steps_run_on_the_device():
         ("dyspec", 10, {"batch": 3, "max_depth": 2}, False),
         ("chain", 4, {}, True),
         ("chain", 6, {"confidence": 0.5}, False),
+        ("sequoia", 16, {}, True),
     ],
 )
 def test_a_step_on_the_device_is_the_host_step(pair, policy, budget, options, same_rows):
@@ -178,7 +209,7 @@ def test_a_step_on_the_device_is_the_host_step(pair, policy, budget, options, sa
         assert device[3] == pytest.approx(host[3], rel=1e-4, abs=1e-7)
 
 
-@pytest.mark.parametrize("policy, budget", [("dyspec", 4), ("dyspec", 64), ("chain", 4)])
+@pytest.mark.parametrize("policy, budget", [("dyspec", 4), ("dyspec", 64), ("chain", 4), ("sequoia", 16)])
 def test_a_step_on_the_device_reads_the_host_once(pair, policy, budget):
     counts = step_counts(pair, PROMPTS[1], policy, budget, max_new_tokens=24, options={"step": "device"})
     assert counts["steps"] > 3 and counts["reads"] == 1

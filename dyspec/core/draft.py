@@ -145,18 +145,18 @@ class DraftSession:
             )
         return mix(logits, columns, weights, self.temperature)
 
-    def _mix_tree_copies(self, t: TreeTensors, nodes: list[int], logits: torch.Tensor) -> torch.Tensor:
-        """`_mix_copies` of nodes of a tree on the device (`copy_tokens` over the context and each
-        node's path), widened to the target's vocabulary where the draft's is reduced: whether a copy
-        falls outside it is not known without a read."""
-        device, rows = logits.device, slice(nodes[0], nodes[-1] + 1)
+    def _mix_tree_copies(self, t: TreeTensors, rows: torch.Tensor, logits: torch.Tensor) -> torch.Tensor:
+        """`_mix_copies` of nodes `rows` (an index) of a tree on the device: `copy_tokens` over the
+        context and each node's path, the logits widened to the target's vocabulary where the
+        draft's is reduced (whether a copy falls outside it is not known without a read)."""
+        device, n = logits.device, len(rows)
         context = torch.frombuffer(self.context, dtype=torch.int32).to(device, torch.long)
-        depth = int(len(t) - 1)  # no path is longer than the tree's nodes
+        depth = len(t) - 1  # no path is longer than the tree's nodes
         on_path = t.ancestors[rows] & (torch.arange(len(t), device=device) > 0)
         at = torch.where(on_path, t.depths - 1, depth)  # column of each ancestor by depth; the rest to a spare one
-        paths = torch.full((len(nodes), depth + 1), -1, dtype=torch.long, device=device)
-        paths.scatter_(1, at, t.tokens.expand(len(nodes), -1))
-        sequences = torch.cat([context.expand(len(nodes), -1), paths[:, :depth]], 1)
+        paths = torch.full((n, depth + 1), -1, dtype=torch.long, device=device)
+        paths.scatter_(1, at, t.tokens.expand(n, -1))
+        sequences = torch.cat([context.expand(n, -1), paths[:, :depth]], 1)
         weights = torch.tensor([0.0, *self.copy_weights], dtype=torch.float64, device=device)
         tokens, w = copy_tokens(sequences, len(context) + t.depths[rows], weights)
         if self.vocab is not None:
@@ -203,16 +203,17 @@ class DraftSession:
         return logits
 
     @torch.inference_mode()
-    def tree_logits(self, t: TreeTensors, nodes: range) -> torch.Tensor:
-        """`logits` after nodes of a tree grown on the device (dyspec.core.tree_tensors), with no host
-        read: `nodes` are consecutive ids, and every node before them but the root was forwarded
-        this step, in earlier calls."""
-        start, length, rows = self.kv.cached, self.kv.length, slice(nodes.start, nodes.stop)
+    def tree_logits(self, t: TreeTensors, nodes: list[int]) -> torch.Tensor:
+        """`logits` after `nodes` of a tree grown on the device (dyspec.core.tree_tensors), with no host
+        read: every ancestor of theirs but the root was forwarded this step, in earlier calls."""
+        start, length = self.kv.cached, self.kv.length
+        device = t.tokens.device
+        rows = torch.tensor(nodes, device=device)
         self.slot_of.update((node, start + i) for i, node in enumerate(nodes))
-        # each node's ancestors among this step's slots, which a padded forward leaves gaps between
-        columns = torch.tensor([self.slot_of[node] - length for node in range(1, nodes.stop)], device=t.tokens.device)
-        visible = torch.zeros(len(nodes), start - length + len(nodes), dtype=torch.bool, device=t.tokens.device)
-        visible[:, columns] = t.ancestors[rows, 1 : nodes.stop]
+        seen = list(self.slot_of)  # this step's forwarded nodes, in its slots (padded forwards leave gaps)
+        columns = torch.tensor([self.slot_of[node] - length for node in seen], device=device)
+        visible = torch.zeros(len(nodes), start - length + len(nodes), dtype=torch.bool, device=device)
+        visible[:, columns] = t.ancestors[rows][:, torch.tensor(seen, device=device)]
         features = None
         if self.needs_features:
             if self.tree_features is None:
@@ -220,7 +221,7 @@ class DraftSession:
                 self.tree_features[0] = self.node_features[0]
             features = self.tree_features[t.parents[rows]]
         positions = length - 1 + t.depths[rows]
-        logits = self._timed_forward(t, nodes, t.tokens[rows], positions, visible, features=features, on_device=True)
+        logits = self._timed_forward(t, rows, t.tokens[rows], positions, visible, features=features, on_device=True)
         if self.needs_features:
             self.tree_features[rows] = self.hidden
         return logits

@@ -40,6 +40,7 @@ ANATOMY_STEPS = (
     ("dyspec:step=device", 16),
     ("dyspec:step=device", 64),
     ("sequoia", 16),
+    ("sequoia:step=device", 16),
     ("sglang", 16),
 )
 

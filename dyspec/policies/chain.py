@@ -88,7 +88,7 @@ def grow(
         tokens = best if draft.vocab is None else draft.vocab.tokens(best, logits.shape[-1])
         add_nodes(t, node + 1, ids[node : node + 1], tokens, q_x, t.values[node : node + 1] >= confidence)
         if node + 1 < budget:
-            logits = draft.tree_logits(t, range(node + 1, node + 2))
+            logits = draft.tree_logits(t, [node + 1])
     return t
 
 

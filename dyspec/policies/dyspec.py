@@ -276,7 +276,7 @@ def grow(
         add_nodes(t, nodes.start, picks // k, tokens.flatten()[picks], p.flatten()[picks], taken)
         slots.view(-1)[picks] = -math.inf
         if r + 1 < rounds:
-            logits = draft.tree_logits(t, nodes)
+            logits = draft.tree_logits(t, list(nodes))
     return t
 
 

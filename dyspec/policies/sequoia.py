@@ -19,9 +19,10 @@ from dyspec.core.contract import Policy
 from dyspec.core.draft import DraftSession
 from dyspec.core.sampling import ranked_children, to_probs
 from dyspec.core.tree import Tree
+from dyspec.core.tree_tensors import TreeTensors, add_nodes, new_tree
 from dyspec.errors import DyspecError
 from dyspec.load import pair_key
-from dyspec.policies.common import child_mode
+from dyspec.policies.common import child_mode, on_device_asked
 
 SHIPPED = SHIPPED_FILES / "acceptance"  # vectors measured for the default pairs
 
@@ -125,11 +126,13 @@ def build(
     max_depth: int = 8,
     select: str = "auto",
     draft_temperature: float = 0.6,
+    step: str = "host",
 ) -> Tree:
     """`parents` gives the static tree directly (breadth-first parent ids, root -1); otherwise it is
-    the optimal tree for `acceptance`, `budget` and `max_depth`."""
-    if parents is None:
-        parents = optimal_tree(tuple(acceptance), budget, max_depth)[0]
+    the optimal tree for `acceptance`, `budget` and `max_depth`. `step`: "device" grows it with
+    `grow` where `on_device` says it can."""
+    on_device_asked(step)
+    parents = static_tree(acceptance, parents, budget, max_depth)
     sample, tau, sampling = child_mode(select, temperature, draft_temperature)
     tree = Tree.root(root, sampling, draft.vocab)
     children: dict[int, list[int]] = {}
@@ -158,9 +161,78 @@ def build(
     return tree
 
 
+def static_tree(acceptance: list[float] | None, parents: list[int] | None, budget: int, max_depth: int) -> list[int]:
+    """The tree's parent ids: `parents` as given (checked breadth-first), else the optimal tree."""
+    if parents is None:
+        return optimal_tree(tuple(acceptance), budget, max_depth)[0]
+    if (
+        parents[0] != -1
+        or any(not 0 <= p < i for i, p in enumerate(parents[1:], 1))
+        or parents[1:] != sorted(parents[1:])
+    ):
+        raise DyspecError(
+            f"parents must list a tree breadth-first: -1 for the root, then each parent's id, in order; got {parents}"
+        )
+    return parents
+
+
+def on_device(temperature: float, options: dict) -> bool:
+    """Whether a step at `temperature` with these options grows its tree on the device (`grow`)."""
+    o = POLICY.options | options
+    return (
+        on_device_asked(o["step"]) and temperature == 0 and not child_mode(o["select"], 0.0, o["draft_temperature"])[0]
+    )
+
+
+def grow(
+    draft: DraftSession,
+    root: int,
+    budget: int,
+    temperature: float,
+    generator: torch.Generator,
+    *,
+    acceptance: list[float] | None = None,
+    parents: list[int] | None = None,
+    max_depth: int = 8,
+    select: str = "auto",
+    draft_temperature: float = 0.6,
+    step: str = "host",
+) -> TreeTensors:
+    """`build`'s tree with "top" children as tensor ops with no host read: a layer's nodes that have
+    children are forwarded together and each child takes its rank among its parent's top k. The
+    shape is static, so which row and rank each node takes is known here; a child of probability 0
+    is padding (`valid` False), as `build` stops at it."""
+    parents = static_tree(acceptance, parents, budget, max_depth)
+    _, tau, sampling = child_mode(select, temperature, draft_temperature)
+    device = draft.kv.device
+    t = new_tree(root, len(parents), device, sampling, draft.vocab)
+    children: dict[int, list[int]] = {}
+    for i, p in enumerate(parents[1:], start=1):
+        children.setdefault(p, []).append(i)
+    frontier = [0] if children else []
+    logits = draft.logits(Tree.root(root, sampling, draft.vocab), [0], on_device=True) if frontier else None
+    while frontier:
+        q = to_probs(logits, tau)
+        columns, probs = ranked_children(q, max(len(children[s]) for s in frontier), False)
+        tokens = columns if draft.vocab is None else draft.vocab.tokens(columns, q.shape[-1])
+        t.q.append((q, frontier))
+        # breadth-first, the layer's children are consecutive ids: each takes (its parent's row, its rank)
+        kids = [c for s in frontier for c in children[s]]
+        row = torch.tensor([i for i, s in enumerate(frontier) for _ in children[s]], device=device)
+        rank = torch.tensor([k for s in frontier for k in range(len(children[s]))], device=device)
+        p = probs[row, rank].double()
+        add_nodes(t, kids[0], torch.tensor([parents[c] for c in kids], device=device), tokens[row, rank], p, p > 0)
+        frontier = [c for c in kids if c in children]
+        if frontier:
+            logits = draft.tree_logits(t, frontier)
+    return t
+
+
 POLICY = Policy(
     "sequoia",
     build,
+    grow=grow,
+    on_device=on_device,
     needs_draft=True,
     prepare=prepare,
     available=available,

@@ -43,7 +43,7 @@ EXAMPLES = [
         "Arithmetic",
         "A shop sells pens at 3 dollars each. How much do 4 pens cost? Explain step by step.",
         "Trees pay some: step-by-step answers reuse the question's words. A target this small muddles the "
-        "units (\"4 pens = 12 pens\"), exactly as it does without speculation.",
+        'units ("4 pens = 12 pens"), exactly as it does without speculation.',
     ),
     Example(
         "A story",
