@@ -25,6 +25,11 @@ CASES = [
     ("sequoia", 8, {"acceptance": [0.3, 0.1, 0.05]}),
     ("specinfer", 10, {"expansion": "2,2,1"}),
     ("eagle2", 12, {}),
+    # the step on the device: its tensors into the bucketed forwards, whose padding leaves gaps between slots
+    ("chain", 4, {"step": "device"}),
+    ("dyspec", 6, {"step": "device"}),
+    ("dyspec", 10, {"step": "device", "batch": 3}),
+    ("sequoia", 8, {"acceptance": [0.3, 0.1, 0.05], "step": "device"}),
 ]
 
 

@@ -58,7 +58,9 @@ GREEDY_CASES = [
     ("chain", 1, {}),  # the smallest tree; longer chains: the int8 and tiny-model tests
     ("specinfer", 10, {"expansion": "2,2,1"}),
     ("sequoia", 16, {"acceptance": [0.3, 0.1, 0.05, 0.03]}),
+    ("sequoia", 16, {"acceptance": [0.3, 0.1, 0.05, 0.03], "step": "device"}),
     ("dyspec", 16, {}),
+    ("dyspec", 16, {"step": "device"}),  # the tree grown on the device, one host read a step
     ("dyspec", 8, {"select": "sample"}),
     ("dyspec", 16, {"score": "head"}),  # SpecDec++'s head shipped for the default pair scores the tree
     ("dyspec-threshold", 16, {}),
