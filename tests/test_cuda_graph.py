@@ -30,6 +30,7 @@ CASES = [
     ("dyspec", 6, {"step": "device"}),
     ("dyspec", 10, {"step": "device", "batch": 3}),
     ("sequoia", 8, {"acceptance": [0.3, 0.1, 0.05], "step": "device"}),
+    ("eagle2", 12, {"step": "device"}),
 ]
 
 

@@ -66,6 +66,7 @@ GREEDY_CASES = [
     ("dyspec-threshold", 16, {}),
     ("eagle2", 16, {}),
     ("sglang", 15, {"topk": 4, "steps": 3}),
+    ("sglang", 15, {"topk": 4, "steps": 3, "step": "device"}),
     ("specdecpp", 8, {}),  # the head shipped for the default pair; other options: test_exact_tiny
     ("lookup", 8, {"min_ngram": 1, "fallback": 1}),
     ("suffix", 16, {}),

@@ -15,7 +15,8 @@ from dyspec.core.tree_tensors import add_nodes, new_tree, read_step, to_tree, ve
 from dyspec.core.verify import verify_greedy as verify_greedy_host
 from dyspec.decode.engine import generate
 from dyspec.eval.anatomy import _on_steps, step_counts
-from dyspec.policies import chain, dyspec, sequoia
+from dyspec.policies import chain, dyspec, eagle2, sequoia, sglang
+from dyspec.policies.common import expand_and_rerank, grow_and_rerank
 
 from .conftest import PROMPTS
 from .test_anatomy import site_of
@@ -158,10 +159,33 @@ def test_the_static_tree_grown_on_the_device_is_the_layers():
         sequoia.grow(draft, 3, 3, 0.0, torch.Generator(), parents=[-1, 0, 1, 0], select="top")
 
 
+@pytest.mark.parametrize("topk, steps", [(1, 1), (2, 3), (4, 5), (10, 3)])
+def test_the_reranked_tree_grown_on_the_device_is_the_pools(topk, steps):
+    """`grow_and_rerank` (eagle2's and sglang's tree) against `expand_and_rerank`: the frontiers chosen
+    and the pool cut on the device, the same tree as the host's sorts make, ties and all."""
+    for seed in range(10):
+        for budget in (1, 3, 8, 20, 64):
+            draft = RelabelledTable(12, seed)
+            ref = expand_and_rerank(draft, 3, budget, topk, steps)
+            t = grow_and_rerank(draft, 3, budget, topk, steps)
+            none = torch.zeros(len(t), dtype=torch.bool)
+            tree = to_tree(t, read_step(t, none, torch.tensor([0]), torch.zeros(len(t))))[0]
+            assert (tree.tokens, tree.parents, tree.draft_probs) == (ref.tokens, ref.parents, ref.draft_probs)
+            assert tree.values == ref.values and tree.growth == ref.growth, (seed, budget)
+
+
+class RelabelledTable(TableDraft):
+    """A `TableDraft` that a rerank may renumber (`DraftSession.relabel`)."""
+
+    def relabel(self, old_ids: list[int]) -> None:
+        pass
+
+
 def test_which_steps_run_on_the_device():
     assert not dyspec.on_device(0.0, {}) and dyspec.on_device(0.0, {"step": "device"})  # the host by default
     assert not chain.on_device(0.0, {}) and chain.on_device(0.0, {"step": "device"})
     assert not chain.on_device(0.7, {"step": "device"})
+    assert eagle2.on_device(0.0, {"step": "device"}) and not sglang.on_device(0.7, {"step": "device"})
     assert sequoia.on_device(0.0, {"step": "device"}) and not sequoia.on_device(
         0.0, {"step": "device", "select": "sample"}
     )
@@ -181,6 +205,8 @@ def test_which_steps_run_on_the_device():
         ("chain", 4, {}, True),
         ("chain", 6, {"confidence": 0.5}, False),
         ("sequoia", 16, {}, True),
+        ("sglang", 15, {"topk": 4, "steps": 3}, True),
+        ("eagle2", 16, {}, True),
     ],
 )
 def test_a_step_on_the_device_is_the_host_step(pair, policy, budget, options, same_rows):
@@ -209,7 +235,9 @@ def test_a_step_on_the_device_is_the_host_step(pair, policy, budget, options, sa
         assert device[3] == pytest.approx(host[3], rel=1e-4, abs=1e-7)
 
 
-@pytest.mark.parametrize("policy, budget", [("dyspec", 4), ("dyspec", 64), ("chain", 4), ("sequoia", 16)])
+@pytest.mark.parametrize(
+    "policy, budget", [("dyspec", 4), ("dyspec", 64), ("chain", 4), ("sequoia", 16), ("sglang", 16)]
+)
 def test_a_step_on_the_device_reads_the_host_once(pair, policy, budget):
     counts = step_counts(pair, PROMPTS[1], policy, budget, max_new_tokens=24, options={"step": "device"})
     assert counts["steps"] > 3 and counts["reads"] == 1

@@ -67,6 +67,7 @@ class DraftSession:
         self.node_features: dict[int, torch.Tensor] = {}  # tree node -> the draft's predicted feature
         self.tree_features: torch.Tensor | None = None  # the same [nodes, H], for a tree grown on the device
         self.slot_of: dict[int, int] = {}  # tree node -> cache slot, for nodes forwarded this step
+        self.tree_slots: list[tuple[int, torch.Tensor]] = []  # (first slot, nodes) of each `tree_logits` call
         self.memo: dict = {} if memo is None else memo  # policies' learnt state, by policy
         # whether it forwards in this generation: an idle one (`ar`, `lookup` without its fallback)
         # keeps the committed tokens for the policy to search, and no features
@@ -203,17 +204,17 @@ class DraftSession:
         return logits
 
     @torch.inference_mode()
-    def tree_logits(self, t: TreeTensors, nodes: list[int]) -> torch.Tensor:
+    def tree_logits(self, t: TreeTensors, nodes: list[int] | torch.Tensor) -> torch.Tensor:
         """`logits` after `nodes` of a tree grown on the device (dyspec.core.tree_tensors), with no host
-        read: every ancestor of theirs but the root was forwarded this step, in earlier calls."""
-        start, length = self.kv.cached, self.kv.length
-        device = t.tokens.device
-        rows = torch.tensor(nodes, device=device)
-        self.slot_of.update((node, start + i) for i, node in enumerate(nodes))
-        seen = list(self.slot_of)  # this step's forwarded nodes, in its slots (padded forwards leave gaps)
-        columns = torch.tensor([self.slot_of[node] - length for node in seen], device=device)
-        visible = torch.zeros(len(nodes), start - length + len(nodes), dtype=torch.bool, device=device)
-        visible[:, columns] = t.ancestors[rows][:, torch.tensor(seen, device=device)]
+        read: every ancestor of theirs but the root was forwarded this step, in earlier calls.
+        `nodes` may be chosen on the device (an index tensor); `place` learns the slots once read."""
+        start, length, device = self.kv.cached, self.kv.length, t.tokens.device
+        rows = nodes if isinstance(nodes, torch.Tensor) else torch.tensor(nodes, device=device)
+        self.tree_slots.append((start, rows))
+        # each row's ancestors among this step's slots, which a padded forward leaves gaps between
+        columns = torch.tensor([s - length + i for s, r in self.tree_slots for i in range(len(r))], device=device)
+        visible = torch.zeros(len(rows), start - length + len(rows), dtype=torch.bool, device=device)
+        visible[:, columns] = t.ancestors[rows][:, self.forwarded()]
         features = None
         if self.needs_features:
             if self.tree_features is None:
@@ -225,6 +226,15 @@ class DraftSession:
         if self.needs_features:
             self.tree_features[rows] = self.hidden
         return logits
+
+    def forwarded(self) -> torch.Tensor | None:
+        """The nodes `tree_logits` forwarded this step, in their cache slots' order."""
+        return torch.cat([rows for _, rows in self.tree_slots]) if self.tree_slots else None
+
+    def place(self, forwarded: list[int]) -> None:
+        """`forwarded`, as the step read it: the tree nodes' cache slots, for `commit`."""
+        slots = [start + i for start, rows in self.tree_slots for i in range(len(rows))]
+        self.slot_of = dict(zip(map(int, forwarded), slots))
 
     def relabel(self, old_ids: list[int]) -> None:
         """The tree was renumbered (pruned): new node i was old node old_ids[i]."""
@@ -248,5 +258,5 @@ class DraftSession:
             self.kv.commit([self.slot_of[node] for node in accepted[:seen]])
         self.pending += [tree.tokens[node] for node in accepted[seen:]] + [next_token]
         self.context.extend([tree.tokens[node] for node in accepted] + [next_token])
-        self.slot_of = {}
+        self.slot_of, self.tree_slots = {}, []
         self.calls = []

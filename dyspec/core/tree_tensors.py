@@ -33,6 +33,9 @@ class TreeTensors:
     vocab: DraftVocab | None
     q: list[tuple[torch.Tensor, list[int]]] = field(default_factory=list)  # per draft forward: q, its node ids
     growth: list[int] = field(default_factory=list)  # node count after each round, padding included
+    # where the tree was cut on the device from a bigger one (`subtree`): each node's id in that one,
+    # which `growth`, `q` and the draft's forwarded nodes speak of
+    origin: torch.Tensor | None = None
 
     def __len__(self) -> int:
         return len(self.tokens)
@@ -83,22 +86,55 @@ def verify_greedy(t: TreeTensors, target_argmax: torch.Tensor) -> tuple[torch.Te
     return accepted, target_argmax[end]  # indexed by a 1-d tensor: a 0-d one is read as an int
 
 
-def read_step(t: TreeTensors, accepted: torch.Tensor, next_token: torch.Tensor, target_probs: torch.Tensor) -> dict:
-    """The tree, its verdict and the target's probability of each node's token, in one host read
-    (float64 holds token ids exactly)."""
+def subtree(t: TreeTensors, nodes: torch.Tensor) -> TreeTensors:
+    """The tree of the root and `nodes` (ascending ids, closed under ancestors, a device tensor),
+    renumbered on the device, as `Tree.subtree` does on the host."""
+    old = torch.cat([nodes.new_zeros(1), nodes])
+    new_id = torch.zeros(len(t), dtype=torch.long, device=nodes.device)
+    new_id[old] = torch.arange(len(old), device=nodes.device)
+    return TreeTensors(
+        tokens=t.tokens[old],
+        parents=new_id[t.parents[old]],
+        depths=t.depths[old],
+        probs=t.probs[old],
+        values=t.values[old],
+        valid=t.valid[old],
+        ancestors=t.ancestors[old][:, old],
+        sampling=t.sampling,
+        vocab=t.vocab,
+        q=t.q,
+        growth=t.growth,
+        origin=old,
+    )
+
+
+def read_step(
+    t: TreeTensors, accepted: torch.Tensor, next_token: torch.Tensor, target_probs: torch.Tensor, **extra
+) -> dict:
+    """The tree, its verdict, the target's probability of each node's token and any `extra` 1-d
+    tensors (None: left out), in one host read (float64 holds token ids exactly)."""
     rows = torch.stack([t.tokens, t.parents, t.probs, t.valid, accepted, target_probs]).to(torch.float64)
-    table = torch.cat([rows.flatten(), next_token.reshape(1).to(torch.float64)]).cpu().tolist()
+    extra = {k: v for k, v in extra.items() if v is not None}
+    if t.origin is not None:
+        extra["origin"] = t.origin
+    parts = [rows.flatten(), next_token.reshape(1).to(torch.float64), *(v.to(torch.float64) for v in extra.values())]
+    table = torch.cat(parts).cpu().tolist()
     n = len(t)
     tokens, parents, probs, valid, accepted_, target = (table[i * n : (i + 1) * n] for i in range(6))
-    return {
+    host = {
         "tokens": tokens,
         "parents": parents,
         "probs": probs,
         "valid": valid,
         "accepted": accepted_,
         "target_probs": target,
-        "next_token": int(table[-1]),
+        "next_token": int(table[6 * n]),
     }
+    at = 6 * n + 1
+    for name, v in extra.items():
+        host[name] = [int(x) for x in table[at : at + len(v)]]
+        at += len(v)
+    return host
 
 
 class Rows(Mapping):
@@ -119,15 +155,17 @@ class Rows(Mapping):
 
 
 def to_tree(t: TreeTensors, host: dict) -> tuple[Tree, list[int], list[int], list[float]]:
-    """The views' `Tree` from `read_step`'s copy, padding dropped; the old id of each of its nodes,
-    its accepted node ids, and the target's probability of each node's token."""
+    """The views' `Tree` from `read_step`'s copy, padding dropped; the row of `t` of each of its
+    nodes, its accepted node ids, and the target's probability of each node's token."""
     old_ids = [i for i, v in enumerate(host["valid"]) if v]
     new_id = {old: new for new, old in enumerate(old_ids)}
     tree = Tree.root(int(host["tokens"][0]), t.sampling, t.vocab)
     for old in old_ids[1:]:
         tree.add(new_id[int(host["parents"][old])], host["tokens"][old], host["probs"][old])
-    tree.growth = sorted({sum(1 for old in old_ids if old < g) for g in t.growth})
-    where = {new_id[old]: (q, i) for q, nodes in t.q for i, old in enumerate(nodes) if old in new_id}
+    first = [host["origin"][old] for old in old_ids] if "origin" in host else old_ids  # ids before any cut
+    tree.growth = sorted({sum(1 for old in first if old < g) for g in t.growth})
+    first_id = {old: new for new, old in enumerate(first)}
+    where = {first_id[old]: (q, i) for q, nodes in t.q for i, old in enumerate(nodes) if old in first_id}
     tree.q = Rows(where)  # type: ignore[assignment]
     accepted = [new_id[i] for i, a in enumerate(host["accepted"]) if a]
     return tree, old_ids, accepted, [host["target_probs"][old] for old in old_ids]

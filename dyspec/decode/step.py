@@ -125,9 +125,10 @@ def device_step(run: Decoding, root: int, budget: Budget, plan: Plan, t0: float)
     target_argmax, log_z = row_stats(logits)
     accepted, next_token = tree_tensors.verify_greedy(t, target_argmax)
     target_probs = (logits[t.parents, t.tokens] - log_z[t.parents]).exp()
-    host = tree_tensors.read_step(t, accepted, next_token, target_probs)
+    host = tree_tensors.read_step(t, accepted, next_token, target_probs, forwarded=draft.forwarded())
     tree, old_ids, accepted, target_probs = tree_tensors.to_tree(t, host)
-    draft.relabel(old_ids)
+    draft.place(host.get("forwarded", []))
+    draft.relabel([host["origin"][i] for i in old_ids] if "origin" in host else old_ids)
     hidden = run.target.hidden
     if len(old_ids) < len(t):  # padding dropped: the rows the views and the drafts read, renumbered
         rows = torch.tensor(old_ids, device=logits.device)

@@ -42,6 +42,7 @@ ANATOMY_STEPS = (
     ("sequoia", 16),
     ("sequoia:step=device", 16),
     ("sglang", 16),
+    ("sglang:step=device", 16),
 )
 
 

@@ -1,9 +1,12 @@
 """Choices shared by the tree policies: where a step grows the tree, how children are chosen where a
 node has several, EAGLE-style expansion and rerank."""
 
+import torch
+
 from dyspec.core.draft import DraftSession
 from dyspec.core.sampling import ranked_children, to_probs
 from dyspec.core.tree import Tree
+from dyspec.core.tree_tensors import TreeTensors, add_nodes, new_tree, subtree
 from dyspec.errors import DyspecError
 
 SELECTS = ("auto", "sample", "top")
@@ -60,6 +63,34 @@ def expand_and_rerank(draft: DraftSession, root: int, budget: int, topk: int, st
         tree.end_expansion()
         frontier = sorted(added, key=lambda n: (-tree.values[n], n))[:topk]
     return rerank(tree, draft, budget)
+
+
+def grow_and_rerank(draft: DraftSession, root: int, budget: int, topk: int, steps: int) -> TreeTensors:
+    """`expand_and_rerank` as tensor ops with no host read: each forward's frontier is chosen on the
+    device (the top `topk` of the round's candidates by value, ties to the older node, as a stable
+    sort orders them), and the rerank's `budget` best nodes are cut out of the pool there (`subtree`)."""
+    device = draft.kv.device
+    t = new_tree(root, 1 + topk + (steps - 1) * topk * topk, device, "deterministic", draft.vocab)
+    logits = draft.logits(Tree.root(root, "deterministic", draft.vocab), [0], on_device=True)
+    frontier, start = torch.zeros(1, dtype=torch.long, device=device), 1
+    for r in range(steps):
+        columns, probs = ranked_children(to_probs(logits, 1.0), topk, sample=False)
+        tokens = columns if draft.vocab is None else draft.vocab.tokens(columns, logits.shape[-1])
+        n = columns.numel()
+        add_nodes(
+            t,
+            start,
+            frontier.repeat_interleave(columns.shape[1]),
+            tokens.flatten(),
+            probs.flatten().double(),
+            torch.ones(n, dtype=torch.bool, device=device),
+        )
+        frontier = start + t.values[start : start + n].sort(descending=True, stable=True).indices[:topk]
+        start += n
+        if r + 1 < steps:
+            logits = draft.tree_logits(t, frontier)
+    best = 1 + t.values[1:].sort(descending=True, stable=True).indices[:budget]
+    return subtree(t, best.sort().values)
 
 
 def rerank(tree: Tree, draft: DraftSession, budget: int) -> Tree:

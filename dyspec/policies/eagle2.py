@@ -16,7 +16,8 @@ import torch
 from dyspec.core.contract import Policy
 from dyspec.core.draft import DraftSession
 from dyspec.core.tree import Tree
-from dyspec.policies.common import expand_and_rerank
+from dyspec.core.tree_tensors import TreeTensors
+from dyspec.policies.common import expand_and_rerank, grow_and_rerank, on_device_asked
 
 
 def build(
@@ -28,13 +29,38 @@ def build(
     *,
     topk: int = 10,
     depth: int = 7,
+    step: str = "host",
 ) -> Tree:
+    """`step`: "device" grows it with `grow` at T = 0."""
+    on_device_asked(step)
     return expand_and_rerank(draft, root, budget, topk, depth + 1)
+
+
+def on_device(temperature: float, options: dict) -> bool:
+    """Whether a step at `temperature` with these options grows its tree on the device (`grow`)."""
+    return on_device_asked(options.get("step", "host")) and temperature == 0
+
+
+def grow(
+    draft: DraftSession,
+    root: int,
+    budget: int,
+    temperature: float,
+    generator: torch.Generator,
+    *,
+    topk: int = 10,
+    depth: int = 7,
+    step: str = "host",
+) -> TreeTensors:
+    """`build`'s tree as tensor ops (`grow_and_rerank`)."""
+    return grow_and_rerank(draft, root, budget, topk, depth + 1)
 
 
 POLICY = Policy(
     "eagle2",
     build,
+    grow=grow,
+    on_device=on_device,
     needs_draft=True,
     summary="EAGLE-2: expands the likeliest paths for a few rounds, then keeps the budget's best nodes",
 )

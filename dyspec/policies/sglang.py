@@ -13,7 +13,8 @@ import torch
 from dyspec.core.contract import Policy
 from dyspec.core.draft import DraftSession
 from dyspec.core.tree import Tree
-from dyspec.policies.common import expand_and_rerank
+from dyspec.core.tree_tensors import TreeTensors
+from dyspec.policies.common import expand_and_rerank, grow_and_rerank, on_device_asked
 
 
 def build(
@@ -25,13 +26,38 @@ def build(
     *,
     topk: int = 4,
     steps: int = 5,
+    step: str = "host",
 ) -> Tree:
+    """`step`: "device" grows it with `grow` at T = 0."""
+    on_device_asked(step)
     return expand_and_rerank(draft, root, budget, topk, steps)
+
+
+def on_device(temperature: float, options: dict) -> bool:
+    """Whether a step at `temperature` with these options grows its tree on the device (`grow`)."""
+    return on_device_asked(options.get("step", "host")) and temperature == 0
+
+
+def grow(
+    draft: DraftSession,
+    root: int,
+    budget: int,
+    temperature: float,
+    generator: torch.Generator,
+    *,
+    topk: int = 4,
+    steps: int = 5,
+    step: str = "host",
+) -> TreeTensors:
+    """`build`'s tree as tensor ops (`grow_and_rerank`)."""
+    return grow_and_rerank(draft, root, budget, topk, steps)
 
 
 POLICY = Policy(
     "sglang",
     build,
+    grow=grow,
+    on_device=on_device,
     needs_draft=True,
     summary="SGLang's EAGLE tree: the top children of the best frontier nodes, the best nodes by path probability kept",
 )
