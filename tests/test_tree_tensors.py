@@ -242,3 +242,13 @@ def test_a_step_on_the_device_reads_the_host_once(pair, policy, budget):
     counts = step_counts(pair, PROMPTS[1], policy, budget, max_new_tokens=24, options={"step": "device"})
     assert counts["steps"] > 3 and counts["reads"] == 1
     assert list(counts["read_sites"]) == [site_of("dyspec/core/tree_tensors.py", ".cpu().tolist()")]
+
+
+def test_budget_auto_keeps_its_steps_on_the_host(pair):
+    """`--budget auto` cuts each tree by what it learnt and learns from it, node by node: a policy
+    asked for its step on the device runs on the host there, exactly, with the host's reads."""
+    ar = generate(pair, PROMPTS[0], policy="ar", budget=1, max_new_tokens=24)
+    auto = step_counts(pair, PROMPTS[0], "chain", "auto", max_new_tokens=24, options={"step": "device"})
+    assert auto["steps"] > 3 and auto["reads"] > 1
+    out = generate(pair, PROMPTS[0], policy="chain", budget="auto", max_new_tokens=24, options={"step": "device"})
+    assert out.token_ids == ar.token_ids

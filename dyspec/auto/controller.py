@@ -32,6 +32,8 @@ class FixedBudget:
     """Every tree is built up to `budget` nodes and verified whole, but for the answer's last token:
     the target's forward of the root alone gives it, and no drafted node could be kept."""
 
+    learns = False
+
     def __init__(self, budget: int):
         self.fixed = Plan(budget)  # the same every step: made once, not per step
 
@@ -64,6 +66,8 @@ class AutoBudget:
     """`--budget auto`: each tree sized by expected tokens per ms (dyspec.auto.budget's rules), with
     every millisecond priced by the pair's measured profile, never read off the clock, so the same
     seeded call with the same state repeats exactly."""
+
+    learns = True
 
     def __init__(self, pair, policy: Policy, options: dict, temperature: float, state: AutoState | None):
         profile = pair_profile(pair)

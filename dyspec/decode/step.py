@@ -85,8 +85,8 @@ def speculative_step(run: Decoding, root: int, budget: Budget, left: int) -> Ste
     t0 = time.perf_counter()
     plan = budget.plan(run.target.length, left)
     on_device = run.policy.on_device
-    # under `--budget auto` (plan.args) the tree is cut by what the budget learnt: on the host
-    if plan.cap is not None and not plan.args and on_device and on_device(run.temperature, run.options):
+    # under `--budget auto` the tree is cut and learnt from, node by node: on the host
+    if plan.cap is not None and not budget.learns and on_device and on_device(run.temperature, run.options):
         return device_step(run, root, budget, plan, t0)
     tree, plan, draft_s, draft_forwards = draft_tree(run, root, budget, plan)
     positions = [run.target.length + depth for depth in tree.depths]
@@ -128,7 +128,7 @@ def device_step(run: Decoding, root: int, budget: Budget, plan: Plan, t0: float)
     host = tree_tensors.read_step(t, accepted, next_token, target_probs, forwarded=draft.forwarded())
     tree, old_ids, accepted, target_probs = tree_tensors.to_tree(t, host)
     draft.place(host.get("forwarded", []))
-    draft.relabel([host["origin"][i] for i in old_ids] if "origin" in host else old_ids)
+    draft.relabel([host["origin"][i] for i in old_ids] if "origin" in host else old_ids)  # as the tree was cut
     hidden = run.target.hidden
     if len(old_ids) < len(t):  # padding dropped: the rows the views and the drafts read, renumbered
         rows = torch.tensor(old_ids, device=logits.device)
