@@ -103,7 +103,7 @@ def test_the_tree_grown_on_the_device_is_the_heaps(batch, max_depth):
         for budget in (1, 2, 5, 8, 16, 33, 64):
             options = dict(batch=batch, max_depth=max_depth, select="top")
             ref = dyspec.build(draft, 3, budget, 0.0, torch.Generator(), **options)
-            t = dyspec.grow(draft, 3, budget, 0.0, torch.Generator(), **options)
+            t = dyspec.grow(draft, 3, budget, dyspec.POLICY.options | options)
             none = torch.zeros(len(t), dtype=torch.bool)
             tree = to_tree(t, read_step(t, none, torch.tensor([0]), torch.zeros(len(t))))[0]
             assert (tree.tokens, tree.parents, tree.draft_probs) == (ref.tokens, ref.parents, ref.draft_probs)
@@ -122,7 +122,7 @@ def test_the_chain_grown_on_the_device_is_the_loops(confidence):
         draft = TableDraft(12, seed)
         for budget in (1, 2, 5, 16):
             ref = chain.build(draft, 3, budget, 0.0, torch.Generator(), confidence=confidence)
-            t = chain.grow(draft, 3, budget, 0.0, torch.Generator(), confidence=confidence)
+            t = chain.grow(draft, 3, budget, chain.POLICY.options | {"confidence": confidence})
             tree = to_tree(
                 t, read_step(t, torch.zeros(len(t), dtype=torch.bool), torch.tensor([0]), torch.zeros(len(t)))
             )[0]
@@ -143,7 +143,7 @@ def test_the_static_tree_grown_on_the_device_is_the_layers():
     for seed, parents in enumerate(shapes):
         draft = TableDraft(12, seed)
         ref = sequoia.build(draft, 3, len(parents) - 1, 0.0, torch.Generator(), parents=parents, select="top")
-        t = sequoia.grow(draft, 3, len(parents) - 1, 0.0, torch.Generator(), parents=parents, select="top")
+        t = sequoia.grow(draft, 3, len(parents) - 1, sequoia.POLICY.options | {"parents": parents, "select": "top"})
         tree = to_tree(t, read_step(t, torch.zeros(len(t), dtype=torch.bool), torch.tensor([0]), torch.zeros(len(t))))[
             0
         ]
@@ -156,7 +156,7 @@ def test_the_static_tree_grown_on_the_device_is_the_layers():
         assert tree.growth == ref.growth and set(tree.q) == set(ref.q)
         assert all(torch.equal(tree.q[n], ref.q[n]) for n in ref.q)
     with pytest.raises(Exception, match="breadth-first"):
-        sequoia.grow(draft, 3, 3, 0.0, torch.Generator(), parents=[-1, 0, 1, 0], select="top")
+        sequoia.grow(draft, 3, 3, sequoia.POLICY.options | {"parents": [-1, 0, 1, 0]})
 
 
 @pytest.mark.parametrize("topk, steps", [(1, 1), (2, 3), (4, 5), (10, 3)])
@@ -182,17 +182,17 @@ class RelabelledTable(TableDraft):
 
 
 def test_which_steps_run_on_the_device():
-    assert not dyspec.on_device(0.0, {}) and dyspec.on_device(0.0, {"step": "device"})  # the host by default
-    assert not chain.on_device(0.0, {}) and chain.on_device(0.0, {"step": "device"})
-    assert not chain.on_device(0.7, {"step": "device"})
-    assert eagle2.on_device(0.0, {"step": "device"}) and not sglang.on_device(0.7, {"step": "device"})
-    assert sequoia.on_device(0.0, {"step": "device"}) and not sequoia.on_device(
-        0.0, {"step": "device", "select": "sample"}
-    )
+    def asks(policy, temperature: float, **options) -> bool:  # every option, the defaults filled in
+        return policy.POLICY.on_device(temperature, policy.POLICY.options | options)
+
+    assert not asks(dyspec, 0.0) and asks(dyspec, 0.0, step="device")  # the host by default
+    assert not asks(chain, 0.0) and asks(chain, 0.0, step="device") and not asks(chain, 0.7, step="device")
+    assert asks(eagle2, 0.0, step="device") and not asks(sglang, 0.7, step="device")
+    assert asks(sequoia, 0.0, step="device") and not asks(sequoia, 0.0, step="device", select="sample")
     for temperature, options in [(0.8, {}), (0.0, {"select": "sample"}), (0.0, {"score": "head"})]:
-        assert not dyspec.on_device(temperature, options | {"step": "device"})  # these grow on the host
+        assert not asks(dyspec, temperature, step="device", **options)  # these grow on the host
     with pytest.raises(Exception, match="step must be one of host, device"):
-        dyspec.on_device(0.0, {"step": "gpu"})
+        asks(dyspec, 0.0, step="gpu")
 
 
 @pytest.mark.parametrize(

@@ -50,10 +50,10 @@ class Policy:
     # target's logits over the tree; a replay, which has no target logits, refuses such a policy
     learn: Callable[[DraftSession, Tree, Any], None] | None = None
     summary: str = ""  # one line for the views' menus, in words a newcomer reads
-    # grow(draft, root, budget, temperature, generator, **options) -> TreeTensors: build's tree as a tensor
-    # program on the draft's device (the step on the device: dyspec.decode.step), where
-    # on_device(temperature, options) says the step runs it
-    grow: Callable[..., TreeTensors] | None = None
+    # grow(draft, root, budget, options) -> TreeTensors: build's tree at T = 0 as a tensor program on the
+    # draft's device (the step on the device: dyspec.decode.step), where on_device(temperature, options)
+    # says the step runs it; both get every option, the defaults filled in
+    grow: Callable[[DraftSession, int, int, dict], TreeTensors] | None = None
     on_device: Callable[[float, dict], bool] | None = None
 
     def __post_init__(self) -> None:

@@ -84,10 +84,10 @@ def speculative_step(run: Decoding, root: int, budget: Budget, left: int) -> Ste
     the device (`device_step`) where the policy grows its tree there for these settings."""
     t0 = time.perf_counter()
     plan = budget.plan(run.target.length, left)
-    on_device = run.policy.on_device
+    on_device, options = run.policy.on_device, run.policy.options | run.options
     # under `--budget auto` the tree is cut and learnt from, node by node: on the host
-    if plan.cap is not None and not budget.learns and on_device and on_device(run.temperature, run.options):
-        return device_step(run, root, budget, plan, t0)
+    if plan.cap is not None and not budget.learns and on_device and on_device(run.temperature, options):
+        return device_step(run, root, budget, plan, t0, options)
     tree, plan, draft_s, draft_forwards = draft_tree(run, root, budget, plan)
     positions = [run.target.length + depth for depth in tree.depths]
     # even a chain gets a mask: a causal forward of several tokens is read as a prefill
@@ -111,13 +111,13 @@ def speculative_step(run: Decoding, root: int, budget: Budget, left: int) -> Ste
     return Step(tree, accepted, next_token, logits, p, draft_s, t1 - t0 - draft_s, t2 - t1, draft_forwards, log_z=log_z)
 
 
-def device_step(run: Decoding, root: int, budget: Budget, plan: Plan, t0: float) -> Step:
+def device_step(run: Decoding, root: int, budget: Budget, plan: Plan, t0: float, options: dict) -> Step:
     """`speculative_step` with the tree grown, verified greedily and scored on the device
     (dyspec.core.tree_tensors) and read by the host once, after the target's forward: on a GPU
     nothing in the step waits for the device before that read."""
     draft = run.drafts[0]
     draft_s0, forwards0 = draft.seconds, draft.forwards
-    t = run.policy.grow(draft, root, plan.cap, run.temperature, run.generator, **run.options)
+    t = run.policy.grow(draft, root, plan.cap, options)
     draft_s = draft.seconds - draft_s0
     t1 = time.perf_counter()
     logits = run.target.forward(t.tokens, run.target.length + t.depths, t.ancestors)

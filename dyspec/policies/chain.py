@@ -11,7 +11,7 @@ from dyspec.core.tree import Tree
 from dyspec.core.tree_tensors import TreeTensors, add_nodes, new_tree
 from dyspec.errors import DyspecError
 from dyspec.kernels.row_stats import row_stats
-from dyspec.policies.common import on_device_asked
+from dyspec.policies.common import greedy_on_device, on_device_asked
 
 
 def extend(tree: Tree, node: int, logits: torch.Tensor, temperature: float, generator: torch.Generator) -> int:
@@ -61,23 +61,10 @@ def build(
     return tree
 
 
-def on_device(temperature: float, options: dict) -> bool:
-    """Whether a step at `temperature` with these options grows its chain on the device (`grow`)."""
-    return on_device_asked(options.get("step", "host")) and temperature == 0
-
-
-def grow(
-    draft: DraftSession,
-    root: int,
-    budget: int,
-    temperature: float,
-    generator: torch.Generator,
-    *,
-    confidence: float = 0.0,
-    step: str = "host",
-) -> TreeTensors:
+def grow(draft: DraftSession, root: int, budget: int, options: dict) -> TreeTensors:
     """`build`'s chain at T = 0 as tensor ops with no host read: a node past the confidence stop is
     padding (`valid` False), still forwarded, so that the chain has one shape."""
+    confidence = options["confidence"]
     check_confidence(confidence)
     t = new_tree(root, budget + 1, draft.kv.device, "iid", draft.vocab)
     ids = torch.arange(budget + 1, device=draft.kv.device)
@@ -96,7 +83,7 @@ POLICY = Policy(
     "chain",
     build,
     grow=grow,
-    on_device=on_device,
+    on_device=greedy_on_device,
     needs_draft=True,
     summary="the draft's top guess, then its top guess after that: one path, no branches",
 )

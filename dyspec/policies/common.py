@@ -22,6 +22,11 @@ def on_device_asked(step: str) -> bool:
     return step == "device"
 
 
+def greedy_on_device(temperature: float, options: dict) -> bool:
+    """A policy's `on_device` where its tensor program takes every option at T = 0."""
+    return on_device_asked(options["step"]) and temperature == 0
+
+
 def child_mode(select: str, temperature: float, draft_temperature: float) -> tuple[bool, float, str]:
     """(sample children?, temperature of the draft distribution, how the tree's children were drawn).
 

@@ -27,7 +27,7 @@ from dyspec.core.tree import Tree
 from dyspec.core.tree_tensors import TreeTensors, add_nodes, new_tree
 from dyspec.errors import DyspecError
 from dyspec.load.head import AcceptanceHead, head_for, load_head
-from dyspec.policies.common import child_mode, drawn_slot, on_device_asked
+from dyspec.policies.common import child_mode, drawn_slot, greedy_on_device, on_device_asked
 
 SCORES = ("draft", "head")
 
@@ -58,11 +58,8 @@ def _batch(budget: int, batch: int | None) -> int:
 
 def on_device(temperature: float, options: dict) -> bool:
     """Whether a step at `temperature` with these options grows its tree on the device (`grow`)."""
-    o = POLICY.options | options
-    if not on_device_asked(o["step"]):
-        return False
-    sample, _, _ = child_mode(o["select"], temperature, o["draft_temperature"])
-    return temperature == 0 and not sample and o["score"] == "draft"
+    sample = child_mode(options["select"], temperature, options["draft_temperature"])[0]
+    return greedy_on_device(temperature, options) and not sample and options["score"] == "draft"
 
 
 def forwards_for(budget: int, options: dict) -> int:
@@ -231,25 +228,13 @@ def build(
     return tree
 
 
-def grow(
-    draft: DraftSession,
-    root: int,
-    budget: int,
-    temperature: float,
-    generator: torch.Generator,
-    *,
-    batch: int | None = None,
-    max_depth: int = 16,
-    select: str = "auto",
-    draft_temperature: float = 0.6,
-    **_: object,
-) -> TreeTensors:
-    """`build`'s tree with "top" children and the draft's scores, grown as tensor ops with no host
-    read: each round forwards the last round's `batch` picks (padding too, `valid` False, so that
-    every round has one shape) and picks the next `batch` from the candidate matrix of every node
-    forwarded so far. Where `on_device` says so."""
-    batch = _batch(budget, batch)
-    _, tau, sampling = child_mode(select, temperature, draft_temperature)
+def grow(draft: DraftSession, root: int, budget: int, options: dict) -> TreeTensors:
+    """`build`'s tree at T = 0 with "top" children and the draft's scores, grown as tensor ops with
+    no host read: each round forwards the last round's `batch` picks (padding too, `valid` False, so
+    that every round has one shape) and picks the next `batch` from the candidate matrix of every
+    node forwarded so far. Where `on_device` says so."""
+    batch, max_depth = _batch(budget, options["batch"]), options["max_depth"]
+    _, tau, sampling = child_mode(options["select"], 0.0, options["draft_temperature"])
     rounds = forwards_for(budget, {"batch": batch})
     device = draft.kv.device
     t = new_tree(root, 1 + rounds * batch, device, sampling, draft.vocab)

@@ -22,7 +22,7 @@ from dyspec.core.tree import Tree
 from dyspec.core.tree_tensors import TreeTensors, add_nodes, new_tree
 from dyspec.errors import DyspecError
 from dyspec.load import pair_key
-from dyspec.policies.common import child_mode, on_device_asked
+from dyspec.policies.common import child_mode, greedy_on_device, on_device_asked
 
 SHIPPED = SHIPPED_FILES / "acceptance"  # vectors measured for the default pairs
 
@@ -178,32 +178,20 @@ def static_tree(acceptance: list[float] | None, parents: list[int] | None, budge
 
 def on_device(temperature: float, options: dict) -> bool:
     """Whether a step at `temperature` with these options grows its tree on the device (`grow`)."""
-    o = POLICY.options | options
     return (
-        on_device_asked(o["step"]) and temperature == 0 and not child_mode(o["select"], 0.0, o["draft_temperature"])[0]
+        greedy_on_device(temperature, options)
+        and not child_mode(options["select"], 0.0, options["draft_temperature"])[0]
     )
 
 
-def grow(
-    draft: DraftSession,
-    root: int,
-    budget: int,
-    temperature: float,
-    generator: torch.Generator,
-    *,
-    acceptance: list[float] | None = None,
-    parents: list[int] | None = None,
-    max_depth: int = 8,
-    select: str = "auto",
-    draft_temperature: float = 0.6,
-    step: str = "host",
-) -> TreeTensors:
-    """`build`'s tree with "top" children as tensor ops with no host read: a layer's nodes that have
-    children are forwarded together and each child takes its rank among its parent's top k. The
-    shape is static, so which row and rank each node takes is known here; a child of probability 0
-    is padding (`valid` False), as `build` stops at it."""
-    parents = static_tree(acceptance, parents, budget, max_depth)
-    _, tau, sampling = child_mode(select, temperature, draft_temperature)
+def grow(draft: DraftSession, root: int, budget: int, options: dict) -> TreeTensors:
+    """`build`'s tree at T = 0 with "top" children as tensor ops with no host read: a layer's nodes
+    that have children are forwarded together and each child takes its rank among its parent's top
+    k. The shape is static, so which row and rank each node takes is known here; a child of
+    probability 0 is padding (`valid` False), as `build` stops at it."""
+    o = options
+    parents = static_tree(o["acceptance"], o["parents"], budget, o["max_depth"])
+    _, tau, sampling = child_mode(o["select"], 0.0, o["draft_temperature"])
     device = draft.kv.device
     t = new_tree(root, len(parents), device, sampling, draft.vocab)
     children: dict[int, list[int]] = {}

@@ -14,7 +14,7 @@ from dyspec.core.contract import Policy
 from dyspec.core.draft import DraftSession
 from dyspec.core.tree import Tree
 from dyspec.core.tree_tensors import TreeTensors
-from dyspec.policies.common import expand_and_rerank, grow_and_rerank, on_device_asked
+from dyspec.policies.common import expand_and_rerank, greedy_on_device, grow_and_rerank, on_device_asked
 
 
 def build(
@@ -33,31 +33,16 @@ def build(
     return expand_and_rerank(draft, root, budget, topk, steps)
 
 
-def on_device(temperature: float, options: dict) -> bool:
-    """Whether a step at `temperature` with these options grows its tree on the device (`grow`)."""
-    return on_device_asked(options.get("step", "host")) and temperature == 0
-
-
-def grow(
-    draft: DraftSession,
-    root: int,
-    budget: int,
-    temperature: float,
-    generator: torch.Generator,
-    *,
-    topk: int = 4,
-    steps: int = 5,
-    step: str = "host",
-) -> TreeTensors:
+def grow(draft: DraftSession, root: int, budget: int, options: dict) -> TreeTensors:
     """`build`'s tree as tensor ops (`grow_and_rerank`)."""
-    return grow_and_rerank(draft, root, budget, topk, steps)
+    return grow_and_rerank(draft, root, budget, options["topk"], options["steps"])
 
 
 POLICY = Policy(
     "sglang",
     build,
     grow=grow,
-    on_device=on_device,
+    on_device=greedy_on_device,
     needs_draft=True,
     summary="SGLang's EAGLE tree: the top children of the best frontier nodes, the best nodes by path probability kept",
 )
