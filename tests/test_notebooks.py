@@ -17,7 +17,7 @@ from nbclient import NotebookClient
 from traitlets import Type
 from traitlets.config import Config
 
-from dyspec.eval.speedup import PROFILE_MARGIN
+from dyspec.auto.profile import PROFILE_MARGIN
 
 ROOT = Path(__file__).resolve().parents[1]
 NOTEBOOKS = sorted((ROOT / "notebooks").glob("*.ipynb"))

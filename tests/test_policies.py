@@ -1,6 +1,7 @@
 """Tree builders against brute force, on a deterministic synthetic draft (no model needed)."""
 
 import itertools
+import zlib
 from functools import cache
 
 import pytest
@@ -152,10 +153,11 @@ def test_threshold_respects_threshold_and_budget(select):
 
 def draws_by_row(q: torch.Tensor, k: int, sample: bool, generator=None):
     """`ranked_children` with each row's draw a function of the row alone, so that two builds that
-    forward the same nodes in another order draw the same children for them."""
+    forward the same nodes in another order draw the same children for them. The row's hash is
+    crc32, not `hash`, which changes with each process's PYTHONHASHSEED: the draws repeat."""
     if not sample:
         return ranked_children(q, k, sample)
-    seeds = [hash(row.numpy().tobytes()) % 2**31 for row in q]
+    seeds = [zlib.crc32(row.numpy().tobytes()) for row in q]
     rows = [ranked_children(row[None], k, True, torch.Generator().manual_seed(seed)) for row, seed in zip(q, seeds)]
     return torch.cat([r[0] for r in rows]), torch.cat([r[1] for r in rows])
 

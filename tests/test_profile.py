@@ -69,3 +69,23 @@ def test_a_shaped_profile_times_steps_and_makes_a_results_section(tmp_path, caps
     path.write_text("{}")
     with pytest.raises(DyspecError, match="not a latency profile"):
         results_page([path], "Bad")
+
+
+def test_a_cached_profile_far_off_a_fresh_measurement_is_measured_again(tmp_path, monkeypatch):
+    """A profile measured while something else used the machine prices every tree wrong: checked
+    against a t(1) just measured, it is measured again where the two are more than PROFILE_MARGIN
+    apart, either way, and kept where they agree."""
+    path = tmp_path / "profile.json"
+    measured = []
+
+    def measure(pair, baseline):
+        measured.append(baseline)
+        return {"target": {"1": 10.0 + len(measured)}}
+
+    monkeypatch.setattr(profile, "profile_path", lambda pair: path)
+    monkeypatch.setattr(profile, "measure_profile", measure)
+    assert profile.pair_profile(None)["target"]["1"] == 11.0 and measured == [False]  # measured once, then cached
+    assert profile.pair_profile(None, check_ms=11.0 * profile.PROFILE_MARGIN * 0.99)["target"]["1"] == 11.0
+    assert profile.pair_profile(None, check_ms=11.0 / profile.PROFILE_MARGIN * 0.99)["target"]["1"] == 12.0
+    assert profile.pair_profile(None, check_ms=12.0 * profile.PROFILE_MARGIN * 1.01)["target"]["1"] == 13.0
+    assert profile.pair_profile(None)["target"]["1"] == 13.0 and len(measured) == 3

@@ -111,18 +111,20 @@ def test_at_position_finds_the_step_that_drafted_a_token():
 
 
 def test_example_expectations_hold_on_the_default_pair(default_pair):
-    """The examples' "what to expect" against what the default pair does: the one said to pay least
-    gets the fewest tokens per forward from `dyspec` at budget 16, and no example claims a ranking
-    finer than that (greedy text shifts with a CPU's float rounding, so close ranks flip)."""
+    """The examples' "what to expect" against what the default pair does here: the one said to pay
+    most gets the most tokens per forward from `dyspec` at budget 16 and the one said to pay least
+    the fewest, and no example claims a ranking finer than that (greedy text shifts with a CPU's
+    float rounding, so close ranks flip; these two are far from the rest: docs/results/cpu-examples.md)."""
     from dyspec.views.examples import EXAMPLES
 
     tpf = {
         e.label: replay(default_pair, e.prompt, ["dyspec"], [16], progress=False)[0].tokens_per_forward
         for e in EXAMPLES
     }
-    least = [e.label for e in EXAMPLES if e.expect.startswith("Trees pay least")]
-    assert len(least) == 1 and not any(e.expect.startswith("Trees pay most") for e in EXAMPLES), "no ranking finer"
-    assert min(tpf, key=tpf.get) == least[0], tpf
+    (most,) = [e.label for e in EXAMPLES if e.expect.startswith("Trees pay most")]
+    (least,) = [e.label for e in EXAMPLES if e.expect.startswith("Trees pay least")]
+    assert all(e.expect.startswith(("Trees pay most", "Trees pay least", "Trees pay some")) for e in EXAMPLES)
+    assert max(tpf, key=tpf.get) == most and min(tpf, key=tpf.get) == least, tpf
 
 
 def test_what_a_policy_remembers_is_kept_per_measured_setting():

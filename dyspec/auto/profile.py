@@ -28,6 +28,9 @@ from dyspec.load import load_model
 # off a line through the powers of two, chose chains that cost more than longer ones.
 DEFAULT_SIZES = (*range(1, 17), 24, 32, 48, 64, 80)
 CONTEXT = 100  # cached tokens behind the profile's forwards
+# a forward's time against the profile's t(1) beyond which, either way, one of the two was not measured
+# as this machine runs it (the profile's context is shorter than most answers reach: not tighter)
+PROFILE_MARGIN = 1.5
 # A second context, at fewer sizes: on the int8 path, whose exact attention reads each row's
 # keys apart, a tree token costs more behind a longer context, and `--budget auto` reads t(n) at
 # each step's context (`cost.profile_at`)
@@ -239,12 +242,19 @@ def profile_path(pair) -> Path:
     return cache_dir() / "profiles" / ("__".join(str(x).replace("/", "_") for x in (*key, f"m{METHOD}")) + ".json")
 
 
-def pair_profile(pair) -> dict:
+def pair_profile(pair, check_ms: float | None = None) -> dict:
     """This machine's t(n) of the pair's target (behind two contexts) and draft as they run: what
     `--budget auto` prices trees with and the hardware what-if prices a run with (dyspec.auto.whatif).
     Measured once (under a minute for the default pair on a CPU), then read from `profile_path`;
-    `dyspec profile` measures it again."""
+    `dyspec profile` measures it again. `check_ms`: a target t(1) just measured; where the cached
+    one is off it by more than PROFILE_MARGIN either way, the profile is measured again now: it
+    was measured while something else used the machine (a build, a test beside it), and would
+    price every tree wrong."""
     path = profile_path(pair)
+    if path.exists() and check_ms is not None:
+        cached = json.loads(path.read_text())["target"]["1"]
+        if not 1 / PROFILE_MARGIN <= check_ms / cached <= PROFILE_MARGIN:
+            path.unlink()
     if not path.exists():
         write_cache(path, json.dumps(measure_profile(pair, baseline=False)))
     return json.loads(path.read_text())

@@ -30,6 +30,7 @@ import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from dyspec.auto.profile import PROFILE_MARGIN
 from dyspec.core.events import StepVerified
 from dyspec.decode.engine import generate
 from dyspec.defaults import defaults_for
@@ -37,9 +38,6 @@ from dyspec.load import ModelPair
 
 MIN_TOKENS = 16
 BUSY = 1.25  # ar's median forward over the run's beyond which ar was slowed by something else
-# ar's median forward against the profile's t(1) (at a shorter context than most answers reach)
-# beyond which, either way, ar did not run as this machine runs it
-PROFILE_MARGIN = 1.5
 METHOD = "decode rates, prefill excluded, both warm; ar measured once per prompt and settings"
 RESAMPLES = 200
 WARM_PROMPT = "Say hello."
