@@ -276,8 +276,8 @@ class ViewModel:
         stop: Callable[[], bool] | None = None,
         knobs: Knobs | None = None,
     ) -> Iterator[Live]:
-        """A live run, the state after each step and once at its end; `ar` measured first on the
-        same prompt and settings (once per prompt and settings) when `measure_ar`. With `knobs`
+        """A live run, the state after each step and once at its end; `ar` measured right before it
+        on the same prompt and settings when `measure_ar` (speedup.ar_steps, `fresh`). With `knobs`
         (`self.knobs`), `budget` and `temperature` are its values, and `tune` changes them while
         the run goes on."""
         if knobs is not None:
@@ -289,11 +289,10 @@ class ViewModel:
         options = {**(self.defaults.options if policy == self.default_policy else {}), **(options or {})}
         live = Live(policy=policy, options=options, prompt=prompt)
         if measure_ar and policy != "ar":
-            if speedup.ar_key(prompt, temperature, seed, max_new_tokens) not in self.ar_cache:
-                live.status = "Measuring ar (plain decoding) on this prompt first, for the speedup: once a prompt."
-                yield live
-            live.ar = speedup.ar_steps(self.pair, prompt, temperature, seed, max_new_tokens, self.ar_cache)
+            live.status = "Measuring ar (plain decoding) on this prompt first, right before the run, for the speedup."
+            yield live
             self.warm_up(policy, budget)
+            live.ar = speedup.ar_steps(self.pair, prompt, temperature, seed, max_new_tokens, self.ar_cache, fresh=True)
         live.status = f"Running {policy}: the first step comes after the prompt is read."
         yield live
         kwargs = {"temperature": temperature, "seed": seed, "max_new_tokens": max_new_tokens, "options": options}
