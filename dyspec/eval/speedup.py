@@ -9,9 +9,9 @@ Rules, each with its reason:
 - Both warm (`warm_up`): a process's first generation of a policy pays one-off costs (allocations,
   the first int8 packing, `--budget auto`'s profile) that would count against whichever ran first.
 - Same prompt, settings and length, `ar` measured right before each live run (`ar_steps`,
-  `fresh`): a rate cached from another moment carries that moment's noise into every later ratio
-  (a 34-token run's rate moves by 15% from run to run on a 2-core CPU), where a fresh one shares
-  the run's. It doubles a short run's wait, which is a second at most on the examples.
+  `fresh`): a rate cached from another moment carries that moment's noise into every later ratio,
+  where a fresh one shares the run's. It doubles a short run's wait, worth it for a number the
+  room reads aloud.
 - With its spread: a run's steps differ (a step that accepts 3 tokens is cheap per token, one that
   accepts none is not), so the ratio comes with a bootstrap interval over both runs' steps.
 - A running speedup is shown only once MIN_TOKENS tokens are in: after one step it is that step's
