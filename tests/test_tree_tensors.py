@@ -241,7 +241,7 @@ def test_a_step_on_the_device_is_the_host_step(pair, policy, budget, options, sa
 def test_a_step_on_the_device_reads_the_host_once(pair, policy, budget):
     counts = step_counts(pair, PROMPTS[1], policy, budget, max_new_tokens=24, options={"step": "device"})
     assert counts["steps"] > 3 and counts["reads"] == 1
-    assert list(counts["read_sites"]) == [site_of("dyspec/core/tree_tensors.py", ".cpu().tolist()")]
+    assert list(counts["read_sites"]) == [site_of("dyspec/core/tree_tensors.py", "torch.cat(parts).tolist()")]
 
 
 def test_budget_auto_keeps_its_steps_on_the_host(pair):

@@ -9,6 +9,7 @@ from __future__ import annotations
 import inspect
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Any, Protocol
 
 from dyspec.core.draft import DraftSession
@@ -72,9 +73,10 @@ class Policy:
         """Whether it asks the draft for distributions under `options` (the defaults where unset)."""
         return self.needs_draft or bool(self.draft_option and {**self.options, **options}[self.draft_option])
 
-    @property
+    @cached_property  # read at every step (`speculative_step`): the signature is inspected once
     def options(self) -> dict[str, Any]:
-        """The options a user may set beyond budget and temperature, with their defaults."""
+        """The options a user may set beyond budget and temperature, with their defaults (do not
+        change the dict: it is the policy's own)."""
         params = inspect.signature(self.build).parameters
         return {k: p.default for k, p in params.items() if p.kind is p.KEYWORD_ONLY and k not in ENGINE_SET}
 

@@ -68,6 +68,7 @@ class DraftSession:
         self.tree_features: torch.Tensor | None = None  # the same [nodes, H], for a tree grown on the device
         self.slot_of: dict[int, int] = {}  # tree node -> cache slot, for nodes forwarded this step
         self.tree_slots: list[tuple[int, torch.Tensor]] = []  # (first slot, nodes) of each `tree_logits` call
+        self.context_tensor: torch.Tensor | None = None  # `context` on the device, for a step's copies there
         self.memo: dict = {} if memo is None else memo  # policies' learnt state, by policy
         # whether it forwards in this generation: an idle one (`ar`, `lookup` without its fallback)
         # keeps the committed tokens for the policy to search, and no features
@@ -151,7 +152,9 @@ class DraftSession:
         context and each node's path, the logits widened to the target's vocabulary where the
         draft's is reduced (whether a copy falls outside it is not known without a read)."""
         device, n = logits.device, len(rows)
-        context = torch.frombuffer(self.context, dtype=torch.int32).to(device, torch.long)
+        if self.context_tensor is None:  # the committed tokens change only at `commit`: copied once a step
+            self.context_tensor = torch.frombuffer(self.context, dtype=torch.int32).to(device, torch.long)
+        context = self.context_tensor
         depth = len(t) - 1  # no path is longer than the tree's nodes
         on_path = t.ancestors[rows] & (torch.arange(len(t), device=device) > 0)
         at = torch.where(on_path, t.depths - 1, depth)  # column of each ancestor by depth; the rest to a spare one
@@ -258,5 +261,5 @@ class DraftSession:
             self.kv.commit([self.slot_of[node] for node in accepted[:seen]])
         self.pending += [tree.tokens[node] for node in accepted[seen:]] + [next_token]
         self.context.extend([tree.tokens[node] for node in accepted] + [next_token])
-        self.slot_of, self.tree_slots = {}, []
+        self.slot_of, self.tree_slots, self.context_tensor = {}, [], None
         self.calls = []

@@ -41,9 +41,8 @@ class TreeTensors:
         return len(self.tokens)
 
 
-def new_tree(root: int, capacity: int, device: torch.device, sampling: str, vocab: DraftVocab | None) -> TreeTensors:
-    """The root alone, with room for `capacity` nodes in all."""
-    n = capacity
+def new_tree(root: int, n: int, device: torch.device, sampling: str, vocab: DraftVocab | None) -> TreeTensors:
+    """The root alone, with room for `n` nodes in all."""
     valid = torch.zeros(n, dtype=torch.bool, device=device)
     valid[0] = True
     return TreeTensors(
@@ -118,7 +117,7 @@ def read_step(
     if t.origin is not None:
         extra["origin"] = t.origin
     parts = [rows.flatten(), next_token.reshape(1).to(torch.float64), *(v.to(torch.float64) for v in extra.values())]
-    table = torch.cat(parts).cpu().tolist()
+    table = torch.cat(parts).tolist()
     n = len(t)
     tokens, parents, probs, valid, accepted_, target = (table[i * n : (i + 1) * n] for i in range(6))
     host = {

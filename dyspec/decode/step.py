@@ -84,10 +84,11 @@ def speculative_step(run: Decoding, root: int, budget: Budget, left: int) -> Ste
     the device (`device_step`) where the policy grows its tree there for these settings."""
     t0 = time.perf_counter()
     plan = budget.plan(run.target.length, left)
-    on_device, options = run.policy.on_device, run.policy.options | run.options
     # under `--budget auto` the tree is cut and learnt from, node by node: on the host
-    if plan.cap is not None and not budget.learns and on_device and on_device(run.temperature, options):
-        return device_step(run, root, budget, plan, t0, options)
+    if plan.cap is not None and not budget.learns and run.policy.on_device is not None:
+        options = run.policy.options | run.options
+        if run.policy.on_device(run.temperature, options):
+            return device_step(run, root, budget, plan, t0, options)
     tree, plan, draft_s, draft_forwards = draft_tree(run, root, budget, plan)
     positions = [run.target.length + depth for depth in tree.depths]
     # even a chain gets a mask: a causal forward of several tokens is read as a prefill
