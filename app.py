@@ -13,12 +13,14 @@ share the cores). What the app shows and how it runs lives in the view model
 from __future__ import annotations
 
 import argparse
+import contextlib
 import functools
 import hashlib
 import inspect
 import tempfile
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import gradio as gr
@@ -43,6 +45,10 @@ LOOK_FOR = (
 # Every event that may run the models (generations, replays, pricing on this machine, which profiles
 # them once) waits in one queue: two at once would share the pair's caches and compiled forwards
 PAIR = "pair"
+QUEUED = (
+    "**Waiting in the queue**: another run is on the models (two at once would only share the cores). "
+    "Yours starts when it ends."
+)
 DOWNLOADS = Path(tempfile.mkdtemp(prefix="dyspec-app-"))  # each browser session's last run, as a page
 
 
@@ -61,6 +67,36 @@ GLOSSARY = Path(__file__).with_name("docs") / "concepts" / "glossary.md"  # the 
 # policy names on one line, and headers that wrap between words, never inside one ("budget"): at a
 # projector's 1280 px the table fits the results' column
 CSS = "#sbs-table td:first-child { white-space: nowrap; } #sbs-table th { word-break: normal; overflow-wrap: normal; }"
+
+
+class ModelsInUse:
+    """The runs on the pair's models now (generations and races), so that a run asked for while
+    `limit` of them go on says that it waits: Gradio's queue shows nothing until its turn."""
+
+    def __init__(self, limit: int):
+        self.limit, self.running, self.lock = limit, 0, threading.Lock()
+
+    def said(self, output) -> dict:
+        """An event that writes to `output` that the run asked for waits, if it does (never queued itself)."""
+        note = lambda: QUEUED if self.running >= self.limit else gr.skip()  # noqa: E731
+        return {
+            "fn": note,
+            "inputs": None,
+            "outputs": output,
+            "api_name": False,
+            "concurrency_limit": None,
+            "show_progress": "hidden",
+        }
+
+    @contextlib.contextmanager
+    def held(self) -> Iterator[None]:
+        with self.lock:
+            self.running += 1
+        try:
+            yield
+        finally:  # a closed browser closes its run's generator too
+            with self.lock:
+                self.running -= 1
 
 
 def slider_update(last: int, first: int, value: int | None = None):
@@ -217,14 +253,14 @@ def side_by_side_tab(demo: gr.Blocks, vm: state.ViewModel, concurrency: int) -> 
     gr.Markdown(LOOK_FOR)
     with gr.Row():
         with gr.Column(scale=1):
-            prompt = gr.Textbox(label="Prompt", value=EXAMPLES[0].prompt, lines=4, elem_id="sbs-prompt")
+            prompt = gr.Textbox(label="Prompt", value=EXAMPLES[0].prompt, lines=3, elem_id="sbs-prompt")
+            button = gr.Button("Replay side by side", variant="primary", elem_id="sbs-run")
             expect = gr.Textbox(label="What to expect", value=EXAMPLES[0].expect, lines=2, interactive=False)
             examples_menu(prompt, expect, "Examples", "sbs-examples")
             policies = policy_boxes(vm)
             budget = replay_budget(vm)
             max_new = gr.Slider(1, vm.limits.max_new_tokens, value=64, step=1, label="Max new tokens")
             pricing = pricing_controls(vm, "Price the trees on", vm.side_by_side_hardware, "sbs-hardware")
-            button = gr.Button("Replay side by side", variant="primary", elem_id="sbs-run")
         with gr.Column(scale=3):
             table = gr.Markdown(
                 "Replaying the opening comparison...", label="Table", show_label=False, elem_id="sbs-table"
@@ -278,7 +314,10 @@ def side_by_side_tab(demo: gr.Blocks, vm: state.ViewModel, concurrency: int) -> 
 
 def generate_controls(vm: state.ViewModel) -> list:
     """The live tab's inputs, in the order its handlers take them, then its Run and Stop buttons."""
-    prompt = gr.Textbox(label="Prompt", value=EXAMPLES[0].prompt, lines=5, elem_id="prompt")
+    prompt = gr.Textbox(label="Prompt", value=EXAMPLES[0].prompt, lines=3, elem_id="prompt")
+    with gr.Row():  # under the prompt: at a projector's 720 px the buttons and the stats they fill show together
+        run_btn = gr.Button("Run", variant="primary", elem_id="run")
+        stop_btn = gr.Button("Stop", elem_id="stop")
     expect = gr.Textbox(label="What to expect", value=EXAMPLES[0].expect, lines=2, interactive=False, elem_id="expect")
     examples_menu(prompt, expect, "Examples: where trees pay, and where they pay little", "examples")
     policy = policy_menu(vm, vm.policies, vm.default_policy, "Policy", "policy")
@@ -310,9 +349,6 @@ def generate_controls(vm: state.ViewModel) -> list:
     seed = gr.Number(value=0, precision=0, label="Seed")
     max_new = gr.Slider(1, vm.limits.max_new_tokens, value=64, step=1, label="Max new tokens", elem_id="max-new")
     measure_ar = gr.Checkbox(value=True, label="Measure ar on the same prompt (for the speedup)")
-    with gr.Row():
-        run_btn = gr.Button("Run", variant="primary", elem_id="run")
-        stop_btn = gr.Button("Stop", elem_id="stop")
     return [prompt, policy, budget, auto, temperature, seed, max_new, measure_ar, run_btn, stop_btn]
 
 
@@ -344,9 +380,9 @@ def live_views(vm: state.ViewModel, live: state.Live, draw: bool, pricing: tuple
     )
 
 
-def live_handlers(vm: state.ViewModel) -> tuple:
-    """The live tab's handlers: check a request, run it (streaming its views), stop it, tune it
-    while it runs, show a step."""
+def live_handlers(vm: state.ViewModel, in_use: ModelsInUse) -> tuple:
+    """The live tab's handlers: check a request (and say when it waits in the queue), run it
+    (streaming its views), stop it, tune it while it runs, show a step."""
 
     @errors_as_toasts
     def check(prompt, policy, budget, auto, temperature, seed, max_new_tokens, *_):
@@ -374,8 +410,9 @@ def live_handlers(vm: state.ViewModel) -> tuple:
         stop = stops[request.session_hash] = threading.Event()
         knobs = tunings[request.session_hash] = vm.knobs(state.budget_of(budget, auto), temperature)
         settings = (temperature, int(seed), int(max_new_tokens), None, measure_ar, stop.is_set, knobs)
-        for live, draw in state.paced(vm.run(prompt, policy, knobs.budget, *settings)):
-            yield live_views(vm, live, draw, (hardware, width, draft_fraction), request.session_hash)
+        with in_use.held():
+            for live, draw in state.paced(vm.run(prompt, policy, knobs.budget, *settings)):
+                yield live_views(vm, live, draw, (hardware, width, draft_fraction), request.session_hash)
 
     @errors_as_toasts
     def check_file(run_file: bytes, *_) -> None:
@@ -441,9 +478,24 @@ def export_panel(vm: state.ViewModel, live_state: gr.State) -> None:
     )
 
 
-def generate_tab(vm: state.ViewModel, concurrency: int) -> None:
+def whatif_panel(vm: state.ViewModel) -> tuple[tuple, gr.Markdown]:
+    """A finished run's trees priced on other hardware: the menu's controls and the verdict."""
+    with gr.Accordion("Hardware what-if: this run's trees priced elsewhere", open=True):
+        gr.Markdown(
+            "Tokens per forward belong to the model pair and the text; the speedup is that times "
+            "the hardware's price of a tree. Priced with a latency profile (forwards only)."
+        )
+        with gr.Row():
+            pricing = pricing_controls(vm, "Hardware", None, "hardware")
+        verdict = gr.Markdown(
+            "Run a generation to price its trees.", label="What-if", show_label=False, elem_id="whatif"
+        )
+    return pricing, verdict
+
+
+def generate_tab(vm: state.ViewModel, in_use: ModelsInUse) -> None:
     """A live run measured against `ar`: its text, trees, per-step chart, export and what-if."""
-    check, run, stop, tune, show_step, replay, check_file, load = live_handlers(vm)
+    check, run, stop, tune, show_step, replay, check_file, load = live_handlers(vm, in_use)
     live_state = gr.State(None)
     gr.Markdown(
         f"A live run on this machine, measured against plain decoding (`ar`) on the same prompt. "
@@ -477,20 +529,12 @@ def generate_tab(vm: state.ViewModel, concurrency: int) -> None:
             with gr.Row():
                 chart = gr.Plot(label="Per step", elem_id="chart")
                 depth = gr.Plot(label="Acceptance by tree depth", elem_id="depth")
-            with gr.Accordion("Hardware what-if: this run's trees priced elsewhere", open=True):
-                gr.Markdown(
-                    "Tokens per forward belong to the model pair and the text; the speedup is that times "
-                    "the hardware's price of a tree. Priced with a latency profile (forwards only)."
-                )
-                with gr.Row():
-                    pricing = pricing_controls(vm, "Hardware", None, "hardware")
-                whatif_md = gr.Markdown(
-                    "Run a generation to price its trees.", label="What-if", show_label=False, elem_id="whatif"
-                )
+            pricing, whatif_md = whatif_panel(vm)
     inputs = [*settings, *pricing]
     outputs = [text, tree, chart, depth, stats, live_state, step_slider, growth_slider, whatif_md, download]
-    run_btn.click(check, inputs, None, api_name=False).success(
-        run, inputs, outputs, api_name="run", concurrency_limit=concurrency, concurrency_id=PAIR
+    # checked first (a mistake is a toast, with no badge on the outputs), then the queue said, then run
+    run_btn.click(check, inputs, None, api_name=False).success(**in_use.said(stats)).success(
+        run, inputs, outputs, api_name="run", concurrency_limit=in_use.limit, concurrency_id=PAIR
     )
     # Stop asks the run to end cleanly after its step (no concurrency limit: never behind the run); the
     # run's last state stays on screen, where cancelling the event would replace it with errors
@@ -522,19 +566,23 @@ def generate_tab(vm: state.ViewModel, concurrency: int) -> None:
         )
 
 
-def race_controls(vm: state.ViewModel) -> list:
-    """The race's inputs, in the order its handlers take them: prompt, policy, budget, length, pace."""
-    prompt = gr.Textbox(label="Prompt", value=EXAMPLES[1].prompt, lines=4, elem_id="race-prompt")
+def race_controls(vm: state.ViewModel) -> tuple[list, gr.Button, gr.Button]:
+    """The race's inputs, in the order its handlers take them (prompt, policy, budget, length, pace),
+    and its Race and Replay buttons, under the prompt."""
+    prompt = gr.Textbox(label="Prompt", value=EXAMPLES[1].prompt, lines=3, elem_id="race-prompt")
+    with gr.Row():
+        start = gr.Button("Race", variant="primary", elem_id="race-run")
+        again = gr.Button("Replay the race", elem_id="race-again")
     expect = gr.Textbox(label="What to expect", value=EXAMPLES[1].expect, lines=2, interactive=False)
     examples_menu(prompt, expect, "Examples", "race-examples")
     policy = policy_menu(vm, vm.racers, vm.first_racer, "Policy against ar", "race-policy")
     budget = gr.Slider(1, vm.limits.budget, value=vm.default_budget, step=1, label="Budget", elem_id="race-budget")
     max_new = gr.Slider(1, vm.limits.max_new_tokens, value=96, step=1, label="Max new tokens", elem_id="race-max")
     pace = gr.Radio(PACES, value=PACES[0][1], label="Replay pace", elem_id="race-pace")
-    return [prompt, policy, budget, max_new, pace]
+    return [prompt, policy, budget, max_new, pace], start, again
 
 
-def race_tab(vm: state.ViewModel, concurrency: int) -> None:
+def race_tab(vm: state.ViewModel, in_use: ModelsInUse) -> None:
     """Plain decoding and a policy measured one after the other, then replayed side by side on
     their measured clocks, with the measured ratio and a modelled one."""
 
@@ -553,8 +601,9 @@ def race_tab(vm: state.ViewModel, concurrency: int) -> None:
 
     @errors_as_toasts
     def run(prompt, policy, budget, max_new_tokens, pace, hardware, width, draft_fraction):
-        for now in race.run_race(vm, prompt, policy, int(budget), int(max_new_tokens)):
-            yield race.progress_text(now), now
+        with in_use.held():
+            for now in race.run_race(vm, prompt, policy, int(budget), int(max_new_tokens)):
+                yield race.progress_text(now), now
         for frame in replay(now, pace, hardware, width, draft_fraction):
             yield frame, now
 
@@ -565,11 +614,8 @@ def race_tab(vm: state.ViewModel, concurrency: int) -> None:
     )
     with gr.Row():
         with gr.Column(scale=1):
-            controls = race_controls(vm)
+            controls, start, again = race_controls(vm)
             pricing = pricing_controls(vm, "Model the same trees on", vm.side_by_side_hardware, "race-hardware")
-            with gr.Row():
-                start = gr.Button("Race", variant="primary", elem_id="race-run")
-                again = gr.Button("Replay the race", elem_id="race-again")
         with gr.Column(scale=3):
             board = gr.HTML(
                 "Press Race: ar runs, then the policy, then both replay side by side.",
@@ -579,8 +625,8 @@ def race_tab(vm: state.ViewModel, concurrency: int) -> None:
             )
     raced = gr.State(None)
     inputs = [*controls, *pricing]
-    start.click(check, inputs, None, api_name=False).success(
-        run, inputs, [board, raced], api_name="race", concurrency_limit=concurrency, concurrency_id=PAIR
+    start.click(check, inputs, None, api_name=False).success(**in_use.said(board)).success(
+        run, inputs, [board, raced], api_name="race", concurrency_limit=in_use.limit, concurrency_id=PAIR
     )
     again.click(replay, [raced, controls[-1], *pricing], board, api_name=False, concurrency_id=PAIR)
 
@@ -598,6 +644,7 @@ def build_app(pair: dyspec.ModelPair, concurrency: int = 1, profiles: dict | Non
     """`profiles`: latency models the operator loaded for the what-if menu, besides the shipped
     ones, this machine's and a parametric accelerator."""
     vm = state.ViewModel(pair, profiles)
+    in_use = ModelsInUse(concurrency)
     vm.warm_up()
     vm.replay(EXAMPLES[0].prompt, vm.side_by_side, [state.SIDE_BY_SIDE_BUDGET])  # the page opens on it
     with gr.Blocks(title="dyspec") as demo:
@@ -613,9 +660,9 @@ def build_app(pair: dyspec.ModelPair, concurrency: int = 1, profiles: dict | Non
         with gr.Tab("Trees side by side"):
             side_by_side_tab(demo, vm, concurrency)
         with gr.Tab("Generate (live, measured)"):
-            generate_tab(vm, concurrency)
+            generate_tab(vm, in_use)
         with gr.Tab("Race against plain decoding"):
-            race_tab(vm, concurrency)
+            race_tab(vm, in_use)
     demo.queue(default_concurrency_limit=concurrency, max_size=64)
     return demo
 

@@ -246,9 +246,12 @@ def depth_window(x: list[int], outcome: list[str]) -> int:
     return min(deepest, reached + ROOM_COLUMNS // 2)
 
 
+TREE_MAX_HEIGHT = 600  # a tree fits a projector's 720 px below the page's tab bar; a bigger one writes fewer labels
+
+
 def tree_height(rows: float) -> int:
     """A tree figure's height in pixels for its number of rows (leaves)."""
-    return max(400, min(960, 250 + 42 * rows))
+    return max(400, min(TREE_MAX_HEIGHT, 250 + 42 * rows))
 
 
 def shown_labels(
@@ -412,6 +415,26 @@ def text_html(steps, hidden_ids: frozenset[int] = frozenset(), mark: Collection[
     return "<div style='font-family:monospace;line-height:1.6'>" + "".join(parts) + "</div>"
 
 
+CHANGE_GAP = 6  # changes closer than 1/CHANGE_GAP of the run share one label, their last settings
+
+
+def setting_changes(steps) -> list[tuple[object, float | None]]:
+    """The steps whose budget or temperature differ from the step before (settings changed while the
+    run went on, `Knobs`), each with the height (a fraction of the plot) of its label, None where a
+    later change close to it carries the label: a slider dragged changes them at every step, and
+    labels side by side would print over each other. Labels alternate between two heights."""
+    changed = [
+        s for before, s in zip(steps, steps[1:]) if (before.budget, before.temperature) != (s.budget, s.temperature)
+    ]
+    gap = max(2, len(steps) / CHANGE_GAP)
+    last_of_group = [i + 1 == len(changed) or changed[i + 1].step - s.step >= gap for i, s in enumerate(changed)]
+    heights, labelled = [], 0
+    for s, last in zip(changed, last_of_group):
+        heights.append((s, 0.98 - 0.1 * (labelled % 2)) if last else (s, None))
+        labelled += last
+    return heights
+
+
 def steps_figure(steps, running: list[float | None] | None = None) -> go.Figure:
     """Tokens committed per target forward at each step (left axis), and the running speedup over
     `ar` on the same prompt with a line at ar's own speed (right axis; `dyspec.eval.speedup.running_speedup`:
@@ -448,17 +471,27 @@ def steps_figure(steps, running: list[float | None] | None = None) -> go.Figure:
                 "automargin": True,
             }
         )
-    for before, s in zip(steps, steps[1:]):  # settings changed while the run went on (`Knobs`)
-        if (before.budget, before.temperature) != (s.budget, s.temperature):
-            fig.add_vline(
+    for s, label in setting_changes(steps):
+        fig.add_vline(x=s.step - 0.5, line={"color": "#0072B2", "dash": "dash"})
+        if label is not None:
+            fig.add_annotation(
                 x=s.step - 0.5,
-                line={"color": "#0072B2", "dash": "dash"},
-                annotation_text=f"budget {s.budget}, T {s.temperature:g}",
-                annotation_position="top left",
+                y=label,
+                yref="paper",
+                text=f"budget {s.budget}, T {s.temperature:g}",
+                xanchor="left",
+                showarrow=False,
+                font={"color": "#0072B2"},
+                bgcolor="rgba(255,255,255,0.8)",
             )
     fig.update_layout(
         title="Per step",
-        xaxis={"title": "step", "tick0": 0, "dtick": max(1, math.ceil(len(steps) / TICKS))},  # whole steps
+        xaxis={  # whole steps, and the run's own: labels never widen the axis
+            "title": "step",
+            "tick0": 0,
+            "dtick": max(1, math.ceil(len(steps) / TICKS)),
+            "range": [xs[0] - 0.5, xs[-1] + 0.5] if xs else None,
+        },
         yaxis={"title": "tokens per forward", "automargin": True, "rangemode": "tozero"},
         height=380,
         # in the bottom margin, below the axis title, however many lines a narrow plot wraps it into

@@ -153,12 +153,31 @@ def test_concurrent_clients_match_single_run_and_memory_settles(server):
 STATS_TEXT = "#stats [data-testid='markdown']"  # the stats without Gradio's progress overlay
 
 
-def screenshot(page, tmp_path, name: str) -> None:
-    """A screenshot of the page; into DYSPEC_SCREENSHOTS (a folder, e.g. docs) when set."""
+def screenshot(page, tmp_path, name: str, full_page: bool = True) -> None:
+    """A screenshot of the page (or of what the window shows); into DYSPEC_SCREENSHOTS (a folder,
+    e.g. docs) when set."""
     page.wait_for_timeout(1000)  # plotly's last redraw
-    page.screenshot(path=str(tmp_path / name), full_page=True)
+    page.screenshot(path=str(tmp_path / name), full_page=full_page)
     if folder := os.environ.get("DYSPEC_SCREENSHOTS"):
         shutil.copy(tmp_path / name, Path(folder) / name)
+
+
+PROJECTOR = {"width": 1280, "height": 720}
+
+
+def on_a_projector(page, tmp_path, name: str, button: str, result: str) -> None:
+    """At a projector's 1280x720, scrolled to the top: the tab's button and the result it fills are
+    both on screen, and no plot is taller than the window; a screenshot of what the room sees."""
+    page.set_viewport_size(PROJECTOR)
+    page.evaluate("window.scrollTo(0, 0)")
+    page.wait_for_timeout(500)
+    pressed, shown = page.locator(button).bounding_box(), page.locator(result).bounding_box()
+    assert pressed["y"] + pressed["height"] <= PROJECTOR["height"], pressed
+    assert shown["y"] + 40 <= PROJECTOR["height"], shown  # its first lines at least
+    for plot in page.locator(".js-plotly-plot").all():
+        if plot.is_visible():
+            assert plot.bounding_box()["height"] <= PROJECTOR["height"] - 100
+    screenshot(page, tmp_path, name, full_page=False)
 
 
 @pytest.fixture
@@ -275,7 +294,7 @@ def test_browser_side_by_side(page, tmp_path):
     for term in ("Tokens per forward.", "Path value.", "90% interval over steps."):
         expect(page.locator("#glossary")).to_contain_text(term)
     page.get_by_text("Glossary: the words this page uses").click()
-    page.set_viewport_size({"width": 1280, "height": 720})  # a projector's
+    on_a_projector(page, tmp_path, "app-side-by-side-720.png", "#sbs-run", "#sbs-table")
     # the table fits its column there: its last column, the one a presenter reads out, is not cut off
     overflow = page.evaluate(
         "() => { const box = (q) => document.querySelector(q).getBoundingClientRect();"
@@ -348,6 +367,7 @@ def test_browser_run_and_stop(server, page, tmp_path):
     expect(whatif).to_contain_text("Modelled on")
     expect(page.get_by_label("Parametric: a draft forward's cost, as a fraction of the target's")).to_have_count(0)
     expect(page.locator("#stats")).to_contain_text("accepted the most")  # it opens on its longest path
+    on_a_projector(page, tmp_path, "app-720.png", "#run", "#stats")
     screenshot(page, tmp_path, "app.png")
 
     # a finished run replays at a pace a room can follow: the text grows with the Step slider, to its end
@@ -432,9 +452,9 @@ def test_browser_run_and_stop(server, page, tmp_path):
 
 
 @pytest.mark.skipif(not os.path.exists(CHROMIUM), reason="needs Debian's chromium (.ci/run installs it)")
-def test_browser_budget_and_temperature_act_on_a_running_generation(page, tmp_path):
+def test_browser_budget_and_temperature_act_on_a_running_generation(server, page, tmp_path):
     """Budget 16 to 2 while a long answer streams: the next trees have at most 2 drafted nodes, the
-    stats say from which step, and the chart marks it."""
+    stats say from which step, and the chart marks it; a run from a second browser says it waits."""
     from playwright.sync_api import expect
 
     page.get_by_role("tab", name="Generate (live, measured)").click()
@@ -450,6 +470,15 @@ def test_browser_budget_and_temperature_act_on_a_running_generation(page, tmp_pa
     page.locator("#budget input[type=number]").press("Tab")
     expect(page.locator("#stats")).to_contain_text("dyspec at budget 2, temperature 0", timeout=60_000)
     expect(page.locator("#stats")).to_contain_text("changed while it ran, from step")
+    # a second browser's run waits for the models, and says so until its turn
+    url, _ = server
+    other = page.context.browser.new_page(viewport=PROJECTOR)
+    other.goto(url)
+    other.get_by_role("tab", name="Generate (live, measured)").click()
+    other.locator("#max-new input[type=number]").fill("8")
+    other.get_by_label("Measure ar on the same prompt (for the speedup)").uncheck()
+    other.locator("#run").click()
+    expect(other.locator("#stats")).to_contain_text("Waiting in the queue", timeout=30_000)
     # Stop only ends it sooner: on a busy machine the run may reach its end first (the Stop test
     # above checks Stop itself)
     page.locator("#stop").click()
@@ -457,6 +486,8 @@ def test_browser_budget_and_temperature_act_on_a_running_generation(page, tmp_pa
     expect(page.locator("#chart")).to_contain_text("budget 2, T 0", timeout=30_000)
     expect(page.locator(".error")).to_have_count(0)
     screenshot(page, tmp_path, "app-live-knobs.png")
+    expect(other.locator("#stats")).to_contain_text("8 tokens", timeout=120_000)  # its turn came
+    expect(other.locator("#stats")).not_to_contain_text("Waiting in the queue")
 
 
 @pytest.mark.skipif(not os.path.exists(CHROMIUM), reason="needs Debian's chromium (.ci/run installs it)")
@@ -479,8 +510,7 @@ def test_browser_race(page, tmp_path):
     assert lanes.count() == 2 and lanes.nth(0).inner_text().split("\n")[-1] == lanes.nth(1).inner_text().split("\n")[-1]
     first, second = (lanes.nth(i).bounding_box() for i in (0, 1))
     assert abs(first["y"] - second["y"]) < 5  # side by side
-    page.set_viewport_size({"width": 1280, "height": 720})
-    screenshot(page, tmp_path, "app-race.png")
+    on_a_projector(page, tmp_path, "app-race.png", "#race-run", "#race")
     # other hardware models the finished race at once, without a replay
     page.locator("#race-hardware input").click()
     page.get_by_role("option", name="this machine (measured here)", exact=True).click()

@@ -268,7 +268,9 @@ def test_a_big_tree_labels_its_path_and_its_likeliest_rejected_nodes():
     # the likeliest rejected siblings a label's height apart (t_k sits in row k - 1, under t1 and x)
     rows = sorted(int(t[1:]) - 1 for t in shown if t not in ("t0", "x"))
     assert rows[0] == 0 and len({b - a for a, b in zip(rows, rows[1:])}) == 1 and rows[1] > 1
-    assert len(labels(figures.tree_figure(star_step(30)))) == 32  # rows to spare: every reached node
+    # the tallest tree (a projector's height) has rows for 20 labels besides the root's and the target's
+    assert len(labels(figures.tree_figure(star_step(20)))) == 22  # rows to spare: every reached node
+    assert len(labels(figures.tree_figure(star_step(30)))) < 32  # none to spare: only those that fit
     chain = figures.tree_figure(star_step(2, depth_two=254))  # a long chain opens on the depths that matter
     assert chain.layout.xaxis.range[1] < figures.ROOM_COLUMNS and "drag to see deeper" in chain.layout.xaxis.title.text
     assert len(labels(chain)) == 5  # the root, t1, x and the two rejected the verifier tried
@@ -314,3 +316,18 @@ def test_the_examples_say_what_their_record_measured():
     (least,) = [e.label for e in EXAMPLES if e.expect.startswith("Trees pay least")]
     assert default[most] == max(default.values()) > default[least] == min(default.values())
     assert all(e.expect.startswith("Trees pay") for e in EXAMPLES)
+
+
+def test_the_per_step_chart_after_knob_changes_keeps_its_axis_and_labels_apart():
+    """A slider dragged changes the settings at every step: each change gets its line, a run of close
+    changes one label (its last settings), and the step axis is the run's, never widened by a label."""
+    steps = [star_step(2) for _ in range(60)]
+    budgets = [16, 14, 12, 10, 8, *[8] * 25, 4, *[4] * 29]
+    for i, (s, b) in enumerate(zip(steps, budgets)):
+        s.step, s.budget, s.temperature = i, b, 0.8 if i >= 31 else 0.0
+    fig = figures.steps_figure(steps)
+    lines = [shape.x0 for shape in fig.layout.shapes]
+    assert lines == [0.5, 1.5, 2.5, 3.5, 29.5, 30.5]
+    assert [a.text for a in fig.layout.annotations] == ["budget 8, T 0", "budget 4, T 0.8"]
+    assert len({a.y for a in fig.layout.annotations}) == 2  # neighbouring labels at two heights
+    assert list(fig.layout.xaxis.range) == [-0.5, 59.5]
