@@ -1,7 +1,8 @@
 """dyspec web app: token trees side by side on one answer, and a live run that grows, verifies and
 pays off (or not) against autoregressive decoding on this machine.
 
-    python app.py [--host 127.0.0.1] [--port 7860] [--target ID] [--draft ID] [--device D] [--whatif-profile F]
+    python app.py [--host 127.0.0.1] [--port 7860] [--target ID] [--draft ID] [--device D] [--threads N]
+                  [--whatif-profile F]
 
 The operator chooses the models when starting the app; a web user picks only among the built-in
 policies, within limits (dyspec.views.state.Limits), and never loads a path or remote code.
@@ -17,6 +18,7 @@ import contextlib
 import functools
 import hashlib
 import inspect
+import os
 import tempfile
 import threading
 import time
@@ -24,6 +26,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import gradio as gr
+import torch
 
 import dyspec
 from dyspec import figures
@@ -31,6 +34,7 @@ from dyspec.auto import whatif
 from dyspec.errors import DyspecError
 from dyspec.eval import speedup
 from dyspec.export import VIEW_FORMATS
+from dyspec.forward import thread
 from dyspec.load import DEFAULT_DRAFT, DEFAULT_TARGET, PRECISIONS
 from dyspec.views import race, state
 from dyspec.views.examples import EXAMPLES
@@ -640,6 +644,14 @@ def race_tab(vm: state.ViewModel, in_use: ModelsInUse) -> None:
         control.change(reprice, [raced, *pricing], board, api_name=False, concurrency_id=PAIR)
 
 
+def device_text(pair: dyspec.ModelPair) -> str:
+    """The pair's device, and on a CPU the threads its forwards run on."""
+    if pair.device.type != "cpu":
+        return str(pair.device)
+    n = thread.threads()
+    return f"cpu, {n} thread{'s' * (n > 1)} of {os.cpu_count()} cores"
+
+
 def build_app(pair: dyspec.ModelPair, concurrency: int = 1, profiles: dict | None = None) -> gr.Blocks:
     """`profiles`: latency models the operator loaded for the what-if menu, besides the shipped
     ones, this machine's and a parametric accelerator."""
@@ -650,8 +662,8 @@ def build_app(pair: dyspec.ModelPair, concurrency: int = 1, profiles: dict | Non
     with gr.Blocks(title="dyspec") as demo:
         gr.Markdown(
             f"# dyspec: speculative decoding with token trees\nTarget `{pair.target_name}` ({pair.precision}), "
-            f"draft `{pair.drafts_label}`, {pair.device}. A small draft model proposes a tree of next tokens; the "
-            "target checks the whole tree in one forward and keeps the longest path it agrees with, plus one token "
+            f"draft `{pair.drafts_label}`, {device_text(pair)}. A small draft model proposes a tree of next tokens; "
+            "the target checks the whole tree in one forward and keeps the longest path it agrees with, plus one token "
             "of its own, so the answer is exactly the target's."
         )
         if GLOSSARY.is_file():
@@ -667,6 +679,18 @@ def build_app(pair: dyspec.ModelPair, concurrency: int = 1, profiles: dict | Non
     return demo
 
 
+def model_threads(device: str | None, asked: int | None) -> int | None:
+    """The intra-op threads for the models: as asked, else on a CPU one fewer than torch would use
+    (the browser that shows the page draws on the same cores, and a forward split over all of them
+    waits for the one the browser took: docs/results/cpu-app-threads.md); None leaves torch's."""
+    if asked is not None:
+        if asked < 1:
+            raise DyspecError(f"--threads must be at least 1, got {asked}")
+        return asked
+    on_cpu = (device or ("cuda" if torch.cuda.is_available() else "cpu")).startswith("cpu")
+    return max(1, thread.threads() - 1) if on_cpu else None
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description="dyspec web app")
     parser.add_argument("--host", default="127.0.0.1", help="address to bind (default: %(default)s, this machine only)")
@@ -677,6 +701,13 @@ def main() -> None:
     parser.add_argument("--precision", default="auto", choices=PRECISIONS)
     parser.add_argument("--concurrency", type=int, default=1, help="generations at once; others wait in the queue")
     parser.add_argument(
+        "--threads",
+        type=int,
+        default=None,
+        help="intra-op threads for the models (default on a CPU: one fewer than the cores torch uses, "
+        "leaving one to the browser)",
+    )
+    parser.add_argument(
         "--whatif-profile",
         action="append",
         default=[],
@@ -686,6 +717,8 @@ def main() -> None:
     args = parser.parse_args()
     try:
         profiles = {m.name: m for m in map(whatif.load_profile, args.whatif_profile)}
+        if (threads := model_threads(args.device, args.threads)) is not None:
+            thread.set_threads(threads)
         pair = dyspec.load_pair(args.target, args.draft, args.device, precision=args.precision)
         print("warming up (one short generation per default policy)...", flush=True)
         demo = build_app(pair, args.concurrency, profiles)

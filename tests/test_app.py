@@ -62,6 +62,23 @@ def server(tmp_path_factory):
     proc.wait(30)
 
 
+def test_the_models_leave_a_core_to_the_browser_on_a_cpu(server):
+    """On a CPU the app runs its forwards on one thread fewer than torch would (its browser shares
+    the cores), says so in the page's header, and takes a count the operator gives."""
+    sys.path.insert(0, str(ROOT))
+    import app
+    from dyspec.errors import DyspecError
+    from dyspec.forward import thread
+
+    assert app.model_threads("cpu", None) == max(1, thread.threads() - 1)
+    assert app.model_threads("cuda", None) is None and app.model_threads("cpu", 3) == 3
+    with pytest.raises(DyspecError, match="at least 1"):
+        app.model_threads("cpu", 0)
+    url, _ = server
+    cores, n = os.cpu_count(), max(1, int(os.environ["OMP_NUM_THREADS"]) - 1)  # the suite's count, less one
+    assert f"cpu, {n} thread{'s' * (n > 1)} of {cores} cores" in requests.get(url, timeout=30).text
+
+
 def test_binds_to_localhost_only(server):
     url, proc = server
     ports = [c.laddr for c in psutil.Process(proc.pid).net_connections() if c.status == psutil.CONN_LISTEN]
@@ -452,9 +469,9 @@ def test_browser_run_and_stop(server, page, tmp_path):
 
 
 @pytest.mark.skipif(not os.path.exists(CHROMIUM), reason="needs Debian's chromium (.ci/run installs it)")
-def test_browser_budget_and_temperature_act_on_a_running_generation(server, page, tmp_path):
+def test_browser_budget_and_temperature_act_on_a_running_generation(page, tmp_path):
     """Budget 16 to 2 while a long answer streams: the next trees have at most 2 drafted nodes, the
-    stats say from which step, and the chart marks it; a run from a second browser says it waits."""
+    stats say from which step, and the chart marks it."""
     from playwright.sync_api import expect
 
     page.get_by_role("tab", name="Generate (live, measured)").click()
@@ -470,15 +487,6 @@ def test_browser_budget_and_temperature_act_on_a_running_generation(server, page
     page.locator("#budget input[type=number]").press("Tab")
     expect(page.locator("#stats")).to_contain_text("dyspec at budget 2, temperature 0", timeout=60_000)
     expect(page.locator("#stats")).to_contain_text("changed while it ran, from step")
-    # a second browser's run waits for the models, and says so until its turn
-    url, _ = server
-    other = page.context.browser.new_page(viewport=PROJECTOR)
-    other.goto(url)
-    other.get_by_role("tab", name="Generate (live, measured)").click()
-    other.locator("#max-new input[type=number]").fill("8")
-    other.get_by_label("Measure ar on the same prompt (for the speedup)").uncheck()
-    other.locator("#run").click()
-    expect(other.locator("#stats")).to_contain_text("Waiting in the queue", timeout=30_000)
     # Stop only ends it sooner: on a busy machine the run may reach its end first (the Stop test
     # above checks Stop itself)
     page.locator("#stop").click()
@@ -486,8 +494,28 @@ def test_browser_budget_and_temperature_act_on_a_running_generation(server, page
     expect(page.locator("#chart")).to_contain_text("budget 2, T 0", timeout=30_000)
     expect(page.locator(".error")).to_have_count(0)
     screenshot(page, tmp_path, "app-live-knobs.png")
-    expect(other.locator("#stats")).to_contain_text("8 tokens", timeout=120_000)  # its turn came
-    expect(other.locator("#stats")).not_to_contain_text("Waiting in the queue")
+
+
+@pytest.mark.skipif(not os.path.exists(CHROMIUM), reason="needs Debian's chromium (.ci/run installs it)")
+def test_browser_a_run_behind_another_says_it_waits(server, page):
+    """Another visitor's run (a client's here) holds the models: Run says it waits, then runs."""
+    from gradio_client import Client
+    from playwright.sync_api import expect
+
+    page.get_by_role("tab", name="Generate (live, measured)").click()
+    page.locator("#max-new input[type=number]").fill("8")
+    page.get_by_label("Measure ar on the same prompt (for the speedup)").uncheck()
+    url, _ = server
+    story = ("Write a long story about a dragon who learns to cook.", "dyspec", 16, False, 0, 0, 256, False)
+    job = Client(url, verbose=False).submit(*story, "h100", 64, 0.1, api_name="/run")
+    deadline = time.time() + 120
+    while not job.outputs() and time.time() < deadline:  # its first step is out: it holds the models
+        time.sleep(0.05)
+    page.locator("#run").click()
+    expect(page.locator("#stats")).to_contain_text("Waiting in the queue", timeout=30_000)
+    assert not job.done()
+    expect(page.locator("#stats")).to_contain_text("8 tokens", timeout=180_000)  # its turn came
+    assert job.done()
 
 
 @pytest.mark.skipif(not os.path.exists(CHROMIUM), reason="needs Debian's chromium (.ci/run installs it)")

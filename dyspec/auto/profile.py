@@ -18,6 +18,7 @@ from transformers import PreTrainedModel
 from dyspec.cache import cache_dir, write_cache
 from dyspec.core.kv import bucket, sync
 from dyspec.drafts.feature import FeatureDraft
+from dyspec.forward import thread
 from dyspec.forward.choose import Forward, ModelForward, layers_stamp
 from dyspec.forward.quant import Int8Linear
 from dyspec.forward.thread import forward_thread
@@ -236,9 +237,10 @@ def measure_profile(pair, baseline: bool = True, draft: bool = True, sizes=DEFAU
 def profile_path(pair) -> Path:
     """Where the pair's profile is cached: one file per target, draft, device, precision, fast path and
     int8 kernel path (`DYSPEC_INT8_PATH` forces a slower one), dyspec and torch version (a new kernel
-    makes an old profile lie) and way of measuring (`METHOD`)."""
+    makes an old profile lie), intra-op threads (the web app leaves a core to the browser) and way of
+    measuring (`METHOD`)."""
     key = (pair.target_name, pair.drafts_label, pair.device.type, pair.precision, version("dyspec"), version("torch"))
-    key = (*key, pair.fast_path, *kernel_stamp(pair).values())
+    key = (*key, pair.fast_path, *kernel_stamp(pair).values(), f"t{thread.threads()}")
     return cache_dir() / "profiles" / ("__".join(str(x).replace("/", "_") for x in (*key, f"m{METHOD}")) + ".json")
 
 

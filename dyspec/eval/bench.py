@@ -46,6 +46,7 @@ from dyspec.errors import DyspecError
 from dyspec.eval import summary
 from dyspec.eval.peers import LLAMACPP_POLICIES, LlamaCpp, PeerCrashed, check_llamacpp
 from dyspec.eval.prompts import load_prompts
+from dyspec.forward import thread
 from dyspec.forward.quant import int8_available, quantize_int8
 from dyspec.forward.thread import forward_thread
 from dyspec.load import ModelPair
@@ -226,13 +227,15 @@ def rotated(items: list, k: int) -> list:
 
 def host(device: torch.device) -> str:
     """The machine a record was measured on, as a results page names it: the GPU, or the CPU's model
-    and core count."""
+    and core count, and the threads its forwards ran on where fewer than the cores."""
     if device.type == "cuda":
         return torch.cuda.get_device_name(device)
     cpuinfo = Path("/proc/cpuinfo")
     lines = cpuinfo.read_text().splitlines() if cpuinfo.exists() else []  # none on macOS
     names = [line.split(":", 1)[1].strip() for line in lines if line.startswith("model name")]
-    return f"{names[0] if names else platform.processor() or 'CPU'}, {os.cpu_count()} cores"
+    cores, threads = os.cpu_count(), thread.threads()
+    on = f" ({threads} thread{'s' * (threads > 1)})" if cores and threads < cores else ""
+    return f"{names[0] if names else platform.processor() or 'CPU'}, {cores} cores{on}"
 
 
 def host_stamp(pair: ModelPair, command: str | None) -> dict:

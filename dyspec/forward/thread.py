@@ -66,6 +66,16 @@ def run(fn: Callable, /, *args: Any, **kwargs: Any) -> Any:
     return future.result()
 
 
+def threads() -> int:
+    """The intra-op threads the model thread's forwards run on (a thread's own OpenMP setting)."""
+    return run(torch.get_num_threads)
+
+
+def set_threads(n: int) -> None:
+    """Run the model thread's forwards on `n` intra-op threads."""
+    run(torch.set_num_threads, n)
+
+
 def items(source: Iterator) -> Iterator:
     """The items of the generator `source`, each made on the model thread; closed there too."""
     try:
