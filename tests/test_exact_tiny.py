@@ -68,6 +68,12 @@ CASES = [
     ("lookup", {"fallback": 4, "confidence": 0.3}),  # that chain cut where its value falls
     ("suffix", {}),  # a tree of copies, one-hot proposals
     ("recycling", {"width": 2}),  # the target's own earlier top-k, one-hot proposals
+    # the step on the device: children drawn and verified as tensor ops, coins from the device's generator
+    ("chain", {"step": "device"}),  # i.i.d., one child a node
+    ("sequoia", {"acceptance": [0.5, 0.2, 0.1], "step": "device"}),  # without replacement
+    ("dyspec", {"step": "device"}),  # without replacement
+    ("dyspec", {"select": "top", "step": "device"}),  # deterministic children
+    ("eagle2", {"topk": 2, "depth": 2, "step": "device"}),  # deterministic children, the pool cut
 ]
 FEATURE_CASES = [("chain", {}), ("dyspec", {})]  # a feature draft that cannot propose every token
 

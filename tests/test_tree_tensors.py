@@ -103,7 +103,7 @@ def test_the_tree_grown_on_the_device_is_the_heaps(batch, max_depth):
         for budget in (1, 2, 5, 8, 16, 33, 64):
             options = dict(batch=batch, max_depth=max_depth, select="top")
             ref = dyspec.build(draft, 3, budget, 0.0, torch.Generator(), **options)
-            t = dyspec.grow(draft, 3, budget, dyspec.POLICY.options | options)
+            t = dyspec.grow(draft, 3, budget, 0.0, torch.Generator(), dyspec.POLICY.options | options)
             none = torch.zeros(len(t), dtype=torch.bool)
             tree = to_tree(t, read_step(t, none, torch.tensor([0]), torch.zeros(len(t))))[0]
             assert (tree.tokens, tree.parents, tree.draft_probs) == (ref.tokens, ref.parents, ref.draft_probs)
@@ -122,7 +122,7 @@ def test_the_chain_grown_on_the_device_is_the_loops(confidence):
         draft = TableDraft(12, seed)
         for budget in (1, 2, 5, 16):
             ref = chain.build(draft, 3, budget, 0.0, torch.Generator(), confidence=confidence)
-            t = chain.grow(draft, 3, budget, chain.POLICY.options | {"confidence": confidence})
+            t = chain.grow(draft, 3, budget, 0.0, torch.Generator(), chain.POLICY.options | {"confidence": confidence})
             tree = to_tree(
                 t, read_step(t, torch.zeros(len(t), dtype=torch.bool), torch.tensor([0]), torch.zeros(len(t)))
             )[0]
@@ -143,7 +143,8 @@ def test_the_static_tree_grown_on_the_device_is_the_layers():
     for seed, parents in enumerate(shapes):
         draft = TableDraft(12, seed)
         ref = sequoia.build(draft, 3, len(parents) - 1, 0.0, torch.Generator(), parents=parents, select="top")
-        t = sequoia.grow(draft, 3, len(parents) - 1, sequoia.POLICY.options | {"parents": parents, "select": "top"})
+        options = sequoia.POLICY.options | {"parents": parents, "select": "top"}
+        t = sequoia.grow(draft, 3, len(parents) - 1, 0.0, torch.Generator(), options)
         tree = to_tree(t, read_step(t, torch.zeros(len(t), dtype=torch.bool), torch.tensor([0]), torch.zeros(len(t))))[
             0
         ]
@@ -156,7 +157,46 @@ def test_the_static_tree_grown_on_the_device_is_the_layers():
         assert tree.growth == ref.growth and set(tree.q) == set(ref.q)
         assert all(torch.equal(tree.q[n], ref.q[n]) for n in ref.q)
     with pytest.raises(Exception, match="breadth-first"):
-        sequoia.grow(draft, 3, 3, sequoia.POLICY.options | {"parents": [-1, 0, 1, 0]})
+        sequoia.grow(draft, 3, 3, 0.0, torch.Generator(), sequoia.POLICY.options | {"parents": [-1, 0, 1, 0]})
+
+
+@pytest.mark.parametrize("temperature, select", [(0.0, "sample"), (0.8, "auto"), (0.8, "top")])
+def test_drawn_children_grown_on_the_device_are_the_hosts(temperature, select):
+    """At T > 0 (and with drawn children at T = 0) the device's builds draw from the same generator in
+    the same order as the host's: `dyspec`, `chain` and `sequoia`, seed for seed, the same trees."""
+
+    def same(t, ref) -> None:
+        tree = to_tree(t, read_step(t, torch.zeros(len(t), dtype=torch.bool), torch.tensor([0]), torch.zeros(len(t))))[
+            0
+        ]
+        assert (tree.tokens, tree.parents, tree.draft_probs, tree.values) == (
+            ref.tokens,
+            ref.parents,
+            ref.draft_probs,
+            ref.values,
+        )
+        assert tree.sampling == ref.sampling and all(torch.equal(tree.q[n], ref.q[n]) for n in ref.q)
+
+    shape = sequoia.optimal_tree((0.6, 0.2, 0.1, 0.05), 12, 8)[0]
+    for seed in range(10):
+        draft = TableDraft(12, seed)
+        g = lambda seed=seed: torch.Generator().manual_seed(seed)  # noqa: E731
+        for budget in (1, 4, 8, 16, 33):
+            options = {"select": select}
+            same(
+                dyspec.grow(draft, 3, budget, temperature, g(), dyspec.POLICY.options | options),
+                dyspec.build(draft, 3, budget, temperature, g(), **options),
+            )
+        if temperature > 0:
+            same(
+                chain.grow(draft, 3, 6, temperature, g(), chain.POLICY.options),
+                chain.build(draft, 3, 6, temperature, g()),
+            )
+        options = {"parents": shape, "select": select}
+        same(
+            sequoia.grow(draft, 3, 12, temperature, g(), sequoia.POLICY.options | options),
+            sequoia.build(draft, 3, 12, temperature, g(), **options),
+        )
 
 
 @pytest.mark.parametrize("topk, steps", [(1, 1), (2, 3), (4, 5), (10, 3)])
@@ -186,11 +226,13 @@ def test_which_steps_run_on_the_device():
         return policy.POLICY.on_device(temperature, policy.POLICY.options | options)
 
     assert not asks(dyspec, 0.0) and asks(dyspec, 0.0, step="device")  # the host by default
-    assert not asks(chain, 0.0) and asks(chain, 0.0, step="device") and not asks(chain, 0.7, step="device")
-    assert asks(eagle2, 0.0, step="device") and not asks(sglang, 0.7, step="device")
-    assert asks(sequoia, 0.0, step="device") and not asks(sequoia, 0.0, step="device", select="sample")
-    for temperature, options in [(0.8, {}), (0.0, {"select": "sample"}), (0.0, {"score": "head"})]:
-        assert not asks(dyspec, temperature, step="device", **options)  # these grow on the host
+    assert not asks(chain, 0.0) and asks(chain, 0.0, step="device") and asks(chain, 0.7, step="device")
+    assert asks(eagle2, 0.0, step="device") and asks(sglang, 0.7, step="device")
+    assert asks(sequoia, 0.0, step="device") and asks(sequoia, 0.0, step="device", select="sample")
+    for temperature, options in [(0.8, {}), (0.0, {"select": "sample"}), (0.8, {"select": "top"})]:
+        assert asks(dyspec, temperature, step="device", **options)
+    for temperature in (0.0, 0.8):
+        assert not asks(dyspec, temperature, step="device", score="head")  # the head's scores: the host
     with pytest.raises(Exception, match="step must be one of host, device"):
         asks(dyspec, 0.0, step="gpu")
 
@@ -238,8 +280,10 @@ def test_a_step_on_the_device_is_the_host_step(pair, policy, budget, options, sa
 @pytest.mark.parametrize(
     "policy, budget", [("dyspec", 4), ("dyspec", 64), ("chain", 4), ("sequoia", 16), ("sglang", 16)]
 )
-def test_a_step_on_the_device_reads_the_host_once(pair, policy, budget):
-    counts = step_counts(pair, PROMPTS[1], policy, budget, max_new_tokens=24, options={"step": "device"})
+@pytest.mark.parametrize("temperature", [0.0, 0.8])
+def test_a_step_on_the_device_reads_the_host_once(pair, policy, budget, temperature):
+    options = {"step": "device"}
+    counts = step_counts(pair, PROMPTS[1], policy, budget, max_new_tokens=24, options=options, temperature=temperature)
     assert counts["steps"] > 3 and counts["reads"] == 1
     assert list(counts["read_sites"]) == [site_of("dyspec/core/tree_tensors.py", "torch.cat(parts).tolist()")]
 

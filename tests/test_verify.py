@@ -4,6 +4,7 @@ import pytest
 import torch
 from scipy.stats import chisquare
 
+from dyspec.core import tree_tensors
 from dyspec.core.sampling import ranked_children, residual, sample_rows
 from dyspec.core.tree import Tree
 from dyspec.core.verify import verify_greedy, verify_sampled
@@ -24,6 +25,22 @@ def draw_children(q: torch.Tensor, k: int, sampling: str, g: torch.Generator) ->
     return torch.topk(q, k).indices.tolist()  # deterministic: chosen, not sampled
 
 
+def verify_on_device(tree: Tree, p: torch.Tensor, g: torch.Generator) -> tuple[list[int], int]:
+    """`tree_tensors.verify_sampled` (the step on the device's verifier) on the same tree as tensors."""
+    t = tree_tensors.new_tree(tree.tokens[0], len(tree), p.device, tree.sampling, None)
+    for node in range(1, len(tree)):  # one at a time: a child's depth reads its parent's
+        parent, token = torch.tensor([tree.parents[node]]), torch.tensor([tree.tokens[node]])
+        prob = torch.tensor([tree.draft_probs[node]], dtype=torch.float64)
+        tree_tensors.add_nodes(t, node, parent, token, prob, torch.tensor([True]))
+    t.q = [(q[None], [u]) for u, q in tree.q.items()]
+    accepted, next_token = tree_tensors.verify_sampled(t, p, g)
+    return [i for i in range(len(t)) if accepted[i]], int(next_token)
+
+
+# each verifier and its trials: the device's runs an op per tensor step, so fewer
+VERIFIERS = [(verify_sampled, 1), (verify_on_device, 5)]
+
+
 def assert_same_distribution(counts: torch.Tensor, p: torch.Tensor) -> None:
     expected = p * counts.sum()
     keep = expected >= 5  # chi-square needs enough expected mass per cell; pool the rest
@@ -33,20 +50,21 @@ def assert_same_distribution(counts: torch.Tensor, p: torch.Tensor) -> None:
     assert pvalue > 1e-4, f"emitted tokens do not follow the target distribution (p-value {pvalue:.2g})"
 
 
+@pytest.mark.parametrize("verify, fewer", VERIFIERS, ids=["host", "device"])
 @pytest.mark.parametrize("sampling", ["iid", "without_replacement", "deterministic"])
-def test_one_level_tree_keeps_target_distribution(sampling):
+def test_one_level_tree_keeps_target_distribution(sampling, verify, fewer):
     """Root with 3 children: the first emitted token must be distributed as p(root)."""
     g = torch.Generator().manual_seed(0)
     p_root, q = random_dist(g), random_dist(g)
     p_leaf = random_dist(g)
     counts = torch.zeros(V)
-    for _ in range(TRIALS):
+    for _ in range(TRIALS // fewer):
         tree = Tree.root(0, sampling)
         tree.q[0] = q
         for x in draw_children(q, 3, sampling, g):
             tree.add(0, x, float(q[x]))
         p = torch.stack([p_root] + [p_leaf] * tree.size)
-        path, nxt = verify_sampled(tree, p, g)
+        path, nxt = verify(tree, p, g)
         counts[tree.tokens[path[0]] if path else nxt] += 1
     assert_same_distribution(counts, p_root)
 
@@ -64,8 +82,9 @@ def test_residual_is_needed():
         assert_same_distribution(counts, p)
 
 
+@pytest.mark.parametrize("verify, fewer", VERIFIERS, ids=["host", "device"])
 @pytest.mark.parametrize("sampling", ["iid", "without_replacement", "deterministic"])
-def test_two_level_tree_keeps_joint_distribution(sampling):
+def test_two_level_tree_keeps_joint_distribution(sampling, verify, fewer):
     """A 2-level tree over 6 tokens: the first two emitted tokens follow p(x1) p(x2 | x1)."""
     n, g = 6, torch.Generator().manual_seed(1)
     p_root = random_dist(g, n)
@@ -74,7 +93,7 @@ def test_two_level_tree_keeps_joint_distribution(sampling):
     q_root = random_dist(g, n)
     q_next = torch.stack([random_dist(g, n) for _ in range(n)])
     counts = torch.zeros(n * n)
-    for _ in range(40_000):
+    for _ in range(40_000 // fewer):
         tree = Tree.root(0, sampling)
         tree.q[0] = q_root
         for x in draw_children(q_root, 2, sampling, g):
@@ -83,7 +102,7 @@ def test_two_level_tree_keeps_joint_distribution(sampling):
             for y in draw_children(q_next[x], 2, sampling, g):
                 tree.add(child, y, float(q_next[x][y]))
         p = torch.stack([p_root] + [p_next[t] if d == 1 else p_after for t, d in zip(tree.tokens[1:], tree.depths[1:])])
-        path, nxt = verify_sampled(tree, p, g)
+        path, nxt = verify(tree, p, g)
         emitted = [tree.tokens[i] for i in path] + [nxt]
         if len(emitted) == 1:  # rejected at the root: the second token comes from p(. | x1)
             emitted.append(int(torch.multinomial(p_next[emitted[0]], 1, generator=g)))

@@ -12,6 +12,8 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any, Protocol
 
+import torch
+
 from dyspec.core.draft import DraftSession
 from dyspec.core.tree import Tree
 from dyspec.core.tree_tensors import TreeTensors
@@ -51,10 +53,11 @@ class Policy:
     # target's logits over the tree; a replay, which has no target logits, refuses such a policy
     learn: Callable[[DraftSession, Tree, Any], None] | None = None
     summary: str = ""  # one line for the views' menus, in words a newcomer reads
-    # grow(draft, root, budget, options) -> TreeTensors: build's tree at T = 0 as a tensor program on the
-    # draft's device (the step on the device: dyspec.decode.step), where on_device(temperature, options)
-    # says the step runs it; both get every option, the defaults filled in
-    grow: Callable[[DraftSession, int, int, dict], TreeTensors] | None = None
+    # grow(draft, root, budget, temperature, generator, options) -> TreeTensors: build's tree as a tensor
+    # program on the draft's device (the step on the device: dyspec.decode.step), its draws from `generator`
+    # (one on that device), where on_device(temperature, options) says the step runs it; both get every
+    # option, the defaults filled in
+    grow: Callable[[DraftSession, int, int, float, torch.Generator, dict], TreeTensors] | None = None
     on_device: Callable[[float, dict], bool] | None = None
 
     def __post_init__(self) -> None:

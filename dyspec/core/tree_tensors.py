@@ -1,6 +1,6 @@
 """A step's token tree as tensors of fixed shape, for the step on the device (DESIGN.md, "The step on
 the device"): a policy grows it in rounds of one draft forward, a top-k and a selection over the
-candidates, with no host read; the target verifies it greedily on the device; one host read copies
+candidates, with no host read; the target verifies it on the device; one host read copies
 tree and verdict together (`read_step`), and the views' `Tree` is made from that copy.
 
 Nodes are numbered in the order they were picked, rounds after one another, so a parent's id is
@@ -83,6 +83,61 @@ def verify_greedy(t: TreeTensors, target_argmax: torch.Tensor) -> tuple[torch.Te
     accepted = ~(t.ancestors & ~taken[None, :]).any(1) & (ids > 0)
     end = (ids * accepted).amax(0, keepdim=True)  # ids grow along a path: its deepest node
     return accepted, target_argmax[end]  # indexed by a 1-d tensor: a 0-d one is read as an int
+
+
+def proposals(t: TreeTensors, width: int) -> torch.Tensor:
+    """[N, width] fp32: each forwarded node's draft distribution (the q its children were drawn from)
+    over the target's `width` tokens; zero rows for nodes never forwarded, which have no children."""
+    assert t.origin is None, "a cut tree's forwards speak of the ids before the cut"
+    rows = torch.zeros(len(t), width, device=t.tokens.device)
+    for q, nodes in t.q:
+        widened = q if t.vocab is None else t.vocab.widen(q)
+        rows[torch.as_tensor(nodes, device=rows.device)] = widened.float()
+    return rows
+
+
+def verify_sampled(
+    t: TreeTensors, p: torch.Tensor, generator: torch.Generator | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """`dyspec.core.verify.verify_sampled` on the device, with no host read: the accepted nodes [N]
+    bool and the token after them. Nodes are visited in id order, which tries each node's children
+    in drawing order and every child after its parent: one visit a node, in which it is tried when
+    its parent is the node the walk stands on, with the walk's target distribution P and proposal
+    D updated by masks (accept: move to the child; reject: the residual, and without replacement
+    the token removed from D). The token after them is drawn from the last P (Exp(1) race)."""
+    n, device = len(t), p.device
+    coins = torch.rand(n, generator=generator, device=device)
+    noise = torch.rand(p.shape[-1], generator=generator, device=device).log_().neg_()
+    Q = None if t.sampling == "deterministic" else proposals(t, p.shape[-1])
+    cur = torch.zeros((), dtype=torch.long, device=device)
+    P = p[0]
+    D = None if Q is None else Q[0]
+    stop = torch.zeros((), dtype=torch.bool, device=device)  # D used up: the walk tries no more children
+    accepted = torch.zeros(n, dtype=torch.bool, device=device)
+    for j in range(1, n):
+        x = t.tokens[j : j + 1]  # 1-d: indexing with a 0-d tensor would read it on the host
+        tried = t.valid[j] & (t.parents[j] == cur) & ~stop
+        if D is None:  # a chosen child: a one-hot proposal
+            take = (coins[j] <= P[x])[0]
+            left = P.scatter(0, x, 0.0)
+        else:
+            take = (coins[j] * D[x] <= P[x])[0]
+            left = (P - D).clamp_min(0)
+        total = left.sum()
+        rejected = torch.where(total > 0, left / total, P)  # a zero residual falls back to P, as the host's
+        take, reject = tried & take, tried & ~take
+        if D is not None:
+            if t.sampling == "without_replacement":
+                fewer = D.scatter(0, x, 0.0)
+                mass = fewer.sum()
+                stop = torch.where(take, False, torch.where(reject, mass <= 0, stop))
+                fewer = torch.where(mass > 0, fewer / mass, fewer)
+                D = torch.where(reject, fewer, D)
+            D = torch.where(take, Q[j], D)
+        P = torch.where(take, p[j], torch.where(reject, rejected, P))
+        cur = torch.where(take, j, cur)
+        accepted[j] = take
+    return accepted, (P / noise).argmax(0, keepdim=True)
 
 
 def subtree(t: TreeTensors, nodes: torch.Tensor) -> TreeTensors:

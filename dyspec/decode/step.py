@@ -30,6 +30,7 @@ class Decoding:
     drafts: list[DraftSession]  # the first, or every merged one for a multi-draft policy
     temperature: float
     generator: torch.Generator
+    device_generator: torch.Generator | None = None  # the step on a GPU's coins (`device_generator`)
 
 
 @dataclass
@@ -112,20 +113,37 @@ def speculative_step(run: Decoding, root: int, budget: Budget, left: int) -> Ste
     return Step(tree, accepted, next_token, logits, p, draft_s, t1 - t0 - draft_s, t2 - t1, draft_forwards, log_z=log_z)
 
 
+def device_generator(run: Decoding, device: torch.device) -> torch.Generator:
+    """The run's generator where it lives on the step's device, else one there seeded from it, kept
+    for the run: drawing a GPU tensor's coins from a CPU generator would copy them over each time."""
+    if run.generator.device == device or device.type == "cpu":
+        return run.generator
+    if run.device_generator is None:
+        run.device_generator = torch.Generator(device).manual_seed(run.generator.initial_seed())
+    return run.device_generator
+
+
 def device_step(run: Decoding, root: int, budget: Budget, plan: Plan, t0: float, options: dict) -> Step:
-    """`speculative_step` with the tree grown, verified greedily and scored on the device
+    """`speculative_step` with the tree grown, verified and scored on the device
     (dyspec.core.tree_tensors) and read by the host once, after the target's forward: on a GPU
     nothing in the step waits for the device before that read."""
     draft = run.drafts[0]
     draft_s0, forwards0 = draft.seconds, draft.forwards
-    t = run.policy.grow(draft, root, plan.cap, options)
+    generator = device_generator(run, draft.kv.device)
+    t = run.policy.grow(draft, root, plan.cap, run.temperature, generator, options)
     draft_s = draft.seconds - draft_s0
     t1 = time.perf_counter()
     logits = run.target.forward(t.tokens, run.target.length + t.depths, t.ancestors)
     t2 = time.perf_counter()  # on a GPU, the time to queue it: the step's one read below waits for it all
-    target_argmax, log_z = row_stats(logits)
-    accepted, next_token = tree_tensors.verify_greedy(t, target_argmax)
-    target_probs = (logits[t.parents, t.tokens] - log_z[t.parents]).exp()
+    log_z = p = None
+    if run.temperature == 0:
+        target_argmax, log_z = row_stats(logits)
+        accepted, next_token = tree_tensors.verify_greedy(t, target_argmax)
+        target_probs = (logits[t.parents, t.tokens] - log_z[t.parents]).exp()
+    else:
+        p = to_probs(logits, run.temperature)
+        accepted, next_token = tree_tensors.verify_sampled(t, p, generator)
+        target_probs = p[t.parents, t.tokens]
     host = tree_tensors.read_step(t, accepted, next_token, target_probs, forwarded=draft.forwarded())
     tree, old_ids, accepted, target_probs = tree_tensors.to_tree(t, host)
     draft.place(host.get("forwarded", []))
@@ -133,8 +151,7 @@ def device_step(run: Decoding, root: int, budget: Budget, plan: Plan, t0: float,
     hidden = run.target.hidden
     if len(old_ids) < len(t):  # padding dropped: the rows the views and the drafts read, renumbered
         rows = torch.tensor(old_ids, device=logits.device)
-        logits, log_z = logits[rows], log_z[rows]
-        hidden = None if hidden is None else hidden[rows]
+        logits, log_z, p, hidden = (None if x is None else x[rows] for x in (logits, log_z, p, hidden))
     run.target.commit([run.target.length + old_ids[i] for i in [0, *accepted]])
     commit_drafts(run, budget, plan, tree, accepted, host["next_token"], hidden)
     forwards = draft.forwards - forwards0
@@ -143,7 +160,7 @@ def device_step(run: Decoding, root: int, budget: Budget, plan: Plan, t0: float,
         accepted,
         host["next_token"],
         logits,
-        None,
+        p,
         draft_s,
         t1 - t0 - draft_s,
         t2 - t1,

@@ -6,12 +6,12 @@ import torch
 
 from dyspec.core.contract import Policy
 from dyspec.core.draft import DraftSession
-from dyspec.core.sampling import sample, to_probs
+from dyspec.core.sampling import sample, sample_rows, to_probs
 from dyspec.core.tree import Tree
 from dyspec.core.tree_tensors import TreeTensors, add_nodes, new_tree
 from dyspec.errors import DyspecError
 from dyspec.kernels.row_stats import row_stats
-from dyspec.policies.common import greedy_on_device, on_device_asked
+from dyspec.policies.common import asks_device, on_device_asked
 
 
 def extend(tree: Tree, node: int, logits: torch.Tensor, temperature: float, generator: torch.Generator) -> int:
@@ -50,7 +50,7 @@ def build(
     """`confidence`: stop early, once the chain's value (the product of its draft probabilities, the
     chance its last token is reached) falls below it: each further token costs a draft forward and
     a row of the target's, and pays only where it is likely reached. The stop reads the draft alone,
-    so the outputs keep the target's distribution. `step`: "device" grows it with `grow` at T = 0."""
+    so the outputs keep the target's distribution. `step`: "device" grows it with `grow`."""
     check_confidence(confidence)
     on_device_asked(step)
     tree = Tree.root(root, "iid", draft.vocab)
@@ -61,17 +61,25 @@ def build(
     return tree
 
 
-def grow(draft: DraftSession, root: int, budget: int, options: dict) -> TreeTensors:
-    """`build`'s chain at T = 0 as tensor ops with no host read: a node past the confidence stop is
-    padding (`valid` False), still forwarded, so that the chain has one shape."""
+def grow(
+    draft: DraftSession, root: int, budget: int, temperature: float, generator: torch.Generator, options: dict
+) -> TreeTensors:
+    """`build`'s chain as tensor ops with no host read: a node past the confidence stop is padding
+    (`valid` False), still forwarded, so that the chain has one shape."""
     confidence = options["confidence"]
     check_confidence(confidence)
     t = new_tree(root, budget + 1, draft.kv.device, "iid", draft.vocab)
     ids = torch.arange(budget + 1, device=draft.kv.device)
     logits = draft.logits(Tree.root(root, "iid", draft.vocab), [0], on_device=True)
     for node in range(budget):
-        best, log_z = row_stats(logits)
-        q_x = (logits.gather(1, best[:, None])[:, 0].double() - log_z.double()).exp()  # as `extend`, in float64
+        if temperature == 0:
+            best, log_z = row_stats(logits)
+            q_x = (logits.gather(1, best[:, None])[:, 0].double() - log_z.double()).exp()  # as `extend`, in float64
+        else:
+            q = to_probs(logits, temperature)
+            best = sample_rows(q, 1, generator)[:, 0]
+            q_x = q.gather(1, best[:, None])[:, 0].double()
+            t.q.append((q, [node]))
         tokens = best if draft.vocab is None else draft.vocab.tokens(best, logits.shape[-1])
         add_nodes(t, node + 1, ids[node : node + 1], tokens, q_x, t.values[node : node + 1] >= confidence)
         if node + 1 < budget:
@@ -83,7 +91,7 @@ POLICY = Policy(
     "chain",
     build,
     grow=grow,
-    on_device=greedy_on_device,
+    on_device=asks_device,
     needs_draft=True,
     summary="the draft's top guess, then its top guess after that: one path, no branches",
 )

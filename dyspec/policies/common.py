@@ -22,9 +22,9 @@ def on_device_asked(step: str) -> bool:
     return step == "device"
 
 
-def greedy_on_device(temperature: float, options: dict) -> bool:
-    """A policy's `on_device` where its tensor program takes every option at T = 0."""
-    return on_device_asked(options["step"]) and temperature == 0
+def asks_device(temperature: float, options: dict) -> bool:
+    """A policy's `on_device` where its tensor program takes every option at every temperature."""
+    return on_device_asked(options["step"])
 
 
 def child_mode(select: str, temperature: float, draft_temperature: float) -> tuple[bool, float, str]:
@@ -73,7 +73,8 @@ def expand_and_rerank(draft: DraftSession, root: int, budget: int, topk: int, st
 def grow_and_rerank(draft: DraftSession, root: int, budget: int, topk: int, steps: int) -> TreeTensors:
     """`expand_and_rerank` as tensor ops with no host read: each forward's frontier is chosen on the
     device (the top `topk` of the round's candidates by value, ties to the older node, as a stable
-    sort orders them), and the rerank's `budget` best nodes are cut out of the pool there (`subtree`)."""
+    sort orders them), and the rerank's `budget` best nodes are cut out of the pool there (`subtree`).
+    Its children are chosen, not drawn, at every temperature."""
     device = draft.kv.device
     t = new_tree(root, 1 + topk + (steps - 1) * topk * topk, device, "deterministic", draft.vocab)
     logits = draft.logits(Tree.root(root, "deterministic", draft.vocab), [0], on_device=True)

@@ -27,7 +27,7 @@ from dyspec.core.tree import Tree
 from dyspec.core.tree_tensors import TreeTensors, add_nodes, new_tree
 from dyspec.errors import DyspecError
 from dyspec.load.head import AcceptanceHead, head_for, load_head
-from dyspec.policies.common import child_mode, drawn_slot, greedy_on_device, on_device_asked
+from dyspec.policies.common import asks_device, child_mode, drawn_slot, on_device_asked
 
 SCORES = ("draft", "head")
 
@@ -57,9 +57,9 @@ def _batch(budget: int, batch: int | None) -> int:
 
 
 def on_device(temperature: float, options: dict) -> bool:
-    """Whether a step at `temperature` with these options grows its tree on the device (`grow`)."""
-    sample = child_mode(options["select"], temperature, options["draft_temperature"])[0]
-    return greedy_on_device(temperature, options) and not sample and options["score"] == "draft"
+    """Whether a step at `temperature` with these options grows its tree on the device (`grow`): the
+    head's scores stay on the host."""
+    return asks_device(temperature, options) and options["score"] == "draft"
 
 
 def forwards_for(budget: int, options: dict) -> int:
@@ -228,13 +228,15 @@ def build(
     return tree
 
 
-def grow(draft: DraftSession, root: int, budget: int, options: dict) -> TreeTensors:
-    """`build`'s tree at T = 0 with "top" children and the draft's scores, grown as tensor ops with
-    no host read: each round forwards the last round's `batch` picks (padding too, `valid` False, so
-    that every round has one shape) and picks the next `batch` from the candidate matrix of every
-    node forwarded so far. Where `on_device` says so."""
+def grow(
+    draft: DraftSession, root: int, budget: int, temperature: float, generator: torch.Generator, options: dict
+) -> TreeTensors:
+    """`build`'s tree with the draft's scores, grown as tensor ops with no host read: each round
+    forwards the last round's `batch` picks (padding too, `valid` False, so that every round has one
+    shape) and picks the next `batch` from the candidate matrix of every node forwarded so far, a
+    slot valued as `drawn_slot` does. Where `on_device` says so."""
     batch, max_depth = _batch(budget, options["batch"]), options["max_depth"]
-    _, tau, sampling = child_mode(options["select"], 0.0, options["draft_temperature"])
+    sample, tau, sampling = child_mode(options["select"], temperature, options["draft_temperature"])
     rounds = forwards_for(budget, {"batch": batch})
     device = draft.kv.device
     t = new_tree(root, 1 + rounds * batch, device, sampling, draft.vocab)
@@ -242,7 +244,7 @@ def grow(draft: DraftSession, root: int, budget: int, options: dict) -> TreeTens
     nodes, slots = range(1), None
     for r in range(rounds):
         q = to_probs(logits, tau)
-        columns, probs = ranked_children(q, budget, False)
+        columns, probs = ranked_children(q, budget, sample, generator)
         t.q.append((q, list(nodes)))
         if slots is None:  # candidates [nodes, k] of every node, their slot values -inf until forwarded
             k = columns.shape[1]
@@ -253,7 +255,9 @@ def grow(draft: DraftSession, root: int, budget: int, options: dict) -> TreeTens
         tokens[rows] = columns if draft.vocab is None else draft.vocab.tokens(columns, q.shape[-1])
         p[rows] = probs.double()
         live = (p[rows] > 0) & (t.valid[rows] & (t.depths[rows] < max_depth))[:, None]
-        slots[rows] = torch.where(live, t.values[rows, None] * p[rows], -math.inf)
+        # drawn: the mass the earlier siblings left, summed left to right as the host's `sum`
+        worth = 1 - torch.nn.functional.pad(p[rows].cumsum(1)[:, :-1], (1, 0)) if sample else p[rows]
+        slots[rows] = torch.where(live, t.values[rows, None] * worth, -math.inf)
         picks = slots.flatten().sort(descending=True, stable=True).indices[:batch]
         room = budget + 1 - t.valid.sum()  # the budget's nodes not added yet (the root is valid), as a tensor: no read
         taken = (slots.flatten()[picks] > -math.inf) & (torch.arange(batch, device=device) < room)

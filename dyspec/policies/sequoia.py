@@ -22,7 +22,7 @@ from dyspec.core.tree import Tree
 from dyspec.core.tree_tensors import TreeTensors, add_nodes, new_tree
 from dyspec.errors import DyspecError
 from dyspec.load import pair_key
-from dyspec.policies.common import child_mode, greedy_on_device, on_device_asked
+from dyspec.policies.common import asks_device, child_mode, on_device_asked
 
 SHIPPED = SHIPPED_FILES / "acceptance"  # vectors measured for the default pairs
 
@@ -130,7 +130,7 @@ def build(
 ) -> Tree:
     """`parents` gives the static tree directly (breadth-first parent ids, root -1); otherwise it is
     the optimal tree for `acceptance`, `budget` and `max_depth`. `step`: "device" grows it with
-    `grow` where `on_device` says it can."""
+    `grow`."""
     on_device_asked(step)
     parents = static_tree(acceptance, parents, budget, max_depth)
     sample, tau, sampling = child_mode(select, temperature, draft_temperature)
@@ -176,22 +176,16 @@ def static_tree(acceptance: list[float] | None, parents: list[int] | None, budge
     return parents
 
 
-def on_device(temperature: float, options: dict) -> bool:
-    """Whether a step at `temperature` with these options grows its tree on the device (`grow`)."""
-    return (
-        greedy_on_device(temperature, options)
-        and not child_mode(options["select"], 0.0, options["draft_temperature"])[0]
-    )
-
-
-def grow(draft: DraftSession, root: int, budget: int, options: dict) -> TreeTensors:
-    """`build`'s tree at T = 0 with "top" children as tensor ops with no host read: a layer's nodes
-    that have children are forwarded together and each child takes its rank among its parent's top
-    k. The shape is static, so which row and rank each node takes is known here; a child of
+def grow(
+    draft: DraftSession, root: int, budget: int, temperature: float, generator: torch.Generator, options: dict
+) -> TreeTensors:
+    """`build`'s tree as tensor ops with no host read: a layer's nodes that have children are
+    forwarded together and each child takes its rank among its parent's first k (top or drawn).
+    The shape is static, so which row and rank each node takes is known here; a child of
     probability 0 is padding (`valid` False), as `build` stops at it."""
     o = options
     parents = static_tree(o["acceptance"], o["parents"], budget, o["max_depth"])
-    _, tau, sampling = child_mode(o["select"], 0.0, o["draft_temperature"])
+    sample, tau, sampling = child_mode(o["select"], temperature, o["draft_temperature"])
     device = draft.kv.device
     t = new_tree(root, len(parents), device, sampling, draft.vocab)
     children: dict[int, list[int]] = {}
@@ -201,7 +195,7 @@ def grow(draft: DraftSession, root: int, budget: int, options: dict) -> TreeTens
     logits = draft.logits(Tree.root(root, sampling, draft.vocab), [0], on_device=True) if frontier else None
     while frontier:
         q = to_probs(logits, tau)
-        columns, probs = ranked_children(q, max(len(children[s]) for s in frontier), False)
+        columns, probs = ranked_children(q, max(len(children[s]) for s in frontier), sample, generator)
         tokens = columns if draft.vocab is None else draft.vocab.tokens(columns, q.shape[-1])
         t.q.append((q, frontier))
         # breadth-first, the layer's children are consecutive ids: each takes (its parent's row, its rank)
@@ -220,7 +214,7 @@ POLICY = Policy(
     "sequoia",
     build,
     grow=grow,
-    on_device=on_device,
+    on_device=asks_device,
     needs_draft=True,
     prepare=prepare,
     available=available,

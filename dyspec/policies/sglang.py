@@ -14,7 +14,7 @@ from dyspec.core.contract import Policy
 from dyspec.core.draft import DraftSession
 from dyspec.core.tree import Tree
 from dyspec.core.tree_tensors import TreeTensors
-from dyspec.policies.common import expand_and_rerank, greedy_on_device, grow_and_rerank, on_device_asked
+from dyspec.policies.common import asks_device, expand_and_rerank, grow_and_rerank, on_device_asked
 
 
 def build(
@@ -28,12 +28,14 @@ def build(
     steps: int = 5,
     step: str = "host",
 ) -> Tree:
-    """`step`: "device" grows it with `grow` at T = 0."""
+    """`step`: "device" grows it with `grow`."""
     on_device_asked(step)
     return expand_and_rerank(draft, root, budget, topk, steps)
 
 
-def grow(draft: DraftSession, root: int, budget: int, options: dict) -> TreeTensors:
+def grow(
+    draft: DraftSession, root: int, budget: int, temperature: float, generator: torch.Generator, options: dict
+) -> TreeTensors:
     """`build`'s tree as tensor ops (`grow_and_rerank`)."""
     return grow_and_rerank(draft, root, budget, options["topk"], options["steps"])
 
@@ -42,7 +44,7 @@ POLICY = Policy(
     "sglang",
     build,
     grow=grow,
-    on_device=greedy_on_device,
+    on_device=asks_device,
     needs_draft=True,
     summary="SGLang's EAGLE tree: the top children of the best frontier nodes, the best nodes by path probability kept",
 )
