@@ -385,8 +385,8 @@ def live_views(vm: state.ViewModel, live: state.Live, draw: bool, pricing: tuple
 
 
 def live_handlers(vm: state.ViewModel, in_use: ModelsInUse) -> tuple:
-    """The live tab's handlers: check a request (and say when it waits in the queue), run it
-    (streaming its views), stop it, tune it while it runs, show a step."""
+    """The live tab's handlers: check a request, run it (streaming its views), stop it, tune it
+    while it runs, show a step."""
 
     @errors_as_toasts
     def check(prompt, policy, budget, auto, temperature, seed, max_new_tokens, *_):

@@ -131,6 +131,21 @@ def test_the_chain_grown_on_the_device_is_the_loops(confidence):
             assert tree.values == pytest.approx(ref.values, rel=1e-14)
 
 
+def assert_same_tree(t, ref: Tree) -> Tree:
+    """The device's tree, as the views get it, is `ref`: nodes, probabilities, values, sampling and
+    every forwarded node's q; returned for more checks."""
+    none = torch.zeros(len(t), dtype=torch.bool)
+    tree = to_tree(t, read_step(t, none, torch.tensor([0]), torch.zeros(len(t))))[0]
+    assert (tree.tokens, tree.parents, tree.draft_probs, tree.values) == (
+        ref.tokens,
+        ref.parents,
+        ref.draft_probs,
+        ref.values,
+    )
+    assert tree.sampling == ref.sampling and all(torch.equal(tree.q[n], ref.q[n]) for n in ref.q)
+    return tree
+
+
 def test_the_static_tree_grown_on_the_device_is_the_layers():
     """`sequoia.grow` against `sequoia.build` on random breadth-first shapes and the DP's optimal trees."""
     rng = random.Random(3)
@@ -145,17 +160,8 @@ def test_the_static_tree_grown_on_the_device_is_the_layers():
         ref = sequoia.build(draft, 3, len(parents) - 1, 0.0, torch.Generator(), parents=parents, select="top")
         options = sequoia.POLICY.options | {"parents": parents, "select": "top"}
         t = sequoia.grow(draft, 3, len(parents) - 1, 0.0, torch.Generator(), options)
-        tree = to_tree(t, read_step(t, torch.zeros(len(t), dtype=torch.bool), torch.tensor([0]), torch.zeros(len(t))))[
-            0
-        ]
-        assert (tree.tokens, tree.parents, tree.draft_probs, tree.values) == (
-            ref.tokens,
-            ref.parents,
-            ref.draft_probs,
-            ref.values,
-        )
+        tree = assert_same_tree(t, ref)
         assert tree.growth == ref.growth and set(tree.q) == set(ref.q)
-        assert all(torch.equal(tree.q[n], ref.q[n]) for n in ref.q)
     with pytest.raises(Exception, match="breadth-first"):
         sequoia.grow(draft, 3, 3, 0.0, torch.Generator(), sequoia.POLICY.options | {"parents": [-1, 0, 1, 0]})
 
@@ -165,35 +171,23 @@ def test_drawn_children_grown_on_the_device_are_the_hosts(temperature, select):
     """At T > 0 (and with drawn children at T = 0) the device's builds draw from the same generator in
     the same order as the host's: `dyspec`, `chain` and `sequoia`, seed for seed, the same trees."""
 
-    def same(t, ref) -> None:
-        tree = to_tree(t, read_step(t, torch.zeros(len(t), dtype=torch.bool), torch.tensor([0]), torch.zeros(len(t))))[
-            0
-        ]
-        assert (tree.tokens, tree.parents, tree.draft_probs, tree.values) == (
-            ref.tokens,
-            ref.parents,
-            ref.draft_probs,
-            ref.values,
-        )
-        assert tree.sampling == ref.sampling and all(torch.equal(tree.q[n], ref.q[n]) for n in ref.q)
-
     shape = sequoia.optimal_tree((0.6, 0.2, 0.1, 0.05), 12, 8)[0]
     for seed in range(10):
         draft = TableDraft(12, seed)
         g = lambda seed=seed: torch.Generator().manual_seed(seed)  # noqa: E731
         for budget in (1, 4, 8, 16, 33):
             options = {"select": select}
-            same(
+            assert_same_tree(
                 dyspec.grow(draft, 3, budget, temperature, g(), dyspec.POLICY.options | options),
                 dyspec.build(draft, 3, budget, temperature, g(), **options),
             )
         if temperature > 0:
-            same(
+            assert_same_tree(
                 chain.grow(draft, 3, 6, temperature, g(), chain.POLICY.options),
                 chain.build(draft, 3, 6, temperature, g()),
             )
         options = {"parents": shape, "select": select}
-        same(
+        assert_same_tree(
             sequoia.grow(draft, 3, 12, temperature, g(), sequoia.POLICY.options | options),
             sequoia.build(draft, 3, 12, temperature, g(), **options),
         )
