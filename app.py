@@ -35,7 +35,7 @@ from dyspec.errors import DyspecError
 from dyspec.eval import speedup
 from dyspec.export import VIEW_FORMATS
 from dyspec.forward import thread
-from dyspec.load import DEFAULT_DRAFT, DEFAULT_TARGET, PRECISIONS
+from dyspec.load import DEFAULT_DRAFT, DEFAULT_TARGET, PRECISIONS, pick_device
 from dyspec.views import race, state
 from dyspec.views.examples import EXAMPLES
 
@@ -679,7 +679,7 @@ def build_app(pair: dyspec.ModelPair, concurrency: int = 1, profiles: dict | Non
     return demo
 
 
-def model_threads(device: str | None, asked: int | None) -> int | None:
+def model_threads(device: torch.device, asked: int | None) -> int | None:
     """The intra-op threads for the models: as asked, else on a CPU one fewer than torch would use
     (the browser that shows the page draws on the same cores, and a forward split over all of them
     waits for the one the browser took: docs/results/cpu-app-threads.md); None leaves torch's."""
@@ -687,8 +687,7 @@ def model_threads(device: str | None, asked: int | None) -> int | None:
         if asked < 1:
             raise DyspecError(f"--threads must be at least 1, got {asked}")
         return asked
-    on_cpu = (device or ("cuda" if torch.cuda.is_available() else "cpu")).startswith("cpu")
-    return max(1, thread.threads() - 1) if on_cpu else None
+    return max(1, thread.threads() - 1) if device.type == "cpu" else None
 
 
 def main() -> None:
@@ -717,7 +716,7 @@ def main() -> None:
     args = parser.parse_args()
     try:
         profiles = {m.name: m for m in map(whatif.load_profile, args.whatif_profile)}
-        if (threads := model_threads(args.device, args.threads)) is not None:
+        if (threads := model_threads(pick_device(args.device), args.threads)) is not None:
             thread.set_threads(threads)
         pair = dyspec.load_pair(args.target, args.draft, args.device, precision=args.precision)
         print("warming up (one short generation per default policy)...", flush=True)

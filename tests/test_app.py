@@ -13,6 +13,7 @@ from pathlib import Path
 import psutil
 import pytest
 import requests
+import torch
 
 from dyspec.defaults import defaults_for, options_text
 from dyspec.views.examples import EXAMPLES
@@ -70,10 +71,11 @@ def test_the_models_leave_a_core_to_the_browser_on_a_cpu(server):
     from dyspec.errors import DyspecError
     from dyspec.forward import thread
 
-    assert app.model_threads("cpu", None) == max(1, thread.threads() - 1)
-    assert app.model_threads("cuda", None) is None and app.model_threads("cpu", 3) == 3
+    cpu, cuda = torch.device("cpu"), torch.device("cuda")
+    assert app.model_threads(cpu, None) == max(1, thread.threads() - 1)
+    assert app.model_threads(cuda, None) is None and app.model_threads(cpu, 3) == 3
     with pytest.raises(DyspecError, match="at least 1"):
-        app.model_threads("cpu", 0)
+        app.model_threads(cpu, 0)
     url, _ = server
     cores, n = os.cpu_count(), max(1, int(os.environ["OMP_NUM_THREADS"]) - 1)  # the suite's count, less one
     assert f"cpu, {n} thread{'s' * (n > 1)} of {cores} cores" in requests.get(url, timeout=30).text

@@ -31,10 +31,11 @@ def sample(probs: torch.Tensor, generator: torch.Generator | None = None) -> int
 
 def residual(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
     """norm(max(0, p - q)): what to sample from after a rejection. A zero residual (p == q up to
-    rounding, where rejection had probability 0) falls back to p."""
+    rounding, where rejection had probability 0) falls back to p; chosen with no host read, so that
+    the step on the device calls it too."""
     r = (p - q).clamp_min_(0)
     total = r.sum()
-    return r / total if total > 0 else p
+    return torch.where(total > 0, r / total, p)
 
 
 def ranked_children(

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from dyspec.core.sampling import residual
 from dyspec.core.tree import Tree
 from dyspec.core.vocab import DraftVocab
 
@@ -117,14 +118,9 @@ def verify_sampled(
     for j in range(1, n):
         x = t.tokens[j : j + 1]  # 1-d: indexing with a 0-d tensor would read it on the host
         tried = t.valid[j] & (t.parents[j] == cur) & ~stop
-        if D is None:  # a chosen child: a one-hot proposal
-            take = (coins[j] <= P[x])[0]
-            left = P.scatter(0, x, 0.0)
-        else:
-            take = (coins[j] * D[x] <= P[x])[0]
-            left = (P - D).clamp_min(0)
-        total = left.sum()
-        rejected = torch.where(total > 0, left / total, P)  # a zero residual falls back to P, as the host's
+        proposal = D if D is not None else torch.zeros_like(P).scatter(0, x, 1.0)  # chosen: one-hot on x
+        take = (coins[j] * proposal[x] <= P[x])[0]
+        rejected = residual(P, proposal)
         take, reject = tried & take, tried & ~take
         if D is not None:
             if t.sampling == "without_replacement":
