@@ -457,9 +457,12 @@ def live_handlers(vm: state.ViewModel, in_use: ModelsInUse) -> tuple:
     def replay(live, pace):
         """The finished run again, a step at a time on its measured clock slowed to `pace`, never faster
         than a browser draws a tree: the text so far, the step's tree and the Step slider together."""
+        # each step waits its own time before it shows, none after the last: a replay that lingered would
+        # write its last frame again when it ends, over a step the user had typed meanwhile
         for index, step in enumerate(live.steps if live and live.finished is not None else ()):
+            if index:
+                time.sleep(max(speedup.step_seconds(step) / float(pace), race.FRAME_S))
             yield show_step(live, index, so_far=True)
-            time.sleep(max(speedup.step_seconds(step) / float(pace), race.FRAME_S))
 
     return check, run, stop, tune, show_step, replay, check_file, load
 
@@ -599,9 +602,10 @@ def race_tab(vm: state.ViewModel, in_use: ModelsInUse) -> None:
         if run is None:
             return
         model = vm.latency_model(hardware, width, draft_fraction)
-        for t in race.frame_times(run, float(pace)):
+        for index, t in enumerate(race.frame_times(run, float(pace))):
+            if index:  # none after the last frame (as the live replay)
+                time.sleep(race.FRAME_S)
             yield race.race_frame(vm, run, t, model)
-            time.sleep(race.FRAME_S)
 
     @errors_as_toasts
     def run(prompt, policy, budget, max_new_tokens, pace, hardware, width, draft_fraction):
