@@ -433,8 +433,7 @@ def live_handlers(vm: state.ViewModel, in_use: ModelsInUse) -> tuple:
         return *live_views(vm, live, True, pricing, request.session_hash), live.prompt, *settings
 
     def stop(request: gr.Request) -> None:
-        if request.session_hash in stops:
-            stops[request.session_hash].set()
+        stops.get(request.session_hash, threading.Event()).set()  # a session that ran nothing: no-op
 
     @errors_as_toasts
     def tune(policy, budget, auto, temperature, request: gr.Request) -> None:
@@ -456,12 +455,11 @@ def live_handlers(vm: state.ViewModel, in_use: ModelsInUse) -> tuple:
 
     def replay(live, pace):
         """The finished run again, a step at a time on its measured clock slowed to `pace`, never faster
-        than a browser draws a tree: the text so far, the step's tree and the Step slider together."""
-        # each step waits its own time before it shows, none after the last: a replay that lingered would
-        # write its last frame again when it ends, over a step the user had typed meanwhile
+        than a browser draws a tree: the text so far, the step's tree and the Step slider together.
+        A step waits its time before it shows, and none follows the last: Gradio writes the last frame
+        again when a handler ends, which after a wait would land over a step typed meanwhile."""
         for index, step in enumerate(live.steps if live and live.finished is not None else ()):
-            if index:
-                time.sleep(max(speedup.step_seconds(step) / float(pace), race.FRAME_S))
+            time.sleep(max(speedup.step_seconds(step) / float(pace), race.FRAME_S) if index else 0)
             yield show_step(live, index, so_far=True)
 
     return check, run, stop, tune, show_step, replay, check_file, load
