@@ -74,6 +74,8 @@ CASES = [
     ("dyspec", {"step": "device"}),  # without replacement
     ("dyspec", {"select": "top", "step": "device"}),  # deterministic children
     ("eagle2", {"topk": 2, "depth": 2, "step": "device"}),  # deterministic children, the pool cut
+    ("specdecpp", {"h": 0.5, "min_k": 1, "step": "device"}),  # the stop as padding, the head on the device
+    ("dyspec", {"score": "head", "batch": 1, "step": "device"}),  # the head's reach on the device
 ]
 FEATURE_CASES = [("chain", {}), ("dyspec", {})]  # a feature draft that cannot propose every token
 

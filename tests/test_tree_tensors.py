@@ -4,6 +4,7 @@ host read."""
 
 import random
 from array import array
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -15,7 +16,8 @@ from dyspec.core.tree_tensors import add_nodes, new_tree, read_step, to_tree, ve
 from dyspec.core.verify import verify_greedy as verify_greedy_host
 from dyspec.decode.engine import generate
 from dyspec.eval.anatomy import _on_steps, step_counts
-from dyspec.policies import chain, dyspec, eagle2, sequoia, sglang
+from dyspec.load.head import AcceptanceHead, save_head
+from dyspec.policies import chain, dyspec, eagle2, sequoia, sglang, specdecpp
 from dyspec.policies.common import expand_and_rerank, grow_and_rerank
 
 from .conftest import PROMPTS
@@ -208,6 +210,61 @@ def test_the_reranked_tree_grown_on_the_device_is_the_pools(topk, steps):
             assert tree.values == ref.values and tree.growth == ref.growth, (seed, budget)
 
 
+class HiddenTable(TableDraft):
+    """A `TableDraft` with hidden states for an acceptance head: its logits, as hidden states of the
+    vocabulary's width."""
+
+    def logits(self, tree, nodes, on_device=False):
+        self.hidden = super().logits(tree, nodes)
+        return self.hidden
+
+    def tree_logits(self, t, nodes):
+        self.hidden = super().tree_logits(t, nodes)
+        return self.hidden
+
+
+@pytest.mark.parametrize("design", ["dyspec", "specdecpp"])
+def test_the_heads_trees_grown_on_the_device_are_the_hosts(tmp_path, design):
+    """specdecpp's chain (its stop as padding) and dyspec with score="head" (each node's reach the
+    product of the head's predictions on its path) against their host builds, the predictions
+    included: a random head, whose predictions vary with the hidden state, on the same draft."""
+    torch.manual_seed(0)
+    head = AcceptanceHead(12, n_blocks=2, design=design)
+    with torch.no_grad():
+        head.out.weight.mul_(0.2)  # predictions spread across (0, 1), not all at 1
+    path = str(tmp_path / "head.safetensors")
+    save_head(head, Path(path), {})
+    lengths = set()
+    for seed in range(10):
+        draft = HiddenTable(12, seed)
+        g = lambda seed=seed: torch.Generator().manual_seed(seed)  # noqa: E731
+        for temperature, h, min_k in [(0.0, 0.5, 1), (0.0, 0.3, 2), (0.8, 0.6, 1)]:
+            options = {"head": path, "h": h, "min_k": min_k, "max_k": 8}
+            ref = specdecpp.build(draft, 3, 6, temperature, g(), **options)
+            t = specdecpp.grow(draft, 3, 6, temperature, g(), specdecpp.POLICY.options | options)
+            tree = assert_same_tree(t, ref) if temperature else to_tree(t, no_verdict(t))[0]
+            assert (tree.tokens, tree.parents, tree.extra) == (ref.tokens, ref.parents, ref.extra)
+            lengths.add(len(tree))
+        for budget, batch, max_depth in [(8, None, 16), (16, 3, 2), (33, 1, 16)]:
+            options = {"score": "head", "head": path, "batch": batch, "max_depth": max_depth, "select": "top"}
+            ref = dyspec.build(draft, 3, budget, 0.0, g(), **options)
+            t = dyspec.grow(draft, 3, budget, 0.0, g(), dyspec.POLICY.options | options)
+            tree = assert_same_tree(t, ref)
+            assert tree.growth == ref.growth
+            predicted, expected = tree.extra["predicted_acceptance"], ref.extra["predicted_acceptance"]
+            assert [p is None for p in predicted] == [p is None for p in expected]
+            if max_depth == 16:  # the same rows through the head: the same floats
+                assert predicted == expected
+            else:  # the device's head also reads the picks at max_depth, and a batch of more rows rounds differently
+                assert [p for p in predicted if p] == pytest.approx([p for p in expected if p], rel=1e-6)
+    assert len(lengths) > 1  # the head stopped chains at different lengths
+
+
+def no_verdict(t):
+    none = torch.zeros(len(t), dtype=torch.bool)
+    return read_step(t, none, torch.tensor([0]), torch.zeros(len(t)))
+
+
 class RelabelledTable(TableDraft):
     """A `TableDraft` that a rerank may renumber (`DraftSession.relabel`)."""
 
@@ -226,7 +283,8 @@ def test_which_steps_run_on_the_device():
     for temperature, options in [(0.8, {}), (0.0, {"select": "sample"}), (0.8, {"select": "top"})]:
         assert asks(dyspec, temperature, step="device", **options)
     for temperature in (0.0, 0.8):
-        assert not asks(dyspec, temperature, step="device", score="head")  # the head's scores: the host
+        assert asks(dyspec, temperature, step="device", score="head") and asks(specdecpp, temperature, step="device")
+    assert not asks(specdecpp, 0.0)
     with pytest.raises(Exception, match="step must be one of host, device"):
         asks(dyspec, 0.0, step="gpu")
 
@@ -243,6 +301,8 @@ def test_which_steps_run_on_the_device():
         ("sequoia", 16, {}, True),
         ("sglang", 15, {"topk": 4, "steps": 3}, True),
         ("eagle2", 16, {}, True),
+        ("specdecpp", 8, {"min_k": 1}, False),  # the head shipped for the pair; forwarded past its stop
+        ("dyspec", 16, {"score": "head"}, True),
     ],
 )
 def test_a_step_on_the_device_is_the_host_step(pair, policy, budget, options, same_rows):
@@ -272,7 +332,7 @@ def test_a_step_on_the_device_is_the_host_step(pair, policy, budget, options, sa
 
 
 @pytest.mark.parametrize(
-    "policy, budget", [("dyspec", 4), ("dyspec", 64), ("chain", 4), ("sequoia", 16), ("sglang", 16)]
+    "policy, budget", [("dyspec", 4), ("dyspec", 64), ("chain", 4), ("sequoia", 16), ("sglang", 16), ("specdecpp", 8)]
 )
 @pytest.mark.parametrize("temperature", [0.0, 0.8])
 def test_a_step_on_the_device_reads_the_host_once(pair, policy, budget, temperature):

@@ -11,6 +11,7 @@ descendants, never matches in verification, and is dropped from the `Tree`.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 
@@ -37,6 +38,9 @@ class TreeTensors:
     # where the tree was cut on the device from a bigger one (`subtree`): each node's id in that one,
     # which `growth`, `q` and the draft's forwarded nodes speak of
     origin: torch.Tensor | None = None
+    # the policy's own numbers per node for the views, as `Tree.extra` lists them: name -> [N] float64,
+    # NaN where a node has none (None in the `Tree`)
+    extra: dict[str, torch.Tensor] = field(default_factory=dict)
 
     def __len__(self) -> int:
         return len(self.tokens)
@@ -155,32 +159,28 @@ def subtree(t: TreeTensors, nodes: torch.Tensor) -> TreeTensors:
         q=t.q,
         growth=t.growth,
         origin=old,
+        extra={name: v[old] for name, v in t.extra.items()},
     )
 
 
 def read_step(
     t: TreeTensors, accepted: torch.Tensor, next_token: torch.Tensor, target_probs: torch.Tensor, **extra
 ) -> dict:
-    """The tree, its verdict, the target's probability of each node's token and any `extra` 1-d
-    tensors (None: left out), in one host read (float64 holds token ids exactly)."""
-    rows = torch.stack([t.tokens, t.parents, t.probs, t.valid, accepted, target_probs]).to(torch.float64)
+    """The tree, its verdict, the target's probability of each node's token, the tree's own `extra`
+    and any `extra` 1-d tensors of ids here (None: left out), in one host read (float64 holds token
+    ids exactly)."""
+    per_node = [t.tokens, t.parents, t.probs, t.valid, accepted, target_probs, *t.extra.values()]
+    rows = torch.stack(per_node).to(torch.float64)
     extra = {k: v for k, v in extra.items() if v is not None}
     if t.origin is not None:
         extra["origin"] = t.origin
     parts = [rows.flatten(), next_token.reshape(1).to(torch.float64), *(v.to(torch.float64) for v in extra.values())]
     table = torch.cat(parts).tolist()
-    n = len(t)
-    tokens, parents, probs, valid, accepted_, target = (table[i * n : (i + 1) * n] for i in range(6))
-    host = {
-        "tokens": tokens,
-        "parents": parents,
-        "probs": probs,
-        "valid": valid,
-        "accepted": accepted_,
-        "target_probs": target,
-        "next_token": int(table[6 * n]),
-    }
-    at = 6 * n + 1
+    n, names = len(t), ["tokens", "parents", "probs", "valid", "accepted", "target_probs", *t.extra]
+    host = {name: table[i * n : (i + 1) * n] for i, name in enumerate(names)}
+    at = len(names) * n
+    host["next_token"] = int(table[at])
+    at += 1
     for name, v in extra.items():
         host[name] = [int(x) for x in table[at : at + len(v)]]
         at += len(v)
@@ -217,5 +217,7 @@ def to_tree(t: TreeTensors, host: dict) -> tuple[Tree, list[int], list[int], lis
     first_id = {old: new for new, old in enumerate(first)}
     where = {first_id[old]: (q, i) for q, nodes in t.q for i, old in enumerate(nodes) if old in first_id}
     tree.q = Rows(where)  # type: ignore[assignment]
+    for name in t.extra:
+        tree.extra[name] = [None if math.isnan(x) else x for x in (host[name][old] for old in old_ids[1:])]
     accepted = [new_id[i] for i, a in enumerate(host["accepted"]) if a]
     return tree, old_ids, accepted, [host["target_probs"][old] for old in old_ids]

@@ -5,6 +5,7 @@ default pairs ship in dyspec/shipped/heads/."""
 
 from __future__ import annotations
 
+import copy
 import json
 from functools import lru_cache
 from pathlib import Path
@@ -98,6 +99,18 @@ def _load_head(path: str, mtime_ns: int) -> tuple[AcceptanceHead, dict]:
     state.setdefault("calibration", head.calibration)  # a head trained before calibration: as trained
     head.load_state_dict(state)
     return head.eval(), meta
+
+
+def head_on(path: str, device: torch.device) -> AcceptanceHead:
+    """The head at `path` on `device`, for a step on the device: a copy there, kept, so that the
+    host's builds keep theirs on the CPU and the step sends the head no rows across."""
+    head = load_head(path)[0]
+    return head if device.type == "cpu" else _moved(head, device)
+
+
+@lru_cache(maxsize=8)
+def _moved(head: AcceptanceHead, device: torch.device) -> AcceptanceHead:
+    return copy.deepcopy(head).to(device)
 
 
 def shipped_head(pair: ModelPair) -> Path:

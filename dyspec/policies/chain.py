@@ -1,6 +1,7 @@
 """A chain of K = budget draft tokens (Leviathan et al. 2023), drawn autoregressively from q."""
 
 import math
+from collections.abc import Callable
 
 import torch
 
@@ -64,14 +65,32 @@ def build(
 def grow(
     draft: DraftSession, root: int, budget: int, temperature: float, generator: torch.Generator, options: dict
 ) -> TreeTensors:
-    """`build`'s chain as tensor ops with no host read: a node past the confidence stop is padding
-    (`valid` False), still forwarded, so that the chain has one shape."""
+    """`build`'s chain as tensor ops with no host read (`grow_chain`), the confidence stop as padding."""
     confidence = options["confidence"]
     check_confidence(confidence)
-    t = new_tree(root, budget + 1, draft.kv.device, "iid", draft.vocab)
-    ids = torch.arange(budget + 1, device=draft.kv.device)
+    return grow_chain(
+        draft, root, budget, temperature, generator, lambda t, node, *_: t.values[node : node + 1] >= confidence
+    )
+
+
+def grow_chain(
+    draft: DraftSession,
+    root: int,
+    length: int,
+    temperature: float,
+    generator: torch.Generator,
+    goes_on: Callable[[TreeTensors, int, torch.Tensor, torch.Tensor], torch.Tensor],
+) -> TreeTensors:
+    """A chain of `length` drafted nodes as tensor ops with no host read, each drawn as `extend` draws
+    it. `goes_on(t, node, logits, column)` says, as a bool tensor [1], whether the chain goes on past
+    its new `node` (drawn as `column` of the draft's `logits`); where it stops, the nodes after are
+    padding (`valid` False), still forwarded, so that the chain has one shape."""
+    device = draft.kv.device
+    t = new_tree(root, length + 1, device, "iid", draft.vocab)
+    ids = torch.arange(length + 1, device=device)
+    live = torch.ones(1, dtype=torch.bool, device=device)
     logits = draft.logits(Tree.root(root, "iid", draft.vocab), [0], on_device=True)
-    for node in range(budget):
+    for node in range(length):
         if temperature == 0:
             best, log_z = row_stats(logits)
             q_x = (logits.gather(1, best[:, None])[:, 0].double() - log_z.double()).exp()  # as `extend`, in float64
@@ -81,8 +100,9 @@ def grow(
             q_x = q.gather(1, best[:, None])[:, 0].double()
             t.q.append((q, [node]))
         tokens = best if draft.vocab is None else draft.vocab.tokens(best, logits.shape[-1])
-        add_nodes(t, node + 1, ids[node : node + 1], tokens, q_x, t.values[node : node + 1] >= confidence)
-        if node + 1 < budget:
+        add_nodes(t, node + 1, ids[node : node + 1], tokens, q_x, live)
+        live = goes_on(t, node + 1, logits, best)
+        if node + 1 < length:
             logits = draft.tree_logits(t, [node + 1])
     return t
 

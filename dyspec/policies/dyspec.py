@@ -9,10 +9,11 @@ serves them all. A round pops up to `batch` slots; batch=1 is the paper's sequen
 Under `--budget auto` with sampled children the heap values a slot by what auto has learnt instead.
 
 `grow` is the same tree as a tensor program on the draft's device (dyspec.core.tree_tensors), for
-the step on the device: where a slot's value falls with its rank, as the draft's scores do, the
-heap's `batch` pops of a round are the top `batch` of every unpopped candidate's slot value (new
-nodes' slots join only the round after), ties to the lower node id, then the lower rank, as the
-heap's (value, node) order breaks them. `build`, node by node, is its reference.
+the step on the device: where a slot's value falls with its rank, as with the draft's and the
+head's scores, the heap's `batch` pops of a round are the top `batch` of every unpopped
+candidate's slot value (new nodes' slots join only the round after), ties to the lower node id,
+then the lower rank, as the heap's (value, node) order breaks them. `build`, node by node, is its
+reference.
 """
 
 import heapq
@@ -26,7 +27,7 @@ from dyspec.core.sampling import ranked_children, to_probs
 from dyspec.core.tree import Tree
 from dyspec.core.tree_tensors import TreeTensors, add_nodes, new_tree
 from dyspec.errors import DyspecError
-from dyspec.load.head import AcceptanceHead, head_for, load_head
+from dyspec.load.head import AcceptanceHead, head_for, head_on, load_head
 from dyspec.policies.common import asks_device, child_mode, drawn_slot, on_device_asked
 
 SCORES = ("draft", "head")
@@ -54,12 +55,6 @@ def _batch(budget: int, batch: int | None) -> int:
     if batch < 1:
         raise DyspecError(f"batch must be at least 1, got {batch}")
     return batch
-
-
-def on_device(temperature: float, options: dict) -> bool:
-    """Whether a step at `temperature` with these options grows its tree on the device (`grow`): the
-    head's scores stay on the host."""
-    return asks_device(temperature, options) and options["score"] == "draft"
 
 
 def forwards_for(budget: int, options: dict) -> int:
@@ -231,15 +226,21 @@ def build(
 def grow(
     draft: DraftSession, root: int, budget: int, temperature: float, generator: torch.Generator, options: dict
 ) -> TreeTensors:
-    """`build`'s tree with the draft's scores, grown as tensor ops with no host read: each round
-    forwards the last round's `batch` picks (padding too, `valid` False, so that every round has one
-    shape) and picks the next `batch` from the candidate matrix of every node forwarded so far, a
-    slot valued as `drawn_slot` does. Where `on_device` says so."""
+    """`build`'s tree grown as tensor ops with no host read: each round forwards the last round's
+    `batch` picks (padding too, `valid` False, so that every round has one shape) and picks the next
+    `batch` from the candidate matrix of every node forwarded so far, a slot valued as `drawn_slot`
+    does times the chance of reaching its node: its value, or with score="head" the product of the
+    head's predictions on its path (`HeadScore`), made on the draft's device from each round's
+    hidden states. Where the policy's `on_device` says so."""
     batch, max_depth = _batch(budget, options["batch"]), options["max_depth"]
     sample, tau, sampling = child_mode(options["select"], temperature, options["draft_temperature"])
     rounds = forwards_for(budget, {"batch": batch})
     device = draft.kv.device
     t = new_tree(root, 1 + rounds * batch, device, sampling, draft.vocab)
+    head = head_on(options["head"], device) if _head(options["score"], options["head"]) else None
+    if head is not None:  # the head's inputs, the draft's T = 1 probabilities: each node's, each candidate's
+        reach, q1 = torch.ones(len(t), dtype=torch.float64, device=device), torch.zeros(len(t), device=device)
+        t.extra["predicted_acceptance"] = torch.full((len(t),), math.nan, dtype=torch.float64, device=device)
     logits = draft.logits(Tree.root(root, sampling, draft.vocab), [0], on_device=True)
     nodes, slots = range(1), None
     for r in range(rounds):
@@ -251,18 +252,30 @@ def grow(
             slots = torch.full((len(t), k), -math.inf, dtype=torch.float64, device=device)
             tokens = torch.zeros(len(t), k, dtype=torch.long, device=device)
             p = torch.zeros(len(t), k, dtype=torch.float64, device=device)
+            q1_candidates = torch.zeros(len(t), k, device=device)
         rows = slice(nodes.start, nodes.stop)
         tokens[rows] = columns if draft.vocab is None else draft.vocab.tokens(columns, q.shape[-1])
         p[rows] = probs.double()
         live = (p[rows] > 0) & (t.valid[rows] & (t.depths[rows] < max_depth))[:, None]
+        if head is None:
+            reach = t.values
+        else:
+            q1_candidates[rows] = to_probs(logits, 1.0).gather(1, columns)
+            if r:  # the root's forward predicts nothing: it is the target's own token
+                accept = head.accept_prob(draft.hidden, q1[rows]).double()
+                reach[rows] = reach[t.parents[rows]] * accept
+                predicted = torch.where(t.depths[rows] < max_depth, accept, math.nan)  # the host forwards no deeper
+                t.extra["predicted_acceptance"][rows] = predicted
         # drawn: the mass the earlier siblings left, summed left to right as the host's `sum`
         worth = 1 - torch.nn.functional.pad(p[rows].cumsum(1)[:, :-1], (1, 0)) if sample else p[rows]
-        slots[rows] = torch.where(live, t.values[rows, None] * worth, -math.inf)
+        slots[rows] = torch.where(live, reach[rows, None] * worth, -math.inf)
         picks = slots.flatten().sort(descending=True, stable=True).indices[:batch]
         room = budget + 1 - t.valid.sum()  # the budget's nodes not added yet (the root is valid), as a tensor: no read
         taken = (slots.flatten()[picks] > -math.inf) & (torch.arange(batch, device=device) < room)
         nodes = range(1 + r * batch, 1 + (r + 1) * batch)
         add_nodes(t, nodes.start, picks // k, tokens.flatten()[picks], p.flatten()[picks], taken)
+        if head is not None:
+            q1[nodes.start : nodes.stop] = q1_candidates.flatten()[picks]
         slots.view(-1)[picks] = -math.inf
         if r + 1 < rounds:
             logits = draft.tree_logits(t, list(nodes))
@@ -273,7 +286,7 @@ POLICY = Policy(
     "dyspec",
     build,
     grow=grow,
-    on_device=on_device,
+    on_device=asks_device,
     needs_draft=True,
     prepare=prepare,
     auto=AutoNeeds(rates=True, grows_by_value=True, forwards_for=forwards_for),

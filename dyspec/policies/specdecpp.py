@@ -4,14 +4,18 @@ chance that at least one drafted token is rejected, 1 - prod(predicted acceptanc
 keeping the token that the predicting forward drew (as the official code does).
 Verification is plain chain speculative sampling, so the output is exact whatever the head says."""
 
+import math
+
 import torch
 
 from dyspec.core.contract import Policy
 from dyspec.core.draft import DraftSession
 from dyspec.core.tree import Tree
+from dyspec.core.tree_tensors import TreeTensors
 from dyspec.errors import DyspecError
-from dyspec.load.head import head_for, load_head, shipped_head
-from dyspec.policies.chain import extend
+from dyspec.load.head import head_for, head_on, load_head, shipped_head
+from dyspec.policies.chain import extend, grow_chain
+from dyspec.policies.common import asks_device, on_device_asked
 
 
 def available(pair) -> bool:
@@ -21,6 +25,15 @@ def available(pair) -> bool:
 def prepare(pair, temperature: float, options: dict) -> dict:
     """Resolve the head: the `head` option's file, else the head shipped for this model pair."""
     return {**options, "head": head_for(pair, options.get("head"))}
+
+
+def check(h: float, min_k: int, max_k: int, head: str | None) -> None:
+    if not 0 < h < 1:
+        raise DyspecError(f"h must be between 0 and 1, got {h}")
+    if not 1 <= min_k <= max_k:
+        raise DyspecError(f"need 1 <= min_k <= max_k, got min_k={min_k}, max_k={max_k}")
+    if head is None:
+        raise DyspecError("specdecpp needs an acceptance head (the `head` option, or one shipped for the pair)")
 
 
 def build(
@@ -34,6 +47,7 @@ def build(
     min_k: int = 2,
     max_k: int = 20,
     head: str | None = None,
+    step: str = "host",
 ) -> Tree:
     """Draft K tokens, min_k <= K <= min(max_k, budget), as the official loop does
     (Kaffaljidhmah2/SpecDec_pp, `specdec_pp/hf_generation.py`, the `ada` schedule): each draft
@@ -41,13 +55,10 @@ def build(
     last token; the next token is kept, and drafting stops there once K >= min_k and
     1 - prod(predictions) > h, so a stop costs no further draft forward. The root's forward
     predicts nothing (the root is the target's own token). `tree.extra["predicted_acceptance"][i]`
-    is the head's prediction for node i + 1 (None for the last node, never forwarded)."""
-    if not 0 < h < 1:
-        raise DyspecError(f"h must be between 0 and 1, got {h}")
-    if not 1 <= min_k <= max_k:
-        raise DyspecError(f"need 1 <= min_k <= max_k, got min_k={min_k}, max_k={max_k}")
-    if head is None:
-        raise DyspecError("specdecpp needs an acceptance head (the `head` option, or one shipped for the pair)")
+    is the head's prediction for node i + 1 (None for the last node, never forwarded).
+    `step`: "device" grows it with `grow`."""
+    check(h, min_k, max_k, head)
+    on_device_asked(step)
     acceptance_head, _ = load_head(head)
     tree = Tree.root(root, "iid", draft.vocab)
     predicted: list[float | None] = []
@@ -66,9 +77,40 @@ def build(
     return tree
 
 
+def grow(
+    draft: DraftSession, root: int, budget: int, temperature: float, generator: torch.Generator, options: dict
+) -> TreeTensors:
+    """`build`'s chain as tensor ops with no host read (`chain.grow_chain`): min(max_k, budget) nodes,
+    every one forwarded, those past the stop padding; the head's predictions, on the draft's device,
+    multiply into the chance that all so far are accepted as the host's floats do (float64)."""
+    h, min_k, max_k, path = (options[name] for name in ("h", "min_k", "max_k", "head"))
+    check(h, min_k, max_k, path)
+    device = draft.kv.device
+    head = head_on(path, device)
+    length = min(max_k, budget)
+    predicted = torch.full((length + 1,), math.nan, dtype=torch.float64, device=device)
+    survive = torch.ones(1, dtype=torch.float64, device=device)
+    q_last = None  # the draft's probability (T = 1) of the chain's last token, 0-d, as `build` hands the head
+
+    def goes_on(t, node, logits, column):
+        nonlocal survive, q_last
+        if node > 1:  # the forward that drew `node` read node - 1: the head's prediction for it
+            predicted[node - 1] = accept = head.accept_prob(draft.hidden[-1], q_last).double()
+            survive = survive * accept
+        q_last = torch.softmax(logits[0].float(), dim=-1)[column].reshape(())  # a 0-d index would be read
+        return (1 - survive <= h) | (node < min_k)
+
+    t = grow_chain(draft, root, length, temperature, generator, goes_on)
+    # as `build`'s, none for the chain's last node: a padding node's forward read it, the host's none
+    t.extra["predicted_acceptance"] = torch.cat([torch.where(t.valid[1:], predicted[:-1], math.nan), predicted[-1:]])
+    return t
+
+
 POLICY = Policy(
     "specdecpp",
     build,
+    grow=grow,
+    on_device=asks_device,
     needs_draft=True,
     prepare=prepare,
     available=available,
