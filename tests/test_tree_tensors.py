@@ -17,7 +17,7 @@ from dyspec.core.verify import verify_greedy as verify_greedy_host
 from dyspec.decode.engine import generate
 from dyspec.eval.anatomy import _on_steps, step_counts
 from dyspec.load.head import AcceptanceHead, save_head
-from dyspec.policies import chain, dyspec, eagle2, sequoia, sglang, specdecpp
+from dyspec.policies import POLICIES, chain, dyspec, dyspec_threshold, eagle2, sequoia, sglang, specdecpp
 from dyspec.policies.common import expand_and_rerank, grow_and_rerank
 
 from .conftest import PROMPTS
@@ -113,6 +113,26 @@ def test_the_tree_grown_on_the_device_is_the_heaps(batch, max_depth):
             assert all(torch.equal(tree.q[n], ref.q[n]) for n in ref.q)
             # the device forwards a round's picks at max_depth too (one shape a round): their q is extra
             assert all(tree.depths[n] == max_depth for n in set(tree.q) - set(ref.q))
+
+
+@pytest.mark.parametrize("width, max_depth", [(None, 16), (2, 16), (None, 2), (1, 16), (5, 3)])
+def test_the_threshold_tree_grown_on_the_device_is_the_layers(width, max_depth):
+    """`dyspec_threshold.grow` against `build` (layer by layer, each node's children while their slots
+    are worth more than t) at budgets 1-64 and several thresholds: the same nodes in the same order,
+    probabilities, growth and every forwarded node's q."""
+    for seed in range(12):
+        draft = TableDraft(12, seed)
+        for budget in (1, 2, 5, 8, 16, 33, 64):
+            for threshold in (None, 0.02, 0.3):
+                options = dict(width=width, max_depth=max_depth, select="top", threshold=threshold)
+                ref = dyspec_threshold.build(draft, 3, budget, 0.0, torch.Generator(), **options)
+                t = dyspec_threshold.grow(
+                    draft, 3, budget, 0.0, torch.Generator(), POLICIES["dyspec-threshold"].options | options
+                )
+                tree = assert_same_tree(t, ref)
+                assert tree.growth == ref.growth, (seed, budget, threshold)
+                for depth in range(max(ref.depths)) if width else ():  # at most `width` nodes of a layer have children
+                    assert len({u for u in ref.parents[1:] if ref.depths[u] == depth}) <= width
 
 
 @pytest.mark.parametrize("confidence", [0.0, 0.2, 0.6])
@@ -285,6 +305,9 @@ def test_which_steps_run_on_the_device():
     for temperature in (0.0, 0.8):
         assert asks(dyspec, temperature, step="device", score="head") and asks(specdecpp, temperature, step="device")
     assert not asks(specdecpp, 0.0)
+    assert asks(dyspec_threshold, 0.8, step="device") and not asks(dyspec_threshold, 0.0)
+    with pytest.raises(Exception, match="width must be at least 1"):
+        dyspec_threshold.grow(TableDraft(4, 0), 3, 4, 0.0, None, POLICIES["dyspec-threshold"].options | {"width": 0})
     with pytest.raises(Exception, match="step must be one of host, device"):
         asks(dyspec, 0.0, step="gpu")
 
@@ -301,6 +324,8 @@ def test_which_steps_run_on_the_device():
         ("sequoia", 16, {}, True),
         ("sglang", 15, {"topk": 4, "steps": 3}, True),
         ("eagle2", 16, {}, True),
+        ("dyspec-threshold", 16, {}, False),  # forwarded in full layers of padding
+        ("dyspec-threshold", 16, {"width": 4, "max_depth": 5}, False),
         ("specdecpp", 8, {"min_k": 1}, False),  # the head shipped for the pair; forwarded past its stop
         ("dyspec", 16, {"score": "head"}, True),
     ],
@@ -332,7 +357,16 @@ def test_a_step_on_the_device_is_the_host_step(pair, policy, budget, options, sa
 
 
 @pytest.mark.parametrize(
-    "policy, budget", [("dyspec", 4), ("dyspec", 64), ("chain", 4), ("sequoia", 16), ("sglang", 16), ("specdecpp", 8)]
+    "policy, budget",
+    [
+        ("dyspec", 4),
+        ("dyspec", 64),
+        ("chain", 4),
+        ("sequoia", 16),
+        ("sglang", 16),
+        ("specdecpp", 8),
+        ("dyspec-threshold", 8),
+    ],
 )
 @pytest.mark.parametrize("temperature", [0.0, 0.8])
 def test_a_step_on_the_device_reads_the_host_once(pair, policy, budget, temperature):

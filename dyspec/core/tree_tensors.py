@@ -33,7 +33,8 @@ class TreeTensors:
     ancestors: torch.Tensor  # [N, N] bool: (i, j) where j is i or an ancestor of i
     sampling: str
     vocab: DraftVocab | None
-    q: list[tuple[torch.Tensor, list[int]]] = field(default_factory=list)  # per draft forward: q, its node ids
+    # per draft forward: q and its node ids, a device tensor where the device chose them (read with the step)
+    q: list[tuple[torch.Tensor, list[int] | torch.Tensor]] = field(default_factory=list)
     growth: list[int] = field(default_factory=list)  # node count after each round, padding included
     # where the tree was cut on the device from a bigger one (`subtree`): each node's id in that one,
     # which `growth`, `q` and the draft's forwarded nodes speak of
@@ -174,6 +175,8 @@ def read_step(
     extra = {k: v for k, v in extra.items() if v is not None}
     if t.origin is not None:
         extra["origin"] = t.origin
+    if chosen := [nodes for _, nodes in t.q if isinstance(nodes, torch.Tensor)]:
+        extra["q_nodes"] = torch.cat(chosen)
     parts = [rows.flatten(), next_token.reshape(1).to(torch.float64), *(v.to(torch.float64) for v in extra.values())]
     table = torch.cat(parts).tolist()
     n, names = len(t), ["tokens", "parents", "probs", "valid", "accepted", "target_probs", *t.extra]
@@ -215,7 +218,11 @@ def to_tree(t: TreeTensors, host: dict) -> tuple[Tree, list[int], list[int], lis
     first = [host["origin"][old] for old in old_ids] if "origin" in host else old_ids  # ids before any cut
     tree.growth = sorted({sum(1 for old in first if old < g) for g in t.growth})
     first_id = {old: new for new, old in enumerate(first)}
-    where = {first_id[old]: (q, i) for q, nodes in t.q for i, old in enumerate(nodes) if old in first_id}
+    chosen = iter(host.get("q_nodes", ()))  # the forwards' rows that the device chose, as read
+    forwards = [
+        (q, [next(chosen) for _ in range(len(nodes))] if isinstance(nodes, torch.Tensor) else nodes) for q, nodes in t.q
+    ]
+    where = {first_id[old]: (q, i) for q, nodes in forwards for i, old in enumerate(nodes) if old in first_id}
     tree.q = Rows(where)  # type: ignore[assignment]
     for name in t.extra:
         tree.extra[name] = [None if math.isnan(x) else x for x in (host[name][old] for old in old_ids[1:])]

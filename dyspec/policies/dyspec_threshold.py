@@ -15,8 +15,9 @@ from dyspec.core.contract import AutoNeeds, Policy, slot_rate
 from dyspec.core.draft import DraftSession
 from dyspec.core.sampling import ranked_children, to_probs
 from dyspec.core.tree import Tree
+from dyspec.core.tree_tensors import TreeTensors, add_nodes, new_tree
 from dyspec.errors import DyspecError
-from dyspec.policies.common import child_mode, drawn_slot
+from dyspec.policies.common import asks_device, child_mode, drawn_slot, on_device_asked
 
 
 def build(
@@ -30,14 +31,17 @@ def build(
     max_depth: int = 16,
     select: str = "auto",
     draft_temperature: float = 0.6,
+    width: int | None = None,
     auto_rates: list[float] | None = None,
+    step: str = "host",
 ) -> Tree:
-    """`auto_rates` (set by the engine under `--budget auto`): acceptance rates per slot bin
+    """`width`: at most this many nodes of a layer get children, the most valuable (None: every one
+    above t). `auto_rates` (set by the engine under `--budget auto`): acceptance rates per slot bin
     (`dyspec.auto.estimate.bin_rates`); with sampled children a slot is worth the chance of reaching its
-    parent times its bin's rate, known before the draw (so this stays exact)."""
-    t = 1 / max(budget, 2) if threshold is None else threshold
-    if not 0 < t < 1:
-        raise DyspecError(f"threshold must be in (0, 1), got {t}")
+    parent times its bin's rate, known before the draw (so this stays exact). `step`: "device"
+    grows it with `grow`."""
+    t = _threshold(budget, threshold, width)
+    on_device_asked(step)
     sample, tau, sampling = child_mode(select, temperature, draft_temperature)
     learnt = auto_rates is not None and sample
     tree = Tree.root(root, sampling, draft.vocab)
@@ -72,13 +76,69 @@ def build(
                 if tree.depths[child] < max_depth and reach[child] > t:
                     next_frontier.append(child)
         tree.end_expansion()
-        frontier = sorted(next_frontier, key=lambda n: -reach[n])
+        frontier = sorted(next_frontier, key=lambda n: -reach[n])[:width]
     return tree
+
+
+def _threshold(budget: int, threshold: float | None, width: int | None) -> float:
+    t = 1 / max(budget, 2) if threshold is None else threshold
+    if not 0 < t < 1:
+        raise DyspecError(f"threshold must be in (0, 1), got {t}")
+    if width is not None and width < 1:
+        raise DyspecError(f"width must be at least 1, got {width}")
+    return t
+
+
+def grow(
+    draft: DraftSession, root: int, budget: int, temperature: float, generator: torch.Generator, options: dict
+) -> TreeTensors:
+    """`build`'s tree (the draft's values) as tensor ops with no host read: min(max_depth, budget)
+    layers, each one draft forward of a frontier of `width` rows (the budget where None), each adding
+    room for the budget's nodes; where the host's tree has ended, the rows are padding. A layer's
+    children are every frontier node's candidates whose slot is worth more than t, taken in
+    frontier-then-rank order until the budget is spent, as the host's loop takes them."""
+    max_depth, budget_ids = options["max_depth"], torch.arange(budget, device=draft.kv.device)
+    t_min = _threshold(budget, options["threshold"], options["width"])
+    sample, tau, sampling = child_mode(options["select"], temperature, options["draft_temperature"])
+    device, width, layers = draft.kv.device, min(options["width"] or budget, budget), min(max_depth, budget)
+    t = new_tree(root, 1 + layers * budget, device, sampling, draft.vocab)
+    logits = draft.logits(Tree.root(root, sampling, draft.vocab), [0], on_device=True)
+    frontier, live = torch.zeros(1, dtype=torch.long, device=device), torch.ones(1, dtype=torch.bool, device=device)
+    for layer in range(layers):
+        q = to_probs(logits, tau)
+        columns, probs = ranked_children(q, budget, sample, generator)
+        t.q.append((q, frontier))
+        p = probs.double()
+        worth = 1 - torch.nn.functional.pad(p.cumsum(1)[:, :-1], (1, 0)) if sample else p
+        ok = (t.values[frontier, None] * worth > t_min) & (p > 0) & live[:, None]
+        if layer == 0:  # the root's first child comes whatever its value (`build` says why)
+            ok[0, 0] = p[0, 0] > 0
+        ok = ok.cumprod(1).bool().flatten()  # a node stops at its first slot worth too little
+        rank = ok.cumsum(0)  # 1, 2, ... in frontier-then-rank order: the host's order of adding
+        room = budget + 1 - t.valid.sum()  # the root is valid
+        # each pick's place among the layer's new nodes; the rest to a spare place, dropped
+        at = torch.where(ok & (rank <= room), rank - 1, budget)
+        picked = [
+            torch.zeros(budget + 1, dtype=x.dtype, device=device).scatter_(0, at, x)[:budget]
+            for x in (frontier.repeat_interleave(columns.shape[1]), columns.flatten(), p.flatten())
+        ]
+        tokens = picked[1] if draft.vocab is None else draft.vocab.tokens(picked[1], q.shape[-1])
+        start = 1 + layer * budget
+        add_nodes(t, start, picked[0], tokens, picked[2], budget_ids < (at < budget).sum())
+        nodes = start + budget_ids
+        good = t.valid[nodes] & (t.depths[nodes] < max_depth) & (t.values[nodes] > t_min)
+        order = torch.where(good, t.values[nodes], -1.0).sort(descending=True, stable=True).indices[:width]
+        frontier, live = nodes[order], good[order]
+        if layer + 1 < layers:
+            logits = draft.tree_logits(t, frontier)
+    return t
 
 
 POLICY = Policy(
     "dyspec-threshold",
     build,
+    grow=grow,
+    on_device=asks_device,
     needs_draft=True,
     auto=AutoNeeds(rates=True, grows_by_value=True),
     summary="DySpec's threshold build: every node keeps children while their path probability is above a threshold",
