@@ -75,6 +75,7 @@ CASES = [
     ("dyspec", {"select": "top", "step": "device"}),  # deterministic children
     ("eagle2", {"topk": 2, "depth": 2, "step": "device"}),  # deterministic children, the pool cut
     ("dyspec-threshold", {"step": "device"}),  # without replacement, a layer a forward
+    ("specinfer", {"expansion": "2,1", "step": "device"}),  # i.i.d. children, MSS
     ("specdecpp", {"h": 0.5, "min_k": 1, "step": "device"}),  # the stop as padding, the head on the device
     ("dyspec", {"score": "head", "batch": 1, "step": "device"}),  # the head's reach on the device
 ]

@@ -2,6 +2,7 @@
 tensor programs against the host's node-by-node references on the same inputs, and the step's one
 host read."""
 
+import dataclasses
 import random
 from array import array
 from pathlib import Path
@@ -15,9 +16,10 @@ from dyspec.core.tree import Tree
 from dyspec.core.tree_tensors import add_nodes, new_tree, read_step, to_tree, verify_greedy
 from dyspec.core.verify import verify_greedy as verify_greedy_host
 from dyspec.decode.engine import generate
+from dyspec.errors import DyspecError
 from dyspec.eval.anatomy import _on_steps, step_counts
 from dyspec.load.head import AcceptanceHead, save_head
-from dyspec.policies import POLICIES, chain, dyspec, dyspec_threshold, eagle2, sequoia, sglang, specdecpp
+from dyspec.policies import POLICIES, chain, dyspec, dyspec_threshold, eagle2, sequoia, sglang, specdecpp, specinfer
 from dyspec.policies.common import expand_and_rerank, grow_and_rerank
 
 from .conftest import PROMPTS
@@ -133,6 +135,20 @@ def test_the_threshold_tree_grown_on_the_device_is_the_layers(width, max_depth):
                 assert tree.growth == ref.growth, (seed, budget, threshold)
                 for depth in range(max(ref.depths)) if width else ():  # at most `width` nodes of a layer have children
                     assert len({u for u in ref.parents[1:] if ref.depths[u] == depth}) <= width
+
+
+@pytest.mark.parametrize("temperature", [0.0, 0.8])
+def test_the_static_k_ary_tree_grown_on_the_device_is_specinfers(temperature):
+    """`specinfer.grow` against `specinfer.build` with one draft: chosen children at T = 0, i.i.d.
+    draws at T > 0 from the same generator in the same order, seed for seed."""
+    for seed in range(10):
+        draft = TableDraft(12, seed)
+        g = lambda seed=seed: torch.Generator().manual_seed(seed)  # noqa: E731
+        for budget, expansion in [(1, None), (6, None), (16, None), (6, "2,2"), (15, "3,1,2"), (20, "1,1,1")]:
+            options = POLICIES["specinfer"].options | {"expansion": expansion}
+            ref = specinfer.build([draft], 3, budget, temperature, g(), expansion=expansion)
+            tree = assert_same_tree(specinfer.grow(draft, 3, budget, temperature, g(), options), ref)
+            assert tree.growth == ref.growth and set(tree.q) == set(ref.q)
 
 
 @pytest.mark.parametrize("confidence", [0.0, 0.2, 0.6])
@@ -306,6 +322,7 @@ def test_which_steps_run_on_the_device():
         assert asks(dyspec, temperature, step="device", score="head") and asks(specdecpp, temperature, step="device")
     assert not asks(specdecpp, 0.0)
     assert asks(dyspec_threshold, 0.8, step="device") and not asks(dyspec_threshold, 0.0)
+    assert asks(specinfer, 0.8, step="device") and not asks(specinfer, 0.8)
     with pytest.raises(Exception, match="width must be at least 1"):
         dyspec_threshold.grow(TableDraft(4, 0), 3, 4, 0.0, None, POLICIES["dyspec-threshold"].options | {"width": 0})
     with pytest.raises(Exception, match="step must be one of host, device"):
@@ -324,6 +341,7 @@ def test_which_steps_run_on_the_device():
         ("sequoia", 16, {}, True),
         ("sglang", 15, {"topk": 4, "steps": 3}, True),
         ("eagle2", 16, {}, True),
+        ("specinfer", 15, {"expansion": "3,2,1"}, True),
         ("dyspec-threshold", 16, {}, False),  # forwarded in full layers of padding
         ("dyspec-threshold", 16, {"width": 4, "max_depth": 5}, False),
         ("specdecpp", 8, {"min_k": 1}, False),  # the head shipped for the pair; forwarded past its stop
@@ -366,6 +384,7 @@ def test_a_step_on_the_device_is_the_host_step(pair, policy, budget, options, sa
         ("sglang", 16),
         ("specdecpp", 8),
         ("dyspec-threshold", 8),
+        ("specinfer", 8),
     ],
 )
 @pytest.mark.parametrize("temperature", [0.0, 0.8])
@@ -374,6 +393,15 @@ def test_a_step_on_the_device_reads_the_host_once(pair, policy, budget, temperat
     counts = step_counts(pair, PROMPTS[1], policy, budget, max_new_tokens=24, options=options, temperature=temperature)
     assert counts["steps"] > 3 and counts["reads"] == 1
     assert list(counts["read_sites"]) == [site_of("dyspec/core/tree_tensors.py", "torch.cat(parts).tolist()")]
+
+
+def test_merged_drafts_say_they_build_on_the_host(pair):
+    two = dataclasses.replace(pair, extra_drafts=[pair.draft])
+    with pytest.raises(DyspecError, match="2 merged drafts build on the host"):
+        generate(two, PROMPTS[0], policy="specinfer", budget=8, max_new_tokens=4, options={"step": "device"})
+    options = {"step": "device", "n_drafts": 1}
+    one = generate(two, PROMPTS[0], policy="specinfer", budget=8, max_new_tokens=8, options=options)
+    assert one.token_ids == generate(pair, PROMPTS[0], policy="ar", budget=1, max_new_tokens=8).token_ids
 
 
 def test_budget_auto_keeps_its_steps_on_the_host(pair):

@@ -3,13 +3,17 @@ drawn i.i.d. from the draft and verified by multi-step speculative sampling. At 
 are the top-k draft tokens instead (i.i.d. draws from a one-hot q would all be the same token).
 With several drafts, each grows its own such tree and the trees share one target forward."""
 
+import math
+
 import torch
 
 from dyspec.core.contract import AutoNeeds, Policy
 from dyspec.core.draft import DraftSession
 from dyspec.core.sampling import ranked_children, sample_rows, to_probs
 from dyspec.core.tree import Tree
+from dyspec.core.tree_tensors import TreeTensors, add_nodes, new_tree
 from dyspec.errors import DyspecError
+from dyspec.policies.common import asks_device, on_device_asked
 
 
 def expansion_widths(expansion: str | list[int]) -> list[int]:
@@ -24,9 +28,16 @@ def expansion_widths(expansion: str | list[int]) -> list[int]:
 
 
 def prepare(pair, temperature: float, options: dict) -> dict:
-    """The expansion checked before any model runs (a first generation may compile for a minute)."""
+    """The expansion checked before any model runs (a first generation may compile for a minute), and
+    that a step on the device has one draft to grow."""
     if options.get("expansion") is not None:
         expansion_widths(options["expansion"])
+    merged = options.get("n_drafts") or 1 + len(pair.extra_drafts)
+    if on_device_asked(options.get("step", "host")) and merged > 1:
+        raise DyspecError(
+            f"step=device grows one draft's tree; {merged} merged drafts build on the host "
+            "(step=host, or n_drafts=1 for the first draft alone)"
+        )
     return options
 
 
@@ -56,9 +67,12 @@ def build(
     *,
     expansion: str | None = None,
     n_drafts: int | None = None,
+    step: str = "host",
 ) -> Tree:
     """`drafts`: every draft loaded (the engine passes them all, since the policy is multi_draft); the first
-    `n_drafts` (default: all) each grow the expansion's tree, in one shared token tree."""
+    `n_drafts` (default: all) each grow the expansion's tree, in one shared token tree. `step`:
+    "device" grows one draft's tree with `grow`."""
+    on_device_asked(step)
     k = len(drafts) if n_drafts is None else n_drafts
     if not 1 <= k <= len(drafts):
         raise DyspecError(f"n_drafts must be between 1 and the {len(drafts)} drafts loaded, got {n_drafts}")
@@ -104,9 +118,36 @@ def _expand(
     return children
 
 
+def grow(
+    draft: DraftSession, root: int, budget: int, temperature: float, generator: torch.Generator, options: dict
+) -> TreeTensors:
+    """`build`'s tree from one draft as tensor ops with no host read: the shape is static, so each
+    layer is every node of the one before forwarded together, and each node's children are the next
+    ids, drawn (or at T = 0 chosen) from its row as `_expand` draws them."""
+    widths = parse_expansion(options["expansion"], budget)
+    sampling, device = "iid" if temperature > 0 else "deterministic", draft.kv.device
+    t = new_tree(root, 1 + sum(math.prod(widths[: i + 1]) for i in range(len(widths))), device, sampling, draft.vocab)
+    logits = draft.logits(Tree.root(root, sampling, draft.vocab), [0], on_device=True)
+    frontier = range(1)
+    for layer, width in enumerate(widths):
+        q = to_probs(logits, temperature if temperature > 0 else 1.0)
+        columns = sample_rows(q, width, generator) if temperature > 0 else ranked_children(q, width, sample=False)[0]
+        t.q.append((q, list(frontier)))
+        tokens = columns if draft.vocab is None else draft.vocab.tokens(columns, q.shape[-1])
+        parents = torch.arange(frontier.start, frontier.stop, device=device).repeat_interleave(width)
+        every = torch.ones(columns.numel(), dtype=torch.bool, device=device)
+        add_nodes(t, frontier.stop, parents, tokens.flatten(), q.gather(-1, columns).flatten().double(), every)
+        frontier = range(frontier.stop, frontier.stop + columns.numel())
+        if layer + 1 < len(widths):
+            logits = draft.tree_logits(t, list(frontier))
+    return t
+
+
 POLICY = Policy(
     "specinfer",
     build,
+    grow=grow,
+    on_device=asks_device,
     needs_draft=True,
     multi_draft=True,
     prepare=prepare,
