@@ -132,7 +132,11 @@ def test_the_threshold_tree_grown_on_the_device_is_the_layers(width, max_depth):
                     draft, 3, budget, 0.0, torch.Generator(), POLICIES["dyspec-threshold"].options | options
                 )
                 tree = assert_same_tree(t, ref)
-                assert tree.growth == ref.growth, (seed, budget, threshold)
+                assert tree.growth == ref.growth and len(t) == budget + 1, (
+                    seed,
+                    budget,
+                    threshold,
+                )  # cut to the budget
                 for depth in range(max(ref.depths)) if width else ():  # at most `width` nodes of a layer have children
                     assert len({u for u in ref.parents[1:] if ref.depths[u] == depth}) <= width
 

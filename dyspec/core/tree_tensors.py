@@ -93,13 +93,19 @@ def verify_greedy(t: TreeTensors, target_argmax: torch.Tensor) -> tuple[torch.Te
 
 def proposals(t: TreeTensors, width: int) -> torch.Tensor:
     """[N, width] fp32: each forwarded node's draft distribution (the q its children were drawn from)
-    over the target's `width` tokens; zero rows for nodes never forwarded, which have no children."""
-    assert t.origin is None, "a cut tree's forwards speak of the ids before the cut"
-    rows = torch.zeros(len(t), width, device=t.tokens.device)
+    over the target's `width` tokens; zero rows for nodes never forwarded, which have no children.
+    In a cut tree (`origin`) a forward's ids are those before the cut: each row goes to its node's
+    place, a node cut away to a spare row, dropped."""
+    device = t.tokens.device
+    rows = torch.zeros(len(t) + 1, width, device=device)
     for q, nodes in t.q:
         widened = q if t.vocab is None else t.vocab.widen(q)
-        rows[torch.as_tensor(nodes, device=rows.device)] = widened.float()
-    return rows
+        at = torch.as_tensor(nodes, device=device)
+        if t.origin is not None:
+            match = at[:, None] == t.origin[None, :]
+            at = torch.where(match.any(1), match.int().argmax(1), len(t))
+        rows[at] = widened.float()
+    return rows[:-1]
 
 
 def verify_sampled(
@@ -142,8 +148,8 @@ def verify_sampled(
 
 
 def subtree(t: TreeTensors, nodes: torch.Tensor) -> TreeTensors:
-    """The tree of the root and `nodes` (ascending ids, closed under ancestors, a device tensor),
-    renumbered on the device, as `Tree.subtree` does on the host."""
+    """The tree of the root and `nodes` (a device tensor of ids closed under ancestors: the valid ones
+    ascending, any padding after them), renumbered on the device, as `Tree.subtree` does on the host."""
     old = torch.cat([nodes.new_zeros(1), nodes])
     new_id = torch.zeros(len(t), dtype=torch.long, device=nodes.device)
     new_id[old] = torch.arange(len(old), device=nodes.device)

@@ -15,7 +15,7 @@ from dyspec.core.contract import AutoNeeds, Policy, slot_rate
 from dyspec.core.draft import DraftSession
 from dyspec.core.sampling import ranked_children, to_probs
 from dyspec.core.tree import Tree
-from dyspec.core.tree_tensors import TreeTensors, add_nodes, new_tree
+from dyspec.core.tree_tensors import TreeTensors, add_nodes, new_tree, subtree
 from dyspec.errors import DyspecError
 from dyspec.policies.common import asks_device, child_mode, drawn_slot, on_device_asked
 
@@ -96,7 +96,9 @@ def grow(
     layers, each one draft forward of a frontier of `width` rows (the budget where None), each adding
     room for the budget's nodes; where the host's tree has ended, the rows are padding. A layer's
     children are every frontier node's candidates whose slot is worth more than t, taken in
-    frontier-then-rank order until the budget is spent, as the host's loop takes them."""
+    frontier-then-rank order until the budget is spent, as the host's loop takes them. The tree is
+    cut to the budget's rows at the end (`subtree`), so that the target forwards no more than the
+    host's tree and padding."""
     max_depth, budget_ids = options["max_depth"], torch.arange(budget, device=draft.kv.device)
     t_min = _threshold(budget, options["threshold"], options["width"])
     sample, tau, sampling = child_mode(options["select"], temperature, options["draft_temperature"])
@@ -131,7 +133,9 @@ def grow(
         frontier, live = nodes[order], good[order]
         if layer + 1 < layers:
             logits = draft.tree_logits(t, frontier)
-    return t
+    # the target forwards every row: the valid nodes in id order (at most the budget's), then padding
+    keep = (torch.where(t.valid, 0, len(t)) + torch.arange(len(t), device=device)).argsort()
+    return subtree(t, keep[1 : budget + 1])
 
 
 POLICY = Policy(
