@@ -43,6 +43,10 @@ ANATOMY_STEPS = (
     ("sequoia:step=device", 16),
     ("sglang", 16),
     ("sglang:step=device", 16),
+    ("specinfer", 16),
+    ("specinfer:step=device", 16),
+    ("dyspec-threshold", 16),
+    ("dyspec-threshold:step=device", 16),
 )
 
 
