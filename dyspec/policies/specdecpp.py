@@ -101,7 +101,7 @@ def grow(
         return (1 - survive <= h) | (node < min_k)
 
     t = grow_chain(draft, root, length, temperature, generator, goes_on)
-    # as `build`'s, none for the chain's last node: a padding node's forward read it, the host's none
+    # none for the chain's last node, as in `build`, which never forwards it (here a padding node's forward did)
     t.extra["predicted_acceptance"] = torch.cat([torch.where(t.valid[1:], predicted[:-1], math.nan), predicted[-1:]])
     return t
 
