@@ -58,14 +58,17 @@ bench: setup
 # also with its layers uncompiled), eager and on Hugging Face's forward, for the default target's
 # shape and Llama-3.1-8B's (random weights made on the GPU), and for the default pair; gpu-exact: the exactness tests there;
 # gpu-bench: every policy at budgets 4/16/64/auto on 10 MT-Bench questions on CUDA graphs, beside
-# Hugging Face's forward, fp32 (the exact mode) and T = 0.6.
+# Hugging Face's forward, fp32 (the exact mode) and T = 0.6; then every tensor program (step=device),
+# with dyspec's host build in the same run for a ratio side by side.
 GPU_POLICIES := ar,chain,specinfer,sequoia,dyspec,dyspec-threshold,eagle2,sglang,lookup
+GPU_DEVICE_POLICIES := ar,dyspec,dyspec:step=device,chain:step=device,specinfer:step=device,sequoia:step=device,dyspec-threshold:step=device,eagle2:step=device,sglang:step=device,specdecpp:step=device
 GPU_PROFILE := HF_HUB_OFFLINE=1 $(PY) -m dyspec profile --device cuda --json
 GPU_BENCH := HF_HUB_OFFLINE=1 $(PY) -m dyspec bench --device cuda --dataset mtbench --spread --num-prompts 10 \
 	--max-new-tokens 64
 GPU_RECORDS := $(addprefix docs/results/,gpu-shape-135m-off.json gpu-shape-135m-lean.json \
 	gpu-shape-135m-graphs.json gpu-shape-8b-lean.json gpu-shape-8b-graphs.json gpu-shape-8b-graphs-eager.json \
-	gpu-profile-graphs.json gpu-off.jsonl gpu-graphs.jsonl gpu-graphs-fp32.jsonl gpu-graphs-t06.jsonl)
+	gpu-profile-graphs.json gpu-off.jsonl gpu-graphs.jsonl gpu-graphs-fp32.jsonl gpu-graphs-t06.jsonl \
+	gpu-device-step.jsonl)
 gpu-profile: setup
 	$(GPU_PROFILE) --shape smollm2-135m --fast-path compiled > docs/results/gpu-shape-135m-graphs.json
 	$(GPU_PROFILE) --shape llama-3.1-8b --fast-path compiled --sizes 1,2,4,8,16,32,64,128,256 \
@@ -82,7 +85,7 @@ gpu-exact: setup
 		tests/test_static.py tests/test_lean.py
 
 gpu-bench: setup
-	rm -f docs/results/gpu-off.jsonl docs/results/gpu-graphs*.jsonl
+	rm -f docs/results/gpu-off.jsonl docs/results/gpu-graphs*.jsonl docs/results/gpu-device-step.jsonl
 	$(GPU_BENCH) --fast-path compiled --policies $(GPU_POLICIES) --budgets 4,16,64,auto --temperatures 0 \
 		--out docs/results/gpu-graphs.jsonl
 	$(GPU_BENCH) --fast-path off --policies ar,dyspec --budgets 64 --temperatures 0 --out docs/results/gpu-off.jsonl
@@ -90,6 +93,8 @@ gpu-bench: setup
 		--out docs/results/gpu-graphs-fp32.jsonl
 	$(GPU_BENCH) --fast-path compiled --policies ar,chain,dyspec --budgets 16,64,auto --temperatures 0.6 \
 		--out docs/results/gpu-graphs-t06.jsonl
+	$(GPU_BENCH) --fast-path compiled --policies $(GPU_DEVICE_POLICIES) --budgets 4,16,64 --temperatures 0 \
+		--out docs/results/gpu-device-step.jsonl
 
 gpu-check: gpu-profile gpu-exact gpu-bench
 	$(PY) -m dyspec report $(GPU_RECORDS) --whatif h100-8b \

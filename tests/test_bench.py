@@ -21,7 +21,7 @@ from dyspec.eval.bench import (
 )
 from dyspec.eval.prompts import load_prompts
 from dyspec.eval.report import results_page
-from dyspec.eval.summary import summarize
+from dyspec.eval.summary import policy_label, summarize
 from dyspec.kernels.int8_mm import kernel_path
 from dyspec.load import load_pair
 
@@ -142,7 +142,7 @@ def test_default_stands_for_the_devices_default_setting(pair):
 def test_policy_specs_carry_options():
     from dyspec.errors import DyspecError
     from dyspec.eval.bench import parse_policy_spec
-    from dyspec.eval.summary import summarize
+    from dyspec.eval.summary import policy_label, summarize
 
     assert parse_policy_spec("specdecpp:h=0.3:min_k=1") == ("specdecpp", {"h": 0.3, "min_k": 1})
     assert parse_policy_spec("chain") == ("chain", {})
@@ -165,7 +165,7 @@ def test_the_table_says_where_a_step_went():
     """Milliseconds per target forward in the target, the drafts and the rest, summed over a row's
     records before dividing (a long run weighs more); peers, which do not time steps, show none."""
     from dyspec.eval.bench import markdown_table
-    from dyspec.eval.summary import summarize
+    from dyspec.eval.summary import policy_label, summarize
 
     base = {"dataset": "d", "budget": 4, "temperature": 0.0, "seed": 0, "options": {}, "new_tokens": 8}
     records = [
@@ -325,7 +325,7 @@ def test_llamacpp_baselines_run_beside_the_engine(pair, tmp_path):
     assert "| llamacpp |" in table and "| llamacpp-lookup |" in table
 
 
-@pytest.mark.parametrize("variable", ["BENCH_POLICIES", "GPU_POLICIES"])
+@pytest.mark.parametrize("variable", ["BENCH_POLICIES", "GPU_POLICIES", "GPU_DEVICE_POLICIES"])
 def test_the_makefiles_benches_run_on_the_default_pair(default_pair, tmp_path, variable):
     """`make bench` and `make gpu-check` name policies that run on the pair they load (hf-assisted,
     which needs an independent draft, once made `make bench` fail at once)."""
@@ -333,7 +333,8 @@ def test_the_makefiles_benches_run_on_the_default_pair(default_pair, tmp_path, v
     policies = re.search(rf"^{variable} := (\S+)$", makefile, re.M).group(1).split(",")
     config = BenchConfig(num_prompts=1, policies=tuple(policies), budgets=(4, "auto"), max_new_tokens=2)
     records = run_bench(default_pair, config, tmp_path / "r.jsonl", progress=False)
-    assert {r["policy"] for r in records} == set(policies)
+    assert {r["policy"] for r in records} == {p.split(":")[0] for p in policies}
+    assert {p for p in policies if p != "hf-assisted"} <= {policy_label(r) for r in records}  # options too
     # the default draft reads the target's features: hf-assisted runs with the target's int8 copy, and says so
     assisted = [r for r in records if r["policy"] == "hf-assisted"]
     assert ("hf-assisted" in policies) == bool(assisted)
