@@ -142,7 +142,7 @@ def test_default_stands_for_the_devices_default_setting(pair):
 def test_policy_specs_carry_options():
     from dyspec.errors import DyspecError
     from dyspec.eval.bench import parse_policy_spec
-    from dyspec.eval.summary import policy_label, summarize
+    from dyspec.eval.summary import summarize
 
     assert parse_policy_spec("specdecpp:h=0.3:min_k=1") == ("specdecpp", {"h": 0.3, "min_k": 1})
     assert parse_policy_spec("chain") == ("chain", {})
@@ -165,7 +165,7 @@ def test_the_table_says_where_a_step_went():
     """Milliseconds per target forward in the target, the drafts and the rest, summed over a row's
     records before dividing (a long run weighs more); peers, which do not time steps, show none."""
     from dyspec.eval.bench import markdown_table
-    from dyspec.eval.summary import policy_label, summarize
+    from dyspec.eval.summary import summarize
 
     base = {"dataset": "d", "budget": 4, "temperature": 0.0, "seed": 0, "options": {}, "new_tokens": 8}
     records = [
