@@ -101,10 +101,9 @@ def _load_head(path: str, mtime_ns: int) -> tuple[AcceptanceHead, dict]:
     return head.eval(), meta
 
 
-def head_on(path: str, device: torch.device) -> AcceptanceHead:
-    """The head at `path` on `device`, for a step on the device: a copy there, kept, so that the
-    host's builds keep theirs on the CPU and the step sends the head no rows across."""
-    head = load_head(path)[0]
+def head_on(head: AcceptanceHead, device: torch.device) -> AcceptanceHead:
+    """`head` (as `load_head` gives it) on `device`, for a step on the device: a copy there, kept, so
+    that the host's builds keep theirs on the CPU and the step sends the head no rows across."""
     return head if device.type == "cpu" else _moved(head, device)
 
 

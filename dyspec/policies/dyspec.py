@@ -237,7 +237,8 @@ def grow(
     rounds = forwards_for(budget, {"batch": batch})
     device = draft.kv.device
     t = new_tree(root, 1 + rounds * batch, device, sampling, draft.vocab)
-    head = head_on(options["head"], device) if _head(options["score"], options["head"]) else None
+    head = _head(options["score"], options["head"])
+    head = None if head is None else head_on(head, device)
     if head is not None:  # the head's inputs, the draft's T = 1 probabilities: each node's, each candidate's
         reach, q1 = torch.ones(len(t), dtype=torch.float64, device=device), torch.zeros(len(t), device=device)
         t.extra["predicted_acceptance"] = torch.full((len(t),), math.nan, dtype=torch.float64, device=device)

@@ -99,10 +99,11 @@ def grow(
     frontier-then-rank order until the budget is spent, as the host's loop takes them. The tree is
     cut to the budget's rows at the end (`subtree`), so that the target forwards no more than the
     host's tree and padding."""
-    max_depth, budget_ids = options["max_depth"], torch.arange(budget, device=draft.kv.device)
     t_min = _threshold(budget, options["threshold"], options["width"])
     sample, tau, sampling = child_mode(options["select"], temperature, options["draft_temperature"])
-    device, width, layers = draft.kv.device, min(options["width"] or budget, budget), min(max_depth, budget)
+    device, max_depth = draft.kv.device, options["max_depth"]
+    width, layers = min(options["width"] or budget, budget), min(max_depth, budget)
+    budget_ids = torch.arange(budget, device=device)
     t = new_tree(root, 1 + layers * budget, device, sampling, draft.vocab)
     logits = draft.logits(Tree.root(root, sampling, draft.vocab), [0], on_device=True)
     frontier, live = torch.zeros(1, dtype=torch.long, device=device), torch.ones(1, dtype=torch.bool, device=device)

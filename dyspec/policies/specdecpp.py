@@ -86,7 +86,7 @@ def grow(
     h, min_k, max_k, path = (options[name] for name in ("h", "min_k", "max_k", "head"))
     check(h, min_k, max_k, path)
     device = draft.kv.device
-    head = head_on(path, device)
+    head = head_on(load_head(path)[0], device)
     length = min(max_k, budget)
     predicted = torch.full((length + 1,), math.nan, dtype=torch.float64, device=device)
     survive = torch.ones(1, dtype=torch.float64, device=device)
