@@ -192,11 +192,13 @@ def test_train_head_and_distill_run_from_the_command_line(tmp_path):
         "10",
         "--draft-layers",
         "2",
+        "--unroll",
+        "3",
     )
     assert distilled.returncode == 0, distilled.stderr
     report = json.loads(distilled.stdout)
     assert report["settings"]["num_prompts"] == 20 and report["copy"]["prompts"] == 10
-    assert report["settings"]["draft_layers"] == 2
+    assert report["settings"]["draft_layers"] == 2 and report["settings"]["unroll"] == 3
     # the copy weights fitted again, on more answers, by the command that does only that
     draft = tmp_path / "d" / "draft"
     out = str(tmp_path / "c")
@@ -207,8 +209,17 @@ def test_train_head_and_distill_run_from_the_command_line(tmp_path):
     refit = json.loads(fitted.stdout)
     assert refit["prompts"] == 12 and len(refit["weights"]) == 6
     assert refit["eval"]["dataset"] == "mtbench" and refit["eval"]["positions"] > 0 and refit["eval"]["spread"]
+    assert len(refit["eval"]["by_depth"]) == 4 and refit["eval"]["by_depth"][0] == refit["eval"]["agreement"]["draft"]
     assert len(list((tmp_path / "c").glob("eval-mtbench-spread3-*.jsonl"))) == 1  # not the first-3 answers
     assert json.loads((draft / "feature_draft.json").read_text())["copy_weights"] == refit["weights"]
+    # fine-tuned from that draft, on the target's greedy and sampled answers
+    args = ("--out", str(tmp_path / "ft"), "--from", str(draft), "--corpus", "answers", "--draft-layers", "2")
+    args += ("--num-prompts", "20", "--max-new-tokens", "6", "--steps", "1", "--batch", "2", "--copy-prompts", "0")
+    tuned = dyspec("distill", "--target", tiny, *args)
+    assert tuned.returncode == 0, tuned.stderr
+    assert json.loads(tuned.stdout)["settings"]["init"] == str(draft)
+    answers = [json.loads(line) for line in (tmp_path / "ft" / "answers.jsonl").read_text().splitlines()]
+    assert len(answers) == 20 and {a["temperature"] for a in answers} == {0.0, 0.7}
     # and its vocabulary's size chosen by measurement, for a setting of the user's
     args = ("--draft", str(draft), "--out", str(tmp_path / "v"), "--num-prompts", "6", "--max-new-tokens", "6")
     chosen = dyspec("draft-vocab", "--target", tiny, *args, "--sizes", "2,4", "--policy", "chain", "--budget", "2")

@@ -12,17 +12,23 @@ from dyspec.core.copying import MATCHES
 from dyspec.core.draft import DraftSession
 from dyspec.core.kv import FINAL, target_features
 from dyspec.core.tree import Tree
-from dyspec.drafts.feature import FeatureDraft, load_feature_draft
+from dyspec.drafts.feature import FeatureDraft, features_before, load_feature_draft
 from dyspec.errors import DyspecError
+from dyspec.eval.prompts import load_prompts
 from dyspec.load import DEFAULT_TARGET, SHIPPED_DRAFTS, shipped_draft
-from dyspec.train.corpus import read_sharegpt, sharegpt_sequences
+from dyspec.train.corpus import TRAIN_SETS, answer_prompts, continuations, read_sharegpt, sharegpt_sequences
+from dyspec.train.corpus import sharegpt_file as shipped_sharegpt
 from dyspec.train.distill import (
+    answer_sequences,
     batch_windows,
     collect_features,
+    copy_eval,
     corpus_label,
     corpus_texts,
+    depth_agreement,
     distill,
     load_sequences,
+    unrolled,
 )
 
 from .conftest import PROMPTS
@@ -136,6 +142,66 @@ def test_distill_heldout_loss_falls_and_the_draft_loads(feature_pair, tmp_path):
     assert sum(more["sequences"].values()) == 40
     fewer = distill(pair, tmp_path, steps=60, eval_every=30, **{**kwargs, "prompts": prompts[:20]})
     assert sum(fewer["sequences"].values()) == 20
+
+
+def test_distill_trains_every_depth_it_unrolls_and_keeps_its_learning_curve(feature_pair, tmp_path):
+    g = torch.Generator().manual_seed(0)
+    prompts = torch.randint(0, 5, (20, 5), generator=g).tolist()
+    kwargs = {"prompts": prompts, "max_new_tokens": 10, "vocab_size": 4, "batch": 4, "window": 8, "heldout": 0.2}
+    kwargs |= {"copy_prompts": 0, "unroll": 3, "eval_every": 20}
+    report = distill(feature_pair, tmp_path, steps=40, **kwargs)
+    assert {f"top1_d{d}" for d in (1, 2, 3)} | {"alpha_d3"} <= report["heldout"].keys()
+    assert "top1_d4" not in report["heldout"] and report["settings"]["unroll"] == 3
+    assert [c["step"] for c in report["curve"]] == [20, 40] and report["curve"][-1] == {"step": 40, **report["heldout"]}
+    assert report["curve"][-1]["loss"] < report["heldout_untrained"]["loss"]
+    resumed = distill(feature_pair, tmp_path, steps=60, **kwargs)  # the same folder: training goes on
+    assert [c["step"] for c in resumed["curve"]] == [20, 40, 60] and resumed["curve"][:2] == report["curve"]
+
+
+@torch.no_grad()
+def test_the_unrolled_depth_d_guess_reads_no_target_feature_after_the_token_d_back(feature_pair):
+    """Training-time test: at depth d, position j guesses token j + 1 as a tree node d levels below
+    token j - d + 1 does, from the target's features up to that token and the draft's own after it."""
+    draft, n = feature_pair.draft, 10
+    x = torch.randint(0, 5, (1, n), generator=torch.Generator().manual_seed(1))
+    prev = features_before(target_hidden(feature_pair, x[0].tolist()))[None]
+    fs = unrolled(draft, x, prev, 4)
+    j = n - 1
+    for d, f in enumerate(fs, 1):
+        root = j - d + 1  # prev[root] is the target's feature of token root - 1: the last one read
+        later, at_root = prev.clone(), prev.clone()
+        later[:, root + 1 :] += 1.0
+        at_root[:, root] += 1.0
+        assert torch.allclose(unrolled(draft, x, later, 4)[d - 1][:, j], f[:, j])
+        assert not torch.allclose(unrolled(draft, x, at_root, 4)[d - 1][:, j], f[:, j])
+
+
+def test_agreement_by_depth_starts_at_the_teacher_forced_agreement(feature_pair, tmp_path):
+    prompts = torch.randint(0, 5, (6, 5), generator=torch.Generator().manual_seed(2)).tolist()
+    sequences = answer_sequences(feature_pair, prompts, 12, tmp_path / "answers.jsonl")
+    by_depth = depth_agreement(feature_pair, sequences, 3)
+    assert len(by_depth) == 3 and all(0 <= a <= 1 for a in by_depth)
+    assert by_depth[0] == copy_eval(feature_pair, sequences, [0.0] * MATCHES)["agreement"]["draft"]
+
+
+def test_answers_alternate_greedy_and_sampled_and_a_resumed_run_gives_the_same(feature_pair, tmp_path):
+    prompts = torch.randint(0, 5, (6, 4), generator=torch.Generator().manual_seed(3)).tolist()
+    whole = continuations(feature_pair, prompts, 12, tmp_path / "whole.jsonl", (0.0, 0.7), seed=5)
+    continuations(feature_pair, prompts[:3], 12, tmp_path / "parts.jsonl", (0.0, 0.7), seed=5)
+    assert continuations(feature_pair, prompts, 12, tmp_path / "parts.jsonl", (0.0, 0.7), seed=5) == whole
+    assert [a["temperature"] for a in whole] == [0.0, 0.7] * 3
+    greedy = [generate(feature_pair, p, policy="ar", max_new_tokens=12).token_ids for p in prompts]
+    assert [a["response"] for a in whole[::2]] == greedy[::2]
+    assert any(a["response"] != g for a, g in zip(whole[1::2], greedy[1::2]))  # sampled, not greedy
+
+
+def test_answer_prompts_interleave_sharegpt_questions_with_the_training_sets(pair):
+    prompts = answer_prompts(pair, 12)
+    sources = [{c[0]["content"] for c in read_sharegpt(shipped_sharegpt(), 12)}]
+    sources += [{text for _, text in load_prompts(name)} for name in TRAIN_SETS]
+    assert len(prompts) == 12 and prompts[0] in sources[0]  # the first ShareGPT question is short
+    assert all(sum(p in source for source in sources) == 1 for p in prompts)
+    assert all(sum(p in source for p in prompts) >= 3 for source in sources)  # a share from each
 
 
 def test_a_draft_of_lower_layers_starts_as_the_draft_it_extends(feature_pair, tmp_path):

@@ -622,10 +622,9 @@ def test_sampled_first_children_and_later_siblings_learn_apart():
 
 
 def test_a_padded_batch_under_rowwise_attention_does_not_attend_to_its_padding():
-    """Batched `generate` (the target's continuations for `distill`, `train-head`, `fit-copy`) pads
-    on the left. Hugging Face builds no mask for an attention name it does not know, so under the
-    int8 path's attention every padded sequence read its padding: answers of 1 to 13 tokens, or other
-    answers than the model's, from the first token on."""
+    """Hugging Face's batched `generate` pads on the left. Hugging Face builds no mask for an
+    attention name it does not know, so under the int8 path's attention every padded sequence read
+    its padding: answers of 1 to 13 tokens, or other answers than the model's, from the first token on."""
     model = tiny_model(0, layers=2)
     model.set_attn_implementation(attention.NAME)
     short, long = [3, 1, 2], [0, 4, 1, 3, 2, 2]

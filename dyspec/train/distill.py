@@ -7,11 +7,12 @@ CPU, so conversations that need no generating give far more data per hour. The t
 next-token distribution at every position is recomputed from the stored features during training,
 so soft labels cost no storage.
 
-Training, EAGLE-style with one unrolled step: position j reads (F[j-1], x[j]) and predicts F[j];
-the loss is cross-entropy to the target's distribution over the draft's vocabulary plus a small
-smooth-L1 on the features. A second pass feeds the draft its own predictions F^[j-1] instead, as it
-will read them inside a tree, so depth 2 is trained too (a draft trained on true features alone
-predicts poorly from its own: docs/guide/training.md).
+Training, EAGLE-style, unrolled to the trees' depth (EAGLE-3's training-time test): position j
+reads (F[j-1], x[j]) and predicts F[j]; the loss is cross-entropy to the target's distribution over
+the draft's vocabulary plus a small smooth-L1 on the features. Each further pass feeds the draft its
+own predictions F^[j-1] from the pass before, as a node that deep in a tree reads them, so every
+depth is trained (a draft trained on true features alone predicts poorly from its own:
+docs/guide/training.md).
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from __future__ import annotations
 import json
 import math
 import time
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 
@@ -42,11 +44,14 @@ from dyspec.drafts.feature import (
 )
 from dyspec.errors import DyspecError
 from dyspec.load import ModelPair
-from dyspec.train.corpus import continuations, sharegpt_sequences, training_prompts
+from dyspec.train.corpus import answer_prompts, continuations, sharegpt_sequences, training_prompts
 from dyspec.train.vocab import draft_vocab
 
 SHARD = 32  # sequences per feature shard
 REG_WEIGHT = 0.1
+UNROLL = 4  # training-time test's depth: the trees' depth where most accepted tokens come from
+DEPTH_WEIGHT = 0.8  # depth d's loss weighs DEPTH_WEIGHT ** (d - 1), as EAGLE-3's does
+ANSWER_TEMPERATURES = (0.0, 0.7)  # the "answers" corpus: greedy and sampled batches in turn
 COPY_GRID = [i / 20 for i in range(20)]  # the copy weights `fit_copy_weights` tries (< 1: see copying.mix)
 
 
@@ -157,13 +162,22 @@ def collate(batch: list[tuple[torch.Tensor, ...]], device: torch.device) -> tupl
     return tuple(t.to(device) for t in (x, F, prev, mask))
 
 
-def unrolled(draft: FeatureDraft, x: torch.Tensor, prev: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Predicted features at depth 1 (reading the target's features) and depth 2 (reading its own
-    depth-1 prediction for the token before; the first token of a window reads the target's)."""
+def unrolled(draft: FeatureDraft, x: torch.Tensor, prev: torch.Tensor, depth: int) -> list[torch.Tensor]:
+    """Predicted features at depths 1 to `depth`: depth 1 reads the target's features, depth d the
+    draft's own depth d-1 prediction for the token before (the first token of a window reads the
+    target's), so position j at depth d guesses token j+1 as a tree node d levels below the last
+    verified token does."""
     positions = torch.arange(x.shape[1], device=x.device)[None].expand_as(x)
-    f1 = draft.predict(x, prev, positions)
-    f2 = draft.predict(x, torch.cat([draft.fused(prev[:, :1]), f1[:, :-1]], dim=1), positions)
-    return f1, f2
+    first = draft.fused(prev[:, :1])
+    out = [draft.predict(x, prev, positions)]
+    for _ in range(depth - 1):
+        out.append(draft.predict(x, torch.cat([first, out[-1][:, :-1]], dim=1), positions))
+    return out
+
+
+def unrolled_loss(draft: FeatureDraft, fs: list[torch.Tensor], F: torch.Tensor, scale: float) -> torch.Tensor:
+    """Per-position loss summed over depths, depth d weighted DEPTH_WEIGHT ** (d - 1)."""
+    return sum(DEPTH_WEIGHT**d * loss_terms(draft, f, F, scale) for d, f in enumerate(fs))
 
 
 def loss_terms(draft: FeatureDraft, f: torch.Tensor, F: torch.Tensor, scale: float) -> torch.Tensor:
@@ -177,36 +191,49 @@ def loss_terms(draft: FeatureDraft, f: torch.Tensor, F: torch.Tensor, scale: flo
 
 
 @torch.no_grad()
-def evaluate(draft: FeatureDraft, head: torch.Tensor, batches: list, scale: float) -> dict:
-    """Held-out loss, and at depths 1 and 2: top-1 agreement with the target (full vocabulary) and
-    alpha = sum min(p, q) at T = 1, the expected acceptance of one drafted token."""
-    total = {"loss": 0.0, "top1_d1": 0.0, "alpha_d1": 0.0, "top1_d2": 0.0, "alpha_d2": 0.0}
+def evaluate(draft: FeatureDraft, head: torch.Tensor, batches: list, scale: float, depth: int) -> dict:
+    """Held-out loss, and at depths 1 to `depth`: top-1 agreement with the target (full vocabulary)
+    and alpha = sum min(p, q) at T = 1, the expected acceptance of one drafted token."""
+    total = {"loss": 0.0} | {f"{m}_d{d}": 0.0 for d in range(1, depth + 1) for m in ("top1", "alpha")}
     count = 0
     draft.eval()
     for x, F, prev, mask in batches:
-        f1, f2 = unrolled(draft, x, prev)
-        total["loss"] += float(((loss_terms(draft, f1, F, scale) + loss_terms(draft, f2, F, scale))[mask]).sum())
+        fs = unrolled(draft, x, prev, depth)
+        total["loss"] += float(unrolled_loss(draft, fs, F, scale)[mask].sum())
         F = F[mask]
         p = torch.softmax(F @ head.T, dim=-1)
-        for depth, f in (("d1", f1[mask]), ("d2", f2[mask])):
+        for d, f in enumerate(fs, 1):
             q = torch.zeros_like(p)
-            q[:, draft.vocab] = torch.softmax(draft.subset_logits(f), dim=-1)
-            total[f"top1_{depth}"] += float((q.argmax(-1) == p.argmax(-1)).sum())
-            total[f"alpha_{depth}"] += float(torch.minimum(p, q).sum())
+            q[:, draft.vocab] = torch.softmax(draft.subset_logits(f[mask]), dim=-1)
+            total[f"top1_d{d}"] += float((q.argmax(-1) == p.argmax(-1)).sum())
+            total[f"alpha_d{d}"] += float(torch.minimum(p, q).sum())
         count += int(mask.sum())
     draft.train()
     return {k: v / max(count, 1) for k, v in total.items()}
 
 
 def corpus_texts(
-    pair: ModelPair, corpus: str, count: int, prompts: list | None, max_new_tokens: int, out: Path
+    pair: ModelPair,
+    corpus: str,
+    count: int,
+    prompts: list | None,
+    max_new_tokens: int,
+    out: Path,
+    answerer: ModelPair | None = None,
 ) -> list:
-    """Token ids of one corpus: "continuations" (the target's own answers to `count` training
-    prompts, generated into out/continuations.jsonl), "sharegpt" (the first `count` ShareGPT V3
+    """Token ids of one corpus: "continuations" (the target's own greedy answers to `count` training
+    prompts, generated into out/continuations.jsonl), "answers" (`answerer`'s, by default the
+    target's, greedy and sampled answers to `count` of `answer_prompts`, or of `prompts`, generated
+    into out/answers.jsonl), "sharegpt" (the first `count` ShareGPT V3
     conversations), "sharegpt:START" (`count` of them from the START-th: text a draft trained on
     the first START has not seen) or the path of a JSON file in ShareGPT's format."""
     if corpus == "continuations":
         gens = continuations(pair, training_prompts(pair, prompts, count), max_new_tokens, out / "continuations.jsonl")
+        return [g["prompt"] + g["response"] for g in gens]
+    if corpus == "answers":
+        path = out / "answers.jsonl"
+        chosen = answer_prompts(pair, count) if prompts is None else training_prompts(pair, prompts, count)
+        gens = continuations(answerer or pair, chosen, max_new_tokens, path, ANSWER_TEMPERATURES)
         return [g["prompt"] + g["response"] for g in gens]
     if (start := sharegpt_start(corpus)) is not None:
         return sharegpt_sequences(pair, count, start=start)
@@ -223,8 +250,8 @@ def sharegpt_start(corpus: str) -> int | None:
 
 
 def corpus_label(corpus: str) -> str:
-    """A corpus' name in reports and its features folder: continuations, sharegpt, sharegpt-START or a file's stem."""
-    if corpus in ("continuations", "sharegpt") or corpus.startswith("sharegpt:"):
+    """A corpus' name in reports and its features folder: its own, sharegpt-START or a file's stem."""
+    if corpus in ("continuations", "answers", "sharegpt") or corpus.startswith("sharegpt:"):
         return corpus.replace(":", "-")
     return Path(corpus).stem
 
@@ -304,7 +331,6 @@ def split_corpora(
 def train_draft(
     draft: FeatureDraft,
     train_w: list,
-    full_head,
     scale: float,
     ckpt_path: Path,
     steps: int,
@@ -312,9 +338,12 @@ def train_draft(
     lr: float,
     seed: int,
     eval_every: int,
-) -> None:
-    """`steps` AdamW steps (warm-up, then a cosine) on windows drawn from every corpus alike, resumed
-    from and saved to `ckpt_path` every `eval_every` steps."""
+    depth: int,
+    measure: Callable[[], dict],
+) -> list[dict]:
+    """`steps` AdamW steps (warm-up, then a cosine) on windows drawn from every corpus alike, unrolled
+    to `depth`, resumed from and saved to `ckpt_path` every `eval_every` steps; returns the learning
+    curve, `measure()` (the held-out metrics) at every checkpoint."""
     device = draft.device
     params = [p for p in draft.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=lr, weight_decay=0.0)
@@ -322,21 +351,20 @@ def train_draft(
     sched = torch.optim.lr_scheduler.LambdaLR(
         opt, lambda s: min(1.0, (s + 1) / warmup) * 0.5 * (1 + math.cos(math.pi * min(s, steps) / max(steps, 1)))
     )
-    step = 0
+    step, curve = 0, []
     if ckpt_path.exists():
         ckpt = torch.load(ckpt_path)
         draft.load_state_dict(ckpt["draft"])
         opt.load_state_dict(ckpt["opt"])
         sched.load_state_dict(ckpt["sched"])
-        step = ckpt["step"]
+        step, curve = ckpt["step"], ckpt.get("curve", [])
 
     g = torch.Generator().manual_seed(seed)
     orders = [torch.randperm(len(w), generator=g).tolist() for w in train_w]
     bar = tqdm(total=steps, initial=step, desc="distill", unit="step")
     while step < steps:
         x, F, prev, mask = collate(batch_windows(train_w, orders, step, batch), device)
-        f1, f2 = unrolled(draft, x, prev)
-        loss = (loss_terms(draft, f1, F, scale) + loss_terms(draft, f2, F, scale))[mask].mean()
+        loss = unrolled_loss(draft, unrolled(draft, x, prev, depth), F, scale)[mask].mean()
         opt.zero_grad()
         loss.backward()
         torch.nn.utils.clip_grad_norm_(params, 1.0)
@@ -346,11 +374,11 @@ def train_draft(
         bar.update(1)
         bar.set_postfix(loss=f"{float(loss.detach()):.3f}")
         if step % eval_every == 0 or step == steps:
-            torch.save(
-                {"draft": draft.state_dict(), "opt": opt.state_dict(), "sched": sched.state_dict(), "step": step},
-                ckpt_path,
-            )
+            curve.append({"step": step, **measure()})
+            state = {"draft": draft.state_dict(), "opt": opt.state_dict(), "sched": sched.state_dict()}
+            torch.save({**state, "step": step, "curve": curve}, ckpt_path)
     bar.close()
+    return curve
 
 
 def training_windows(pair: ModelPair, train_sets: dict, test_sets: dict, window: int, batch: int) -> tuple:
@@ -423,6 +451,8 @@ def distill(
     feature_layers: tuple[int, ...] = FINAL,
     init: Path | None = None,
     draft_layers: int = 1,
+    unroll: int = UNROLL,
+    answerer: ModelPair | None = None,
 ) -> dict:
     """Train a feature draft for `pair.target` in `out` (data, checkpoints and the result in `out/draft`,
     resumable at every stage) and return the report. `corpus` is one of corpus_texts' or several,
@@ -433,15 +463,19 @@ def distill(
     answers to `copy_prompts` training prompts (`fit_copy`; 0: none, the draft never copies).
     `feature_layers`: the target layers the draft reads (FeatureDraft; e.g. (3, 15, -1), EAGLE-3's
     low, middle and final). `draft_layers`: its decoder layers. `init`: a draft folder to start from
-    (its vocabulary, layers and projection; what it lacks starts as the identity)."""
+    (its vocabulary, layers and projection; what it lacks starts as the identity). `unroll`: the
+    depths trained (`unrolled`). `answerer`: the pair whose target answers for the "answers" corpus
+    (by default `pair`)."""
     corpora, labels = corpus.split(","), [corpus_label(c) for c in corpus.split(",")]
     counts = [num_prompts] * len(corpora) if isinstance(num_prompts, int) else list(num_prompts)
     base = check_distill(pair, corpus, counts, heldout, copy_prompts, feature_layers, init, draft_layers)
-    if steps < 0 or batch < len(corpora) or window < 2:
-        raise DyspecError("steps must be >= 0, batch >= the number of corpora and window >= 2")
+    if steps < 0 or batch < len(corpora) or window < 2 or unroll < 1:
+        raise DyspecError("steps must be >= 0, batch >= the number of corpora, window >= 2 and unroll >= 1")
     t_start = time.perf_counter()
     out.mkdir(parents=True, exist_ok=True)
-    texts = [corpus_texts(pair, name, count, prompts, max_new_tokens, out) for name, count in zip(corpora, counts)]
+    texts = [
+        corpus_texts(pair, name, count, prompts, max_new_tokens, out, answerer) for name, count in zip(corpora, counts)
+    ]
     train_sets, test_sets = split_corpora(pair, out, dict(zip(labels, texts)), heldout, features_dtype, feature_layers)
     train_seqs = [s for seqs in train_sets.values() for s in seqs]
     vocab = base.vocab if base is not None else draft_vocab(pair, train_seqs, vocab_size)
@@ -451,12 +485,17 @@ def distill(
     draft = new_draft(pair, vocab, feature_layers, draft_layers, base)
     full_head = pair.target.get_output_embeddings().weight.detach().float()
 
+    test_tokens = {label: sum(len(t) for t, _ in seqs) for label, seqs in test_sets.items()}
+
     def heldout_metrics() -> dict[str, dict]:
-        return {label: evaluate(draft, full_head, b, scale) for label, b in test_batches.items()}
+        return {label: evaluate(draft, full_head, b, scale, unroll) for label, b in test_batches.items()}
+
+    def measure() -> dict:
+        return pooled(heldout_metrics(), test_tokens)
 
     ckpt_path = out / "checkpoint.pt"
     first = None if ckpt_path.exists() else heldout_metrics()
-    train_draft(draft, train_w, full_head, scale, ckpt_path, steps, batch, lr, seed, eval_every)
+    curve = train_draft(draft, train_w, scale, ckpt_path, steps, batch, lr, seed, eval_every, unroll, measure)
 
     settings = {
         "corpus": corpus,
@@ -470,10 +509,12 @@ def distill(
         "seed": seed,
         "feature_layers": list(feature_layers),
         "draft_layers": draft_layers,
+        "unroll": unroll,
         "init": None if init is None else str(init),
         "device": str(pair.device),
     }
     report = distill_report(pair, draft, train_seqs, test_sets, heldout_metrics(), first, settings)
+    report["curve"] = curve
     report["seconds"] = round(time.perf_counter() - t_start, 1)
     save_feature_draft(draft, out / "draft", report)
     if copy_prompts:
@@ -534,6 +575,24 @@ def answer_sequences(
     answers_file.parent.mkdir(parents=True, exist_ok=True)
     answers = continuations(pair, prompts, max_new_tokens, answers_file)
     return [(len(a["prompt"]), a["prompt"] + a["response"]) for a in answers if a["response"]]
+
+
+@torch.inference_mode()
+def depth_agreement(pair: ModelPair, sequences: list[tuple[int, list[int]]], depth: int = UNROLL) -> list[float]:
+    """Top-1 agreement with the target over the answer tokens of (prompt length, prompt + answer)
+    sequences, teacher-forced, of the draft alone at depths 1 to `depth` (`unrolled`: at depth d it
+    reads its own features of the d - 1 tokens before, as a tree node d levels deep does)."""
+    right, count = [0] * depth, 0
+    for prompt_len, ids in tqdm(sequences, desc="agreement by depth", unit="sequence"):
+        x = torch.tensor([ids], device=pair.device)
+        out = pair.target(x, output_hidden_states=True)
+        prev = features_before(target_features(out.hidden_states, pair.draft.feature_layers)[0])[None]
+        labels = out.logits[0, prompt_len - 1 : -1].argmax(-1)
+        for d, f in enumerate(unrolled(pair.draft, x, prev, depth)):
+            guesses = pair.draft.vocab.to(x.device)[pair.draft.subset_logits(f[0, prompt_len - 1 : -1]).argmax(-1)]
+            right[d] += int((guesses == labels).sum())
+        count += len(ids) - prompt_len
+    return [r / max(count, 1) for r in right]
 
 
 def copy_eval(pair: ModelPair, sequences: list[tuple[int, list[int]]], weights: list[float]) -> dict:
