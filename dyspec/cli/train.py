@@ -50,6 +50,22 @@ def cmd_distill(args: argparse.Namespace) -> None:
     )
 
 
+def add_start_args(d) -> None:
+    """`distill`'s training depth and the draft it starts from."""
+    d.add_argument(
+        "--unroll",
+        type=int,
+        help="depths trained, each reading the draft's own features from the depth before (training-time test; "
+        "default 4)",
+    )
+    d.add_argument(
+        "--from",
+        "--init",
+        dest="init",
+        help="a draft folder to fine-tune (distilled: the one shipped for the target)",
+    )
+
+
 def add_distill(sub) -> None:
     d = sub.add_parser("distill", help="train a feature-conditioned (EAGLE-style) draft for a target")
     d.add_argument("--out", required=True, help="folder for data, checkpoints and the draft (resumes)")
@@ -99,18 +115,7 @@ def add_distill(sub) -> None:
         help="the draft's decoder layers (more: better guesses, a slower draft; with --init, the ones the "
         "start lacks begin as the identity)",
     )
-    d.add_argument(
-        "--unroll",
-        type=int,
-        help="depths trained, each reading the draft's own features from the depth before (training-time test; "
-        "default 4)",
-    )
-    d.add_argument(
-        "--from",
-        "--init",
-        dest="init",
-        help="a draft folder to fine-tune (distilled: the one shipped for the target)",
-    )
+    add_start_args(d)
     d.add_argument(
         "--copy-prompts",
         type=int,

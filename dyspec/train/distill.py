@@ -49,6 +49,18 @@ from dyspec.train.vocab import draft_vocab
 
 SHARD = 32  # sequences per feature shard
 REG_WEIGHT = 0.1
+SETTINGS = (
+    "corpus",
+    "num_prompts",
+    "max_new_tokens",
+    "steps",
+    "batch",
+    "window",
+    "lr",
+    "seed",
+    "draft_layers",
+    "unroll",
+)
 UNROLL = 4  # training-time test's depth: the trees' depth where most accepted tokens come from
 DEPTH_WEIGHT = 0.8  # depth d's loss weighs DEPTH_WEIGHT ** (d - 1), as EAGLE-3's does
 ANSWER_TEMPERATURES = (0.0, 0.7)  # the "answers" corpus: greedy and sampled batches in turn
@@ -486,30 +498,17 @@ def distill(
     full_head = pair.target.get_output_embeddings().weight.detach().float()
 
     test_tokens = {label: sum(len(t) for t, _ in seqs) for label, seqs in test_sets.items()}
-
-    def heldout_metrics() -> dict[str, dict]:
-        return {label: evaluate(draft, full_head, b, scale, unroll) for label, b in test_batches.items()}
-
-    def measure() -> dict:
-        return pooled(heldout_metrics(), test_tokens)
+    heldout_metrics = lambda: {label: evaluate(draft, full_head, b, scale, unroll) for label, b in test_batches.items()}  # noqa: E731, E501
+    measure = lambda: pooled(heldout_metrics(), test_tokens)  # noqa: E731
 
     ckpt_path = out / "checkpoint.pt"
     first = None if ckpt_path.exists() else heldout_metrics()
     curve = train_draft(draft, train_w, scale, ckpt_path, steps, batch, lr, seed, eval_every, unroll, measure)
 
-    settings = {
-        "corpus": corpus,
-        "num_prompts": num_prompts,
-        "max_new_tokens": max_new_tokens,
+    named = locals()  # the report's settings: the arguments as given, and what they resolved to
+    settings = {k: named[k] for k in SETTINGS} | {
         "features_dtype": str(features_dtype or pair.target.dtype).removeprefix("torch."),
-        "steps": steps,
-        "batch": batch,
-        "window": window,
-        "lr": lr,
-        "seed": seed,
         "feature_layers": list(feature_layers),
-        "draft_layers": draft_layers,
-        "unroll": unroll,
         "init": None if init is None else str(init),
         "device": str(pair.device),
     }
