@@ -20,7 +20,7 @@ def cmd_distill(args: argparse.Namespace) -> None:
 
     init = None if args.init is None else feature_folder(args.init, args.target, "--init")
     pair = load_pair(args.target, None, args.device, allow_download=args.allow_download, precision="native")
-    # the "answers" corpus: the target as users run it (int8 on a CPU) answers, several times faster
+    # the "answers" corpus is answered by the target as users run it (int8 on a CPU), not the fp32 teacher
     answerer = load_pair(args.target, None, args.device) if "answers" in args.corpus.split(",") else None
     report = distill(
         pair,

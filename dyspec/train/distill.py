@@ -63,7 +63,7 @@ SETTINGS = (
 )
 UNROLL = 4  # training-time test's depth: the trees' depth where most accepted tokens come from
 DEPTH_WEIGHT = 0.8  # depth d's loss weighs DEPTH_WEIGHT ** (d - 1), as EAGLE-3's does
-ANSWER_TEMPERATURES = (0.0, 0.7)  # the "answers" corpus: greedy and sampled batches in turn
+ANSWER_TEMPERATURES = (0.0, 0.7)  # the "answers" corpus: greedy and sampled answers in turn
 COPY_GRID = [i / 20 for i in range(20)]  # the copy weights `fit_copy_weights` tries (< 1: see copying.mix)
 
 
