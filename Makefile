@@ -59,7 +59,8 @@ bench: setup
 # shape and Llama-3.1-8B's (random weights made on the GPU), and for the default pair; gpu-exact: the exactness tests there;
 # gpu-bench: every policy at budgets 4/16/64/auto on 10 MT-Bench questions on CUDA graphs, beside
 # Hugging Face's forward, fp32 (the exact mode) and T = 0.6; then every tensor program (step=device),
-# with dyspec's host build in the same run for a ratio side by side.
+# with dyspec's host build in the same run for a ratio side by side; then the row-invariant kernels
+# (DYSPEC_GPU_KERNELS=invariant): their t(n) and their bench, whose identity table counts `ar`'s tokens.
 GPU_POLICIES := ar,chain,specinfer,sequoia,dyspec,dyspec-threshold,eagle2,sglang,lookup
 GPU_DEVICE_POLICIES := ar,dyspec,dyspec:step=device,chain:step=device,specinfer:step=device,sequoia:step=device,dyspec-threshold:step=device,eagle2:step=device,sglang:step=device,specdecpp:step=device
 GPU_PROFILE := HF_HUB_OFFLINE=1 $(PY) -m dyspec profile --device cuda --json
@@ -68,12 +69,13 @@ GPU_BENCH := HF_HUB_OFFLINE=1 $(PY) -m dyspec bench --device cuda --dataset mtbe
 GPU_RECORDS := $(addprefix docs/results/,gpu-shape-135m-off.json gpu-shape-135m-lean.json \
 	gpu-shape-135m-graphs.json gpu-shape-8b-lean.json gpu-shape-8b-graphs.json gpu-shape-8b-graphs-eager.json \
 	gpu-profile-graphs.json gpu-off.jsonl gpu-graphs.jsonl gpu-graphs-fp32.jsonl gpu-graphs-t06.jsonl \
-	gpu-device-step.jsonl)
+	gpu-device-step.jsonl gpu-profile-invariant.json gpu-graphs-invariant.jsonl)
 gpu-profile: setup
 	$(GPU_PROFILE) --shape smollm2-135m --fast-path compiled > docs/results/gpu-shape-135m-graphs.json
 	$(GPU_PROFILE) --shape llama-3.1-8b --fast-path compiled --sizes 1,2,4,8,16,32,64,128,256 \
 		> docs/results/gpu-shape-8b-graphs.json
 	$(GPU_PROFILE) --fast-path compiled > docs/results/gpu-profile-graphs.json
+	DYSPEC_GPU_KERNELS=invariant $(GPU_PROFILE) --fast-path compiled > docs/results/gpu-profile-invariant.json
 	DYSPEC_GRAPH_LAYERS=eager $(GPU_PROFILE) --shape llama-3.1-8b --fast-path compiled --sizes 1,16,64,256 \
 		> docs/results/gpu-shape-8b-graphs-eager.json
 	$(GPU_PROFILE) --shape smollm2-135m --fast-path lean > docs/results/gpu-shape-135m-lean.json
@@ -82,7 +84,7 @@ gpu-profile: setup
 
 gpu-exact: setup
 	HF_HUB_OFFLINE=1 $(PY) -m pytest -q tests/test_cuda_graph.py tests/test_engine.py tests/test_exact_tiny.py \
-		tests/test_static.py tests/test_lean.py
+		tests/test_static.py tests/test_lean.py tests/test_invariant_kernels.py
 
 gpu-bench: setup
 	rm -f docs/results/gpu-off.jsonl docs/results/gpu-graphs*.jsonl docs/results/gpu-device-step.jsonl
@@ -95,6 +97,8 @@ gpu-bench: setup
 		--out docs/results/gpu-graphs-t06.jsonl
 	$(GPU_BENCH) --fast-path compiled --policies $(GPU_DEVICE_POLICIES) --budgets 4,16,64 --temperatures 0 \
 		--out docs/results/gpu-device-step.jsonl
+	DYSPEC_GPU_KERNELS=invariant $(GPU_BENCH) --fast-path compiled --policies ar,chain,dyspec,sequoia \
+		--budgets 4,16,64 --temperatures 0 --out docs/results/gpu-graphs-invariant.jsonl
 
 gpu-check: gpu-profile gpu-exact gpu-bench
 	$(PY) -m dyspec report $(GPU_RECORDS) --whatif h100-8b \

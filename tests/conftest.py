@@ -11,6 +11,10 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")  # tests never reach a model hub
 THREADS = max(1, min(2, os.cpu_count() or 1) // int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", 1)))
 os.environ["OMP_NUM_THREADS"] = str(THREADS)
 torch.set_num_threads(THREADS)
+# Triton kernels run on the CPU in Triton's interpreter (tests/test_invariant_kernels.py), which is
+# chosen as each kernel is defined: set before anything imports Triton
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
 
 from dyspec.forward import lean_graph  # noqa: E402 (after the environment: it imports transformers)
 

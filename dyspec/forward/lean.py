@@ -198,12 +198,17 @@ def graph_layers(layers: list[Layer], h, cos, sin, cache, mask, dims: LeanDims, 
     writes keys and values at `slots` [n] and attends over the whole cache through `mask`, boolean
     [1, 1, n, capacity], so that no shape or index depends on the cache's length. On a GPU each
     layer runs `graph_layer` compiled (`compiled_graph_layer`): its elementwise ops fuse into a few
-    kernels, and a graph of hundreds of small kernels costs what it launches, not what it reads."""
-    bias = torch.zeros(mask.shape[-2:], dtype=torch.float32, device=h.device).masked_fill_(~mask[0, 0], -torch.inf)
-    torch._dynamo.maybe_mark_dynamic(bias, 1)  # the cache's capacity, as LeanCache marks its keys
-    step = layer_function(h.device)
+    kernels, and a graph of hundreds of small kernels costs what it launches, not what it reads.
+    With the row-invariant kernels (`row_invariant_kernels`) it runs them instead, uncompiled."""
+    kernels = row_invariant_kernels(h.device)
+    if kernels is None:
+        ops, step = TORCH_OPS, layer_function(h.device)
+        seen = torch.zeros(mask.shape[-2:], dtype=torch.float32, device=h.device).masked_fill_(~mask[0, 0], -torch.inf)
+        torch._dynamo.maybe_mark_dynamic(seen, 1)  # the cache's capacity, as LeanCache marks its keys
+    else:
+        ops, step, seen = kernels, graph_layer, kernels.visible_slots(mask[0, 0])
     for i, layer in enumerate(layers):
-        args = (h, cos, sin, slots, cache.k[i], cache.v[i], bias, layer_weights(layer), dims)
+        args = (h, cos, sin, slots, cache.k[i], cache.v[i], seen, layer_weights(layer), dims, ops)
         try:
             h = step(*args)
         except torch._dynamo.exc.BackendCompilerFailed as e:  # before the layer ran: nothing was written
@@ -212,6 +217,21 @@ def graph_layers(layers: list[Layer], h, cos, sin, cache, mask, dims: LeanDims, 
         if hidden is not None:
             hidden.append(h)
     return h
+
+
+def row_invariant_kernels(device: torch.device):
+    """`dyspec.kernels.invariant` where DYSPEC_GPU_KERNELS=invariant asks for it, on a GPU (or a CPU
+    under Triton's interpreter, TRITON_INTERPRET=1, for the tests): every row of a forward then
+    computes what the one-row forward computes, so trees keep `ar`'s tokens in bf16. Else None."""
+    if os.environ.get("DYSPEC_GPU_KERNELS") != "invariant":
+        return None
+    if device.type != "cuda" and os.environ.get("TRITON_INTERPRET") != "1":
+        return None
+    if not has_triton() and device.type == "cuda":
+        raise DyspecError("DYSPEC_GPU_KERNELS=invariant runs Triton kernels: pip install triton")
+    from dyspec.kernels import invariant
+
+    return invariant
 
 
 def layer_function(device: torch.device):
@@ -239,31 +259,44 @@ def layer_weights(layer: Layer) -> tuple:
     )
 
 
-def graph_layer(h, cos, sin, slots, keys, values, bias, weights: tuple, dims: LeanDims) -> torch.Tensor:
+def stacked_attention(q, keys, values, bias, scale: float) -> torch.Tensor:
+    """q [n, H, d] over keys, values [Hkv, capacity, d] with `bias` [n, capacity] (0 where visible,
+    -inf elsewhere); returns [n, H * d]. Hugging Face's eager attention (scores in the model's dtype,
+    softmax in fp32) with each key head's group of query heads stacked as rows of one product, so
+    keys are read once, not repeated per head."""
+    n, heads, d = q.shape
+    kv_heads = keys.shape[0]
+    group = heads // kv_heads
+    q = q.reshape(n, kv_heads, group, d).permute(1, 2, 0, 3).reshape(kv_heads, group * n, d)
+    scores = torch.bmm(q, keys.transpose(1, 2)).float().view(kv_heads, group, n, -1) * scale + bias
+    p = torch.softmax(scores, dim=-1).to(values.dtype).view(kv_heads, group * n, -1)
+    return torch.bmm(p, values).view(kv_heads, group, n, d).permute(2, 0, 1, 3).reshape(n, heads * d)
+
+
+# a graph layer's products, norms and attention: PyTorch's, or dyspec.kernels.invariant's (the same names)
+TORCH_OPS = SimpleNamespace(linear=F.linear, rms_norm=F.rms_norm, attention=stacked_attention)
+
+
+def graph_layer(h, cos, sin, slots, keys, values, seen, weights: tuple, dims: LeanDims, ops=TORCH_OPS) -> torch.Tensor:
     """One Llama-family layer over h [n, H]: keys and values [Hkv, capacity, d] written at `slots`,
-    attention over all of them with `bias` [n, capacity] (0 where visible, -inf elsewhere). Attention
-    is Hugging Face's eager attention (scores in the model's dtype, softmax in fp32) with each key
-    head's group of query heads stacked as rows of one product, so keys are read once, not repeated
-    per head."""
+    attention over them as `seen` says: `stacked_attention`'s bias with TORCH_OPS, the rows'
+    visible slots with the row-invariant kernels (`ops`)."""
     attn_norm, qkv_w, qkv_b, q_norm, k_norm, o_w, mlp_norm, gate_up_w, down_w = weights
     heads, kv_heads, d, eps, scale = dims
-    n, group = h.shape[0], heads // kv_heads
-    x = h if attn_norm is None else F.rms_norm(h, h.shape[-1:], attn_norm, eps)
-    qkv = F.linear(x, qkv_w, qkv_b).view(n, heads + 2 * kv_heads, d)
+    n = h.shape[0]
+    x = h if attn_norm is None else ops.rms_norm(h, h.shape[-1:], attn_norm, eps)
+    qkv = ops.linear(x, qkv_w, qkv_b).view(n, heads + 2 * kv_heads, d)
     qk, v = qkv[:, : heads + kv_heads], qkv[:, heads + kv_heads :]
     if q_norm is not None:
-        qk = torch.cat([F.rms_norm(qk[:, :heads], (d,), q_norm, eps), F.rms_norm(qk[:, heads:], (d,), k_norm, eps)], 1)
+        q, k = ops.rms_norm(qk[:, :heads], (d,), q_norm, eps), ops.rms_norm(qk[:, heads:], (d,), k_norm, eps)
+        qk = torch.cat([q, k], 1)
     qk = lean_graph.rotate(qk, cos, sin)
     keys.index_copy_(1, slots, qk[:, heads:].transpose(0, 1))
     values.index_copy_(1, slots, v.transpose(0, 1))
-    q = qk[:, :heads].reshape(n, kv_heads, group, d).permute(1, 2, 0, 3).reshape(kv_heads, group * n, d)
-    scores = torch.bmm(q, keys.transpose(1, 2)).float().view(kv_heads, group, n, -1) * scale + bias
-    p = torch.softmax(scores, dim=-1).to(values.dtype).view(kv_heads, group * n, -1)
-    o = torch.bmm(p, values).view(kv_heads, group, n, d).permute(2, 0, 1, 3).reshape(n, heads * d)
-    h = h + F.linear(o, o_w)
-    x = F.rms_norm(h, h.shape[-1:], mlp_norm, eps)
-    gate, up = F.linear(x, gate_up_w).chunk(2, dim=-1)
-    return h + F.linear(F.silu(gate) * up, down_w)
+    h = h + ops.linear(ops.attention(qk[:, :heads], keys, values, seen, scale), o_w)
+    x = ops.rms_norm(h, h.shape[-1:], mlp_norm, eps)
+    gate, up = ops.linear(x, gate_up_w).chunk(2, dim=-1)
+    return h + ops.linear(F.silu(gate) * up, down_w)
 
 
 @functools.cache
@@ -298,7 +331,10 @@ def uncompiled_after(error: Exception):
 
 
 def graph_layers_run() -> str:
-    """How a GPU forward's layers run: "compiled" or "eager" (`compiled_graph_layer`)."""
+    """How a GPU forward's layers run: "invariant" (`row_invariant_kernels`), "compiled" or "eager"
+    (`compiled_graph_layer`)."""
+    if os.environ.get("DYSPEC_GPU_KERNELS") == "invariant":
+        return "invariant"
     return "eager" if compiled_graph_layer() is graph_layer else "compiled"
 
 
@@ -412,19 +448,24 @@ class LeanForward(nn.Module):
                 hidden += outputs
         else:
             h = run_layers(self.layers, h, cos, sin, cache, start, mask, self.dims, self.exact_attention, hidden, slots)
-        return self._output(h, cache, end, hidden, logits_to_keep)
+        kernels = None if slots is None else row_invariant_kernels(h.device)
+        return self._output(h, cache, end, hidden, logits_to_keep, kernels)
 
-    def _output(self, h, cache: LeanCache, end: int, hidden: list | None, logits_to_keep) -> Output:
+    def _output(self, h, cache: LeanCache, end: int, hidden: list | None, logits_to_keep, kernels=None) -> Output:
         """The forward's result from the last layer's h: the final norm, the kept rows' logits. The
         norm is per row, so the kept rows are taken before it; compiled, their norm and logits run
-        as one graph, whichever rows a forward keeps (so every logit comes from the same code)."""
+        as one graph, whichever rows a forward keeps (so every logit comes from the same code);
+        with the row-invariant `kernels`, those."""
         cache.length = end
         kept = h
         if isinstance(logits_to_keep, torch.Tensor):
             kept = h[logits_to_keep]
         elif logits_to_keep:
             kept = h[-logits_to_keep:]
-        if self.graph is not None and len(kept) <= MAX_ROWS:
+        if kernels is not None:
+            normed = kernels.rms_norm(kept, kept.shape[-1:], self.norm, self.dims.eps)
+            logits = kernels.linear(normed, self.lm_head.weight, self.lm_head.bias)
+        elif self.graph is not None and len(kept) <= MAX_ROWS:
             normed, logits = self.graph.output(kept, self.norm, self.dims.eps)
         else:
             normed = F.rms_norm(kept, kept.shape[-1:], self.norm, self.dims.eps)
