@@ -152,10 +152,13 @@ def test_distill_trains_every_depth_it_unrolls_and_keeps_its_learning_curve(feat
     report = distill(feature_pair, tmp_path, steps=40, **kwargs)
     assert {f"top1_d{d}" for d in (1, 2, 3)} | {"alpha_d3"} <= report["heldout"].keys()
     assert "top1_d4" not in report["heldout"] and report["settings"]["unroll"] == 3
-    assert [c["step"] for c in report["curve"]] == [20, 40] and report["curve"][-1] == {"step": 40, **report["heldout"]}
+    assert [c["step"] for c in report["curve"]] == [0, 20, 40]
+    assert report["curve"][-1] == {"step": 40, **report["heldout"]}
+    assert report["curve"][0] == {"step": 0, **report["heldout_untrained"]}
     assert report["curve"][-1]["loss"] < report["heldout_untrained"]["loss"]
     resumed = distill(feature_pair, tmp_path, steps=60, **kwargs)  # the same folder: training goes on
-    assert [c["step"] for c in resumed["curve"]] == [20, 40, 60] and resumed["curve"][:2] == report["curve"]
+    assert [c["step"] for c in resumed["curve"]] == [0, 20, 40, 60] and resumed["curve"][:3] == report["curve"]
+    assert resumed["heldout_untrained"] == report["heldout_untrained"]  # where the draft started, across runs
 
 
 @torch.no_grad()

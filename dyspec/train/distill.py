@@ -355,7 +355,8 @@ def train_draft(
 ) -> list[dict]:
     """`steps` AdamW steps (warm-up, then a cosine) on windows drawn from every corpus alike, unrolled
     to `depth`, resumed from and saved to `ckpt_path` every `eval_every` steps; returns the learning
-    curve, `measure()` (the held-out metrics) at every checkpoint."""
+    curve, `measure()` (the held-out metrics) before training (step 0) and at every checkpoint, kept
+    in the checkpoint so that a resumed run reports where the draft started."""
     device = draft.device
     params = [p for p in draft.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=lr, weight_decay=0.0)
@@ -363,13 +364,14 @@ def train_draft(
     sched = torch.optim.lr_scheduler.LambdaLR(
         opt, lambda s: min(1.0, (s + 1) / warmup) * 0.5 * (1 + math.cos(math.pi * min(s, steps) / max(steps, 1)))
     )
-    step, curve = 0, []
     if ckpt_path.exists():
         ckpt = torch.load(ckpt_path)
         draft.load_state_dict(ckpt["draft"])
         opt.load_state_dict(ckpt["opt"])
         sched.load_state_dict(ckpt["sched"])
         step, curve = ckpt["step"], ckpt.get("curve", [])
+    else:
+        step, curve = 0, [{"step": 0, **measure()}]
 
     g = torch.Generator().manual_seed(seed)
     orders = [torch.randperm(len(w), generator=g).tolist() for w in train_w]
@@ -421,10 +423,10 @@ def new_draft(
 
 
 def distill_report(
-    pair: ModelPair, draft: FeatureDraft, train_seqs: list, test_sets: dict, metrics: dict, first, settings: dict
+    pair: ModelPair, draft: FeatureDraft, train_seqs: list, test_sets: dict, metrics: dict, curve: list, settings: dict
 ) -> dict:
     """What `distill` made: its data's size, the held-out metrics (pooled, before training, by
-    corpus), the draft's and target's one-token forward times, and the settings."""
+    corpus), the learning curve, the draft's and target's one-token forward times, and the settings."""
     test_tokens = {label: sum(len(t) for t, _ in seqs) for label, seqs in test_sets.items()}
     draft_ms = forward_ms(draft, sizes=(1,))[1]
     target_ms = forward_ms(pair.target, sizes=(1,))[1]
@@ -436,10 +438,11 @@ def distill_report(
         "sequences": {"train": len(train_seqs), "heldout": sum(len(seqs) for seqs in test_sets.values())},
         "tokens": {"train": sum(len(t) for t, _ in train_seqs), "heldout": sum(test_tokens.values())},
         "heldout": pooled(metrics, test_tokens),
-        "heldout_untrained": first and pooled(first, test_tokens),
+        "heldout_untrained": next(({k: v for k, v in c.items() if k != "step"} for c in curve if c["step"] == 0), None),
         "heldout_by_corpus": {label: {"tokens": test_tokens[label], **m} for label, m in metrics.items()},
         "ms_per_token": {"draft": draft_ms, "target": target_ms, "ratio": draft_ms / target_ms},
         "settings": settings,
+        "curve": curve,
     }
 
 
@@ -502,7 +505,6 @@ def distill(
     measure = lambda: pooled(heldout_metrics(), test_tokens)  # noqa: E731
 
     ckpt_path = out / "checkpoint.pt"
-    first = None if ckpt_path.exists() else heldout_metrics()
     curve = train_draft(draft, train_w, scale, ckpt_path, steps, batch, lr, seed, eval_every, unroll, measure)
 
     named = locals()  # the report's settings: the arguments as given, and what they resolved to
@@ -512,8 +514,7 @@ def distill(
         "init": None if init is None else str(init),
         "device": str(pair.device),
     }
-    report = distill_report(pair, draft, train_seqs, test_sets, heldout_metrics(), first, settings)
-    report["curve"] = curve
+    report = distill_report(pair, draft, train_seqs, test_sets, heldout_metrics(), curve, settings)
     report["seconds"] = round(time.perf_counter() - t_start, 1)
     save_feature_draft(draft, out / "draft", report)
     if copy_prompts:
