@@ -24,7 +24,7 @@ def _precision(x: torch.Tensor) -> str:
     return "ieee" if x.dtype == torch.float32 else "tf32"  # fp32 products in fp32, never rounded to tf32
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["M"])  # one compiled kernel for every row count, one row included
 def _linear(
     x, w, b, y, M, N, K, HAS_BIAS: tl.constexpr, PRECISION: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
