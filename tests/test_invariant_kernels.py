@@ -21,12 +21,13 @@ from .tiny import tiny_feature_pair, tiny_model
 
 pytest.importorskip("triton")
 PROMPT = [0, 3, 1, 2, 4, 4, 1]
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"  # where a GPU is, the kernels run compiled there
 
 
 @pytest.fixture
 def kernels(monkeypatch):
-    """The kernels, on a CPU in Triton's interpreter (conftest asks for it), and the graph path asked
-    to run them."""
+    """The kernels, compiled on a GPU or on a CPU in Triton's interpreter (conftest asks for it), and
+    the graph path asked to run them."""
     if not torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") != "1":
         pytest.skip("Triton's kernels run on a CPU in its interpreter only (TRITON_INTERPRET=1)")
     monkeypatch.setenv("DYSPEC_GPU_KERNELS", "invariant")
@@ -36,10 +37,10 @@ def kernels(monkeypatch):
 @pytest.mark.parametrize("rows", [1, 5, 37])
 def test_products_and_norms_compute_each_row_as_it_does_alone(kernels, rows):
     g = torch.Generator().manual_seed(rows)
-    x, w, b = (torch.randn(*shape, generator=g) for shape in ((rows, 80), (96, 80), (96,)))
+    x, w, b = (torch.randn(*shape, generator=g).to(DEVICE) for shape in ((rows, 80), (96, 80), (96,)))
     y = kernels.linear(x, w, b)
     torch.testing.assert_close(y, F.linear(x, w, b), atol=1e-4, rtol=1e-5)
-    norm = torch.randn(80, generator=g)
+    norm = torch.randn(80, generator=g).to(DEVICE)
     z = kernels.rms_norm(x, (80,), norm, 1e-5)
     torch.testing.assert_close(z, F.rms_norm(x, (80,), norm, 1e-5), atol=1e-5, rtol=1e-5)
     for i in range(rows):
@@ -52,9 +53,10 @@ def test_a_rows_attention_over_scattered_slots_is_the_one_row_attention_over_the
     one-row forward sees the same keys side by side: the same sums in the same order."""
     g = torch.Generator().manual_seed(0)
     kv_heads, capacity, d, heads = 2, 150, 8, 6
-    keys, values = torch.randn(kv_heads, capacity, d, generator=g), torch.randn(kv_heads, capacity, d, generator=g)
-    q = torch.randn(5, heads, d, generator=g)
-    visible = torch.rand(5, capacity, generator=g) < 0.4
+    keys, values, q = (
+        torch.randn(*shape, generator=g).to(DEVICE) for shape in [(kv_heads, capacity, d)] * 2 + [(5, heads, d)]
+    )
+    visible = (torch.rand(5, capacity, generator=g) < 0.4).to(DEVICE)
     visible[:, 0] = True
     out = kernels.attention(q, keys, values, kernels.visible_slots(visible), 0.3)
     scores = torch.einsum("nhd,hsd->nhs", q, keys.repeat_interleave(3, 0)) * 0.3
@@ -65,7 +67,7 @@ def test_a_rows_attention_over_scattered_slots_is_the_one_row_attention_over_the
         seen = visible[r].nonzero()[:, 0]
         packed_k, packed_v = torch.zeros_like(keys), torch.zeros_like(values)
         packed_k[:, : len(seen)], packed_v[:, : len(seen)] = keys[:, seen], values[:, seen]
-        in_a_row = torch.arange(capacity)[None] < len(seen)
+        in_a_row = torch.arange(capacity, device=DEVICE)[None] < len(seen)
         alone = kernels.attention(q[r : r + 1], packed_k, packed_v, kernels.visible_slots(in_a_row), 0.3)
         assert torch.equal(alone[0], out[r])
 
@@ -73,7 +75,7 @@ def test_a_rows_attention_over_scattered_slots_is_the_one_row_attention_over_the
 def test_a_tree_rows_logits_are_the_one_row_forwards_of_its_path(kernels):
     """On the graph path (the GPU's, run here as on a CPU): a token tree in one forward, then each
     node's token forwarded alone after its path committed one token at a time, as `ar` does."""
-    model = tiny_model(3, 2)
+    model = tiny_model(3, 2).to(DEVICE)
     with torch.no_grad():
         for p in model.parameters():
             p.normal_(0, 0.5)
@@ -95,6 +97,7 @@ def test_a_tree_rows_logits_are_the_one_row_forwards_of_its_path(kernels):
         assert torch.equal(kv.forward([tree.tokens[node]])[0], rows[node]), node
 
 
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the tiny pair runs on a CPU: on a GPU, the test below")
 def test_trees_on_the_invariant_graph_path_keep_ars_tokens(kernels):
     graphed = graph_pair(tiny_feature_pair())
     expected = generate(graphed, PROMPT, policy="ar", max_new_tokens=12).token_ids
