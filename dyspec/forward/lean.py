@@ -223,7 +223,7 @@ def row_invariant_kernels(device: torch.device):
     """`dyspec.kernels.invariant` where DYSPEC_GPU_KERNELS=invariant asks for it, on a GPU (or a CPU
     under Triton's interpreter, TRITON_INTERPRET=1, for the tests): every row of a forward then
     computes what the one-row forward computes, so trees keep `ar`'s tokens in bf16. Else None."""
-    if os.environ.get("DYSPEC_GPU_KERNELS") != "invariant":
+    if not invariant_asked():
         return None
     if device.type != "cuda" and os.environ.get("TRITON_INTERPRET") != "1":
         return None
@@ -232,6 +232,10 @@ def row_invariant_kernels(device: torch.device):
     from dyspec.kernels import invariant
 
     return invariant
+
+
+def invariant_asked() -> bool:
+    return os.environ.get("DYSPEC_GPU_KERNELS") == "invariant"
 
 
 def layer_function(device: torch.device):
@@ -333,7 +337,7 @@ def uncompiled_after(error: Exception):
 def graph_layers_run() -> str:
     """How a GPU forward's layers run: "invariant" (`row_invariant_kernels`), "compiled" or "eager"
     (`compiled_graph_layer`)."""
-    if os.environ.get("DYSPEC_GPU_KERNELS") == "invariant":
+    if invariant_asked():
         return "invariant"
     return "eager" if compiled_graph_layer() is graph_layer else "compiled"
 

@@ -548,6 +548,13 @@ def fit_copy_weights(rows: list[Row]) -> list[float]:
     return weights
 
 
+def target_pass(pair: ModelPair, ids: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+    """The target teacher-forced over `ids`: its logits [L, V] and the draft's input features [L, F]
+    (position j's from token j - 1, as `features_before` aligns them)."""
+    out = pair.target(torch.tensor([ids], device=pair.device), output_hidden_states=True)
+    return out.logits[0], features_before(target_features(out.hidden_states, pair.draft.feature_layers)[0])
+
+
 @torch.inference_mode()
 def copy_rows(pair: ModelPair, sequences: list[tuple[int, list[int]]]) -> list[Row]:
     """`fit_copy_weights`' rows at every answer position of (prompt length, prompt + answer)
@@ -555,10 +562,9 @@ def copy_rows(pair: ModelPair, sequences: list[tuple[int, list[int]]]) -> list[R
     features), the target's argmax as the label."""
     rows = []
     for prompt_len, ids in tqdm(sequences, desc="copy statistics", unit="sequence"):
-        out = pair.target(torch.tensor([ids], device=pair.device), output_hidden_states=True)
-        features = features_before(target_features(out.hidden_states, pair.draft.feature_layers)[0])
+        logits, features = target_pass(pair, ids)
         q = to_probs(KVSession(pair.draft).forward(ids, features=features), 1.0)
-        labels, guesses, q_max = out.logits[0].argmax(-1).tolist(), q.argmax(-1).tolist(), q.amax(-1).tolist()
+        labels, guesses, q_max = logits.argmax(-1).tolist(), q.argmax(-1).tolist(), q.amax(-1).tolist()
         for j in range(prompt_len - 1, len(ids) - 1):  # position j predicts token j + 1
             tokens, n = copied(ids[: j + 1], MATCHES, 1, 1)
             copy = tokens[0] if n else -1
@@ -584,11 +590,9 @@ def depth_agreement(pair: ModelPair, sequences: list[tuple[int, list[int]]], dep
     reads its own features of the d - 1 tokens before, as a tree node d levels deep does)."""
     right, count = [0] * depth, 0
     for prompt_len, ids in tqdm(sequences, desc="agreement by depth", unit="sequence"):
-        x = torch.tensor([ids], device=pair.device)
-        out = pair.target(x, output_hidden_states=True)
-        prev = features_before(target_features(out.hidden_states, pair.draft.feature_layers)[0])[None]
-        labels = out.logits[0, prompt_len - 1 : -1].argmax(-1)
-        for d, f in enumerate(unrolled(pair.draft, x, prev, depth)):
+        logits, features = target_pass(pair, ids)
+        labels, x = logits[prompt_len - 1 : -1].argmax(-1), torch.tensor([ids], device=pair.device)
+        for d, f in enumerate(unrolled(pair.draft, x, features[None], depth)):
             guesses = pair.draft.vocab.to(x.device)[pair.draft.subset_logits(f[0, prompt_len - 1 : -1]).argmax(-1)]
             right[d] += int((guesses == labels).sum())
         count += len(ids) - prompt_len
