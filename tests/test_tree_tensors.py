@@ -90,6 +90,7 @@ class TableDraft:
         g = torch.Generator().manual_seed(seed)
         self.table = torch.randint(0, 4, (66, vocab, vocab), generator=g).float()
         self.vocab, self.kv = None, SimpleNamespace(device=torch.device("cpu"))
+        self.compiled = False
 
     def logits(self, tree: Tree, nodes: list[int], on_device: bool = False) -> torch.Tensor:
         return self.table[[tree.depths[n] for n in nodes], [tree.tokens[n] for n in nodes]]
@@ -396,7 +397,8 @@ def test_a_step_on_the_device_reads_the_host_once(pair, policy, budget, temperat
     options = {"step": "device"}
     counts = step_counts(pair, PROMPTS[1], policy, budget, max_new_tokens=24, options=options, temperature=temperature)
     assert counts["steps"] > 3 and counts["reads"] == 1
-    assert list(counts["read_sites"]) == [site_of("dyspec/core/tree_tensors.py", "torch.cat(parts).tolist()")]
+    read = site_of("dyspec/core/tree_tensors.py", "packed(per_node, ids, compiled=compiled).tolist()")
+    assert list(counts["read_sites"]) == [read]
 
 
 def test_merged_drafts_say_they_build_on_the_host(pair):

@@ -30,9 +30,69 @@ from transformers import PreTrainedModel
 from dyspec.core.copying import copy_token, copy_tokens, mix, mix_rows
 from dyspec.core.draft_model import PLAIN, draft_model
 from dyspec.core.kv import KVSession, sync
+from dyspec.core.programs import program
 from dyspec.core.tree import Tree
 from dyspec.core.tree_tensors import TreeTensors
-from dyspec.core.vocab import DraftVocab
+from dyspec.core.vocab import DraftVocab, widen
+
+
+@program
+def mix_copies(logits: torch.Tensor, copies: torch.Tensor, temperature: float) -> torch.Tensor:
+    """`mix_rows` with each row's copied column and weight in `copies` [2, n] float64."""
+    return mix_rows(logits, copies[0].long(), copies[1], temperature)
+
+
+@program
+def mix_tree_copies(
+    logits: torch.Tensor,
+    context: torch.Tensor,
+    ancestors: torch.Tensor,
+    depths: torch.Tensor,
+    tokens: torch.Tensor,
+    rows: torch.Tensor,
+    weights: torch.Tensor,
+    temperature: float,
+    vocab_ids: torch.Tensor | None,
+    vocab_size: int,
+) -> torch.Tensor:
+    """The draft's `logits` after tree nodes `rows` mixed with their copies (`copy_tokens` over the
+    committed `context` and each node's path, `mix_rows`), with no host read: widened to the
+    target's vocabulary (`vocab_ids`: the draft's columns' token ids) where the draft's is reduced,
+    since whether a copy falls outside it is not known without a read. `weights`: 0, then the
+    copy weight per match length."""
+    n, size = len(rows), len(tokens)
+    on_path = ancestors[rows] & (torch.arange(size, device=tokens.device) > 0)
+    at = torch.where(on_path, depths - 1, size - 1)  # column of each ancestor by depth; the rest to a spare one
+    paths = torch.full((n, size), -1, dtype=torch.long, device=tokens.device)
+    paths.scatter_(1, at, tokens.expand(n, -1))
+    sequences = torch.cat([context.expand(n, -1), paths[:, : size - 1]], 1)
+    copies, w = copy_tokens(sequences, len(context) + depths[rows], weights)
+    if vocab_ids is not None:
+        logits = widen(logits, vocab_ids, vocab_size, float("-inf"))
+    return mix_rows(logits, copies, w, temperature)
+
+
+@program
+def tree_inputs(
+    ancestors: torch.Tensor,
+    depths: torch.Tensor,
+    tokens: torch.Tensor,
+    parents: torch.Tensor,
+    rows: torch.Tensor,
+    forwarded: torch.Tensor,
+    columns: torch.Tensor,
+    width: int,
+    length: int,
+    tree_features: torch.Tensor | None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """A draft forward's inputs for tree nodes `rows`: their tokens, positions after the `length`
+    committed tokens, which of the step's `width` uncommitted slots each sees (the nodes `forwarded`
+    this step sit in slots `columns`, the rows themselves last) and, for a feature draft, the predicted
+    features at their parents (`tree_features`)."""
+    visible = torch.zeros(len(rows), width, dtype=torch.bool, device=tokens.device)
+    visible[:, columns] = ancestors[rows][:, forwarded]
+    features = None if tree_features is None else tree_features[parents[rows]]
+    return tokens[rows], length - 1 + depths[rows], visible, features
 
 
 class DraftSession:
@@ -68,7 +128,10 @@ class DraftSession:
         self.tree_features: torch.Tensor | None = None  # the same [nodes, H], for a tree grown on the device
         self.slot_of: dict[int, int] = {}  # tree node -> cache slot, for nodes forwarded this step
         self.tree_slots: list[tuple[int, torch.Tensor]] = []  # (first slot, nodes) of each `tree_logits` call
+        self.tree_ids: list[int] | None = []  # their nodes where the host chose them all, else None
         self.context_tensor: torch.Tensor | None = None  # `context` on the device, for a step's copies there
+        self.copy_table: torch.Tensor | None = None  # 0 and `copy_weights` there
+        self.indices: dict[tuple, torch.Tensor] = {}  # `index`'s tensors
         self.memo: dict = {} if memo is None else memo  # policies' learnt state, by policy
         # whether it forwards in this generation: an idle one (`ar`, `lookup` without its fallback)
         # keeps the committed tokens for the policy to search, and no features
@@ -77,6 +140,12 @@ class DraftSession:
         # this step's forwards as (tree size when issued, tree nodes forwarded): a forward issued at
         # tree size s adds nodes s and up, so a tree's first n nodes needed those issued at s <= n
         self.calls: list[tuple[int, int]] = []
+
+    @property
+    def compiled(self) -> bool:
+        """Whether the step on the device's programs run compiled (`dyspec.core.programs`): where its
+        session's do."""
+        return self.kv is not None and self.kv.compiled
 
     @property
     def forwards(self) -> int:
@@ -142,30 +211,19 @@ class DraftSession:
         weights = [weight for _, weight in copies]
         if on_device:
             device = logits.device
-            return mix_rows(
-                logits, torch.tensor(columns, device=device), torch.tensor(weights, device=device), self.temperature
-            )
+            copies = torch.tensor([columns, weights], dtype=torch.float64, device=device)  # ids below 2^53: exact
+            return mix_copies(logits, copies, self.temperature, compiled=self.compiled)
         return mix(logits, columns, weights, self.temperature)
 
     def _mix_tree_copies(self, t: TreeTensors, rows: torch.Tensor, logits: torch.Tensor) -> torch.Tensor:
-        """`_mix_copies` of nodes `rows` (an index) of a tree on the device: `copy_tokens` over the
-        context and each node's path, the logits widened to the target's vocabulary where the
-        draft's is reduced (whether a copy falls outside it is not known without a read)."""
-        device, n = logits.device, len(rows)
+        """`_mix_copies` of nodes `rows` (an index) of a tree on the device (`mix_tree_copies`)."""
+        device = logits.device
         if self.context_tensor is None:  # the committed tokens change only at `commit`: copied once a step
             self.context_tensor = torch.frombuffer(self.context, dtype=torch.int32).to(device, torch.long)
-        context = self.context_tensor
-        depth = len(t) - 1  # no path is longer than the tree's nodes
-        on_path = t.ancestors[rows] & (torch.arange(len(t), device=device) > 0)
-        at = torch.where(on_path, t.depths - 1, depth)  # column of each ancestor by depth; the rest to a spare one
-        paths = torch.full((n, depth + 1), -1, dtype=torch.long, device=device)
-        paths.scatter_(1, at, t.tokens.expand(n, -1))
-        sequences = torch.cat([context.expand(n, -1), paths[:, :depth]], 1)
-        weights = torch.tensor([0.0, *self.copy_weights], dtype=torch.float64, device=device)
-        tokens, w = copy_tokens(sequences, len(context) + t.depths[rows], weights)
-        if self.vocab is not None:
-            logits = self.vocab.widen(logits, float("-inf"))
-        return mix_rows(logits, tokens, w, self.temperature)
+            self.copy_table = torch.tensor([0.0, *self.copy_weights], dtype=torch.float64, device=device)
+        ids, size = (None, 0) if self.vocab is None else (self.vocab_ids(device), self.vocab.size)
+        copied = (self.context_tensor, t.ancestors, t.depths, t.tokens, rows, self.copy_table, self.temperature)
+        return mix_tree_copies(logits, *copied, ids, size, compiled=self.compiled)
 
     @property
     def hidden(self) -> torch.Tensor:
@@ -212,27 +270,44 @@ class DraftSession:
         read: every ancestor of theirs but the root was forwarded this step, in earlier calls.
         `nodes` may be chosen on the device (an index tensor); `place` learns the slots once read."""
         start, length, device = self.kv.cached, self.kv.length, t.tokens.device
-        rows = nodes if isinstance(nodes, torch.Tensor) else torch.tensor(nodes, device=device)
+        rows = nodes if isinstance(nodes, torch.Tensor) else self.index(nodes, device)
         self.tree_slots.append((start, rows))
+        self.tree_ids = None if self.tree_ids is None or isinstance(nodes, torch.Tensor) else self.tree_ids + nodes
         # each row's ancestors among this step's slots, which a padded forward leaves gaps between
-        columns = torch.tensor([s - length + i for s, r in self.tree_slots for i in range(len(r))], device=device)
-        visible = torch.zeros(len(rows), start - length + len(rows), dtype=torch.bool, device=device)
-        visible[:, columns] = t.ancestors[rows][:, self.forwarded()]
-        features = None
-        if self.needs_features:
-            if self.tree_features is None:
-                self.tree_features = self.node_features[0].new_zeros(len(t), self.node_features[0].shape[-1])
-                self.tree_features[0] = self.node_features[0]
-            features = self.tree_features[t.parents[rows]]
-        positions = length - 1 + t.depths[rows]
-        logits = self._timed_forward(t, rows, t.tokens[rows], positions, visible, features=features, on_device=True)
+        columns = self.index([s - length + i for s, r in self.tree_slots for i in range(len(r))], device)
+        if self.needs_features and self.tree_features is None:
+            self.tree_features = self.node_features[0].new_zeros(len(t), self.node_features[0].shape[-1])
+            self.tree_features[0] = self.node_features[0]
+        width = start - length + len(rows)
+        args = (t.ancestors, t.depths, t.tokens, t.parents, rows, self.forwarded(), columns, width, length)
+        tokens, positions, visible, features = tree_inputs(*args, self.tree_features, compiled=self.compiled)
+        logits = self._timed_forward(t, rows, tokens, positions, visible, features=features, on_device=True)
         if self.needs_features:
             self.tree_features[rows] = self.hidden
         return logits
 
+    def vocab_ids(self, device: torch.device) -> torch.Tensor:
+        """The reduced vocabulary's token ids (`DraftVocab.ids`) on `device`, kept."""
+        key = ("vocab", device)
+        if key not in self.indices:
+            self.indices[key] = self.vocab.ids.to(device)
+        return self.indices[key]
+
+    def index(self, ids: list[int], device: torch.device) -> torch.Tensor:
+        """`ids` as an index tensor on `device`, kept: a step asks for the same few each time, and a
+        new one is a copy to the device."""
+        key = (tuple(ids), device)
+        if key not in self.indices:
+            self.indices[key] = torch.tensor(ids, device=device)
+        return self.indices[key]
+
     def forwarded(self) -> torch.Tensor | None:
         """The nodes `tree_logits` forwarded this step, in their cache slots' order."""
-        return torch.cat([rows for _, rows in self.tree_slots]) if self.tree_slots else None
+        if not self.tree_slots:
+            return None
+        if self.tree_ids is not None:  # all chosen on the host
+            return self.index(self.tree_ids, self.tree_slots[0][1].device)
+        return torch.cat([rows for _, rows in self.tree_slots])
 
     def place(self, forwarded: list[int]) -> None:
         """`forwarded`, as the step read it: the tree nodes' cache slots, for `commit`."""
@@ -261,5 +336,5 @@ class DraftSession:
             self.kv.commit([self.slot_of[node] for node in accepted[:seen]])
         self.pending += [tree.tokens[node] for node in accepted[seen:]] + [next_token]
         self.context.extend([tree.tokens[node] for node in accepted] + [next_token])
-        self.slot_of, self.tree_slots, self.context_tensor = {}, [], None
+        self.slot_of, self.tree_slots, self.tree_ids, self.context_tensor = {}, [], [], None
         self.calls = []

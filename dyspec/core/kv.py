@@ -13,6 +13,7 @@ import torch
 from transformers import DynamicCache, PreTrainedModel
 
 from dyspec.core.draft_model import FINAL, draft_model
+from dyspec.core.programs import program
 from dyspec.errors import DyspecError
 from dyspec.kernels.row_attention import keep_slots
 
@@ -77,6 +78,16 @@ class NoCache:
         pass
 
 
+@program
+def tree_mask(visible: torch.Tensor, length: int, width: int, bool_mask: bool, dtype: torch.dtype) -> torch.Tensor:
+    """The mask [1, 1, n, width] of a tree's forward whose rows see the `length` committed slots and
+    then `visible` [n, width - length]: boolean with `bool_mask`, else additive in `dtype`."""
+    see = torch.cat([visible.new_ones(len(visible), length), visible], 1)
+    if bool_mask:
+        return see[None, None]
+    return torch.zeros(see.shape, dtype=dtype, device=see.device).masked_fill_(~see, torch.finfo(dtype).min)[None, None]
+
+
 class KVSession:
     """`length` tokens are committed in the cache; slots past it, up to `cached`, hold this step's
     tree nodes. With `keep_hidden`, `hidden` holds the last forward's hidden states at `hidden_layers`
@@ -114,6 +125,7 @@ class KVSession:
         self.keep_hidden = keep_hidden
         self.hidden_layers = hidden_layers
         self.hidden: torch.Tensor | None = None
+        self.compiled = False  # its masks made by compiled programs (`dyspec.core.programs`) in a step on the device
         self.draft_vocab = draft_vocab and getattr(draft_model(model), "vocab", None) is not None
 
     def _mask(self, n: int, size: int, visible: torch.Tensor | None) -> torch.Tensor | None:
@@ -125,6 +137,8 @@ class KVSession:
         if visible is None and size == n and self.static is None:
             return None
         if size == n and self.static is None:  # a tree's step: each op here costs a step microseconds
+            if not visible.is_cpu or self.device.type == "cpu":  # made on the device: one program
+                return tree_mask(visible, self.length, width, self.bool_mask, self.model.dtype, compiled=self.compiled)
             see = torch.ones(n, width, dtype=torch.bool, device=self.device)
             see[:, self.length :] = visible.to(self.device, non_blocking=True)
         else:  # made on the host and copied once (on a GPU every op on the device is a launch), or
@@ -181,7 +195,8 @@ class KVSession:
         mask = self._mask(n, size, visible)
         pad = size - n
         if isinstance(tokens, torch.Tensor):
-            ids = torch.stack([tokens, positions]).to(self.device)
+            ids = torch.stack([tokens, positions])
+            ids = ids if ids.device == self.device else ids.to(self.device)
             ids = torch.cat([ids, ids[:, -1:].expand(2, pad)], 1) if pad else ids
         else:  # one copy to the device, not two
             ids = torch.tensor([tokens + tokens[-1:] * pad, positions + positions[-1:] * pad], device=self.device)
@@ -189,7 +204,8 @@ class KVSession:
         if features is not None:
             if pad:
                 features = torch.cat([features, features[-1:].expand(pad, -1)])
-            extra["input_features"] = features[None].to(self.device)
+            features = features if features.device == self.device else features.to(self.device)
+            extra["input_features"] = features[None]
         if self.draft_vocab:
             extra["draft_vocab"] = True
         keep = 1 if last_only else 0
@@ -215,7 +231,10 @@ class KVSession:
         if self.keep_hidden:
             hidden = target_features(out.hidden_states, self.hidden_layers)[0, :n]
             self.hidden = hidden.clone() if self.static is not None else hidden
-        return out.logits[0, :n].to(torch.float32, copy=self.static is not None)
+        logits = out.logits[0, :n]
+        # a `to` that copies nothing is still an op to dispatch
+        copy = self.static is not None or logits.dtype != torch.float32
+        return logits.to(torch.float32, copy=True) if copy else logits
 
     def append(self, tokens: list[int], **kwargs) -> torch.Tensor:
         """`forward` the next committed tokens (a prompt), causally, and commit them."""

@@ -46,8 +46,17 @@ def ranked_children(
     top k. Returns tokens [n, k] and their probabilities under q; children past q's support come
     last with probability 0, and callers skip them. E is drawn as -log(U), several times faster
     on a CPU than `exponential_`, and paid for every row a tree forwards."""
-    keys = q
-    if sample:
-        keys = q / torch.rand(q.shape, generator=generator, device=q.device).log_().neg_()
+    return top_children(q, k, race_noise(q, generator) if sample else None)
+
+
+def race_noise(q: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
+    """E ~ Exp(1) of q's shape, for `top_children`'s race: drawn outside a compiled program, which
+    takes no generator."""
+    return torch.rand(q.shape, generator=generator, device=q.device).log_().neg_()
+
+
+def top_children(q: torch.Tensor, k: int, noise: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """`ranked_children` with its race's `noise` drawn (`race_noise`), or None for the top k."""
+    keys = q if noise is None else q / noise
     idx = keys.topk(min(k, q.shape[-1]), dim=-1).indices
     return idx, q.gather(-1, idx)

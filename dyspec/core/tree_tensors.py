@@ -17,9 +17,11 @@ from dataclasses import dataclass, field
 
 import torch
 
+from dyspec.core.programs import program
 from dyspec.core.sampling import residual
 from dyspec.core.tree import Tree
 from dyspec.core.vocab import DraftVocab
+from dyspec.kernels.row_stats import row_stats
 
 
 @dataclass
@@ -47,20 +49,25 @@ class TreeTensors:
         return len(self.tokens)
 
 
-def new_tree(root: int, n: int, device: torch.device, sampling: str, vocab: DraftVocab | None) -> TreeTensors:
-    """The root alone, with room for `n` nodes in all."""
-    valid = torch.zeros(n, dtype=torch.bool, device=device)
-    valid[0] = True
-    return TreeTensors(
-        tokens=torch.full((n,), root, dtype=torch.long, device=device),
-        parents=torch.zeros(n, dtype=torch.long, device=device),
-        depths=torch.zeros(n, dtype=torch.long, device=device),
-        probs=torch.ones(n, dtype=torch.float64, device=device),
-        values=torch.ones(n, dtype=torch.float64, device=device),
-        valid=valid,
-        ancestors=torch.eye(n, dtype=torch.bool, device=device),
-        sampling=sampling,
-        vocab=vocab,
+def new_tree(
+    root: int, n: int, device: torch.device, sampling: str, vocab: DraftVocab | None, compiled: bool = False
+) -> TreeTensors:
+    """The root alone, with room for `n` nodes in all (`compiled`: made by one program)."""
+    tokens, parents, depths, probs, values, valid, ancestors = root_nodes(root, n, device, compiled=compiled)
+    return TreeTensors(tokens, parents, depths, probs, values, valid, ancestors, sampling, vocab)
+
+
+@program
+def root_nodes(root: int, n: int, device: torch.device) -> tuple[torch.Tensor, ...]:
+    """`node_tensors` of the root alone, with room for `n` nodes."""
+    return (
+        torch.full((n,), root, dtype=torch.long, device=device),
+        torch.zeros(n, dtype=torch.long, device=device),
+        torch.zeros(n, dtype=torch.long, device=device),
+        torch.ones(n, dtype=torch.float64, device=device),
+        torch.ones(n, dtype=torch.float64, device=device),
+        torch.arange(n, device=device) == 0,
+        torch.eye(n, dtype=torch.bool, device=device),
     )
 
 
@@ -68,13 +75,33 @@ def add_nodes(
     t: TreeTensors, start: int, parents: torch.Tensor, tokens: torch.Tensor, probs: torch.Tensor, valid: torch.Tensor
 ) -> None:
     """Nodes start.. start + len(parents) - 1, children of `parents` (ids below start), in place."""
-    new = slice(start, start + len(parents))
-    t.parents[new], t.tokens[new], t.probs[new] = parents, tokens, probs
-    t.depths[new] = t.depths[parents] + 1
-    t.values[new] = t.values[parents] * probs
-    t.valid[new] = valid & t.valid[parents]
-    t.ancestors[new] |= t.ancestors[parents]  # the eye already holds each node itself
+    place_nodes(node_tensors(t), start, parents, tokens, probs, valid)
     t.growth.append(start + len(parents))
+
+
+def node_tensors(t: TreeTensors) -> tuple[torch.Tensor, ...]:
+    """The tree's per-node tensors, as a compiled program takes them (`place_nodes`)."""
+    return t.tokens, t.parents, t.depths, t.probs, t.values, t.valid, t.ancestors
+
+
+def place_nodes(
+    nodes: tuple[torch.Tensor, ...],
+    start: int,
+    parents: torch.Tensor,
+    tokens: torch.Tensor,
+    probs: torch.Tensor,
+    valid: torch.Tensor,
+) -> None:
+    """`add_nodes` on the tree's `node_tensors`, in place."""
+    t_tokens, t_parents, t_depths, t_probs, t_values, t_valid, t_ancestors = nodes
+    new = slice(start, start + len(parents))
+    t_parents[new], t_tokens[new], t_probs[new] = parents, tokens, probs
+    t_depths[new] = t_depths[parents] + 1
+    t_values[new] = t_values[parents] * probs
+    t_valid[new] = valid & t_valid[parents]
+    # the eye already holds each node itself; `where`, not `|=`: Inductor's CPU vector code for an in-place
+    # bool OR of gathered rows does not compile (PyTorch 2.13)
+    t_ancestors[new] = torch.where(t_ancestors[parents], True, t_ancestors[new])
 
 
 def verify_greedy(t: TreeTensors, target_argmax: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -82,13 +109,30 @@ def verify_greedy(t: TreeTensors, target_argmax: torch.Tensor) -> tuple[torch.Te
     and the token after them. A node is taken where its token is the target's argmax after its
     parent and no earlier sibling's is (the walk tries children in id order), and so is every node
     on its path."""
-    ids = torch.arange(len(t), device=t.tokens.device)
-    match = t.valid & (t.tokens == target_argmax[t.parents]) & (ids > 0)
-    earlier = (t.parents[:, None] == t.parents[None, :]) & (ids[None, :] < ids[:, None]) & match[None, :]
+    return greedy_accept(node_tensors(t), target_argmax)
+
+
+def greedy_accept(nodes: tuple[torch.Tensor, ...], target_argmax: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """`verify_greedy` on the tree's `node_tensors`."""
+    tokens, parents, _, _, _, valid, ancestors = nodes
+    ids = torch.arange(len(tokens), device=tokens.device)
+    match = valid & (tokens == target_argmax[parents]) & (ids > 0)
+    earlier = (parents[:, None] == parents[None, :]) & (ids[None, :] < ids[:, None]) & match[None, :]
     taken = (match & ~earlier.any(1)) | (ids == 0)
-    accepted = ~(t.ancestors & ~taken[None, :]).any(1) & (ids > 0)
+    accepted = ~(ancestors & ~taken[None, :]).any(1) & (ids > 0)
     end = (ids * accepted).amax(0, keepdim=True)  # ids grow along a path: its deepest node
     return accepted, target_argmax[end]  # indexed by a 1-d tensor: a 0-d one is read as an int
+
+
+@program
+def greedy_verdict(logits: torch.Tensor, nodes: tuple[torch.Tensor, ...]) -> tuple[torch.Tensor, ...]:
+    """The target's greedy verdict on a tree from its `logits`, one program: the accepted nodes, the
+    token after them (`greedy_accept`), the target's probability of each node's token, and each
+    row's logsumexp."""
+    tokens, parents = nodes[0], nodes[1]
+    target_argmax, log_z = row_stats(logits)
+    accepted, next_token = greedy_accept(nodes, target_argmax)
+    return accepted, next_token, (logits[parents, tokens] - log_z[parents]).exp(), log_z
 
 
 def proposals(t: TreeTensors, width: int) -> torch.Tensor:
@@ -171,29 +215,41 @@ def subtree(t: TreeTensors, nodes: torch.Tensor) -> TreeTensors:
 
 
 def read_step(
-    t: TreeTensors, accepted: torch.Tensor, next_token: torch.Tensor, target_probs: torch.Tensor, **extra
+    t: TreeTensors,
+    accepted: torch.Tensor,
+    next_token: torch.Tensor,
+    target_probs: torch.Tensor,
+    compiled: bool = False,
+    **extra,
 ) -> dict:
     """The tree, its verdict, the target's probability of each node's token, the tree's own `extra`
     and any `extra` 1-d tensors of ids here (None: left out), in one host read (float64 holds token
-    ids exactly)."""
+    ids exactly), packed by one program where `compiled`."""
     per_node = [t.tokens, t.parents, t.probs, t.valid, accepted, target_probs, *t.extra.values()]
-    rows = torch.stack(per_node).to(torch.float64)
-    extra = {k: v for k, v in extra.items() if v is not None}
+    extra = {k: [v] for k, v in extra.items() if v is not None}
     if t.origin is not None:
-        extra["origin"] = t.origin
+        extra["origin"] = [t.origin]
     if chosen := [nodes for _, nodes in t.q if isinstance(nodes, torch.Tensor)]:
-        extra["q_nodes"] = torch.cat(chosen)
-    parts = [rows.flatten(), next_token.reshape(1).to(torch.float64), *(v.to(torch.float64) for v in extra.values())]
-    table = torch.cat(parts).tolist()
+        extra["q_nodes"] = chosen
+    ids = [next_token, *(v for parts in extra.values() for v in parts)]
+    table = packed(per_node, ids, compiled=compiled).tolist()
     n, names = len(t), ["tokens", "parents", "probs", "valid", "accepted", "target_probs", *t.extra]
     host = {name: table[i * n : (i + 1) * n] for i, name in enumerate(names)}
     at = len(names) * n
     host["next_token"] = int(table[at])
     at += 1
-    for name, v in extra.items():
-        host[name] = [int(x) for x in table[at : at + len(v)]]
-        at += len(v)
+    for name, parts in extra.items():
+        size = sum(len(v) for v in parts)
+        host[name] = [int(x) for x in table[at : at + size]]
+        at += size
     return host
+
+
+@program
+def packed(per_node: list[torch.Tensor], ids: list[torch.Tensor]) -> torch.Tensor:
+    """`per_node` [N] tensors, then every 1-d tensor of `ids`, as one float64 table."""
+    rows = torch.stack(per_node).to(torch.float64).flatten()
+    return torch.cat([rows, *(v.reshape(-1).to(torch.float64) for v in ids)])
 
 
 class Rows(Mapping):

@@ -51,10 +51,7 @@ class DraftVocab:
     def widen(self, q: torch.Tensor, fill: float = 0.0) -> torch.Tensor:
         """q [..., V_d] over the target's vocabulary [..., V], `fill` outside (0 for probabilities, -inf
         for logits); a full-width q as it is."""
-        if q.shape[-1] == self.size:
-            return q
-        out = q.new_full((*q.shape[:-1], self.size), fill)
-        return out.index_copy_(-1, self.ids.to(q.device), q)
+        return widen(q, self.ids.to(q.device), self.size, fill)
 
     def token(self, column: int, width: int) -> int:
         """The target token of column `column` of distributions `width` wide."""
@@ -63,3 +60,12 @@ class DraftVocab:
     def column(self, token: int, width: int) -> int:
         """The column of target token `token` in distributions `width` wide; -1 outside."""
         return token if width == self.size else self.column_of[token]
+
+
+def widen(q: torch.Tensor, ids: torch.Tensor, size: int, fill: float = 0.0) -> torch.Tensor:
+    """q [..., V_d] over a vocabulary of `size` where its columns are token ids `ids` (`DraftVocab.ids`,
+    on q's device), `fill` elsewhere; a q `size` wide as it is."""
+    if q.shape[-1] == size:
+        return q
+    out = q.new_full((*q.shape[:-1], size), fill)
+    return out.index_copy_(-1, ids, q)

@@ -183,6 +183,8 @@ def start(
     target = pair.forward(pair.target).session(
         "target", need, sizes, keep_hidden=bool(layers), hidden_layers=layers[0] if layers else FINAL
     )
+    for session in [target, *(d.kv for d in drafts if d.kv is not None)]:  # the step's programs compile where
+        session.compiled = pair.fast_path == "compiled"  # the forward does (dyspec.core.programs)
     generator = torch.Generator(device=pair.device).manual_seed(seed)
     return Decoding(spec, options, target, drafts, temperature, generator)
 

@@ -137,14 +137,15 @@ def device_step(run: Decoding, root: int, budget: Budget, plan: Plan, t0: float,
     t2 = time.perf_counter()  # on a GPU, the time to queue it: the step's one read below waits for it all
     log_z = p = None
     if run.temperature == 0:
-        target_argmax, log_z = row_stats(logits)
-        accepted, next_token = tree_tensors.verify_greedy(t, target_argmax)
-        target_probs = (logits[t.parents, t.tokens] - log_z[t.parents]).exp()
+        verdict = tree_tensors.greedy_verdict(logits, tree_tensors.node_tensors(t), compiled=draft.compiled)
+        accepted, next_token, target_probs, log_z = verdict
     else:
         p = to_probs(logits, run.temperature)
         accepted, next_token = tree_tensors.verify_sampled(t, p, generator)
         target_probs = p[t.parents, t.tokens]
-    host = tree_tensors.read_step(t, accepted, next_token, target_probs, forwarded=draft.forwarded())
+    host = tree_tensors.read_step(
+        t, accepted, next_token, target_probs, compiled=draft.compiled, forwarded=draft.forwarded()
+    )
     tree, old_ids, accepted, target_probs = tree_tensors.to_tree(t, host)
     draft.place(host.get("forwarded", []))
     draft.relabel([host["origin"][i] for i in old_ids] if "origin" in host else old_ids)  # as the tree was cut

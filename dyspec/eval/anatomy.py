@@ -2,8 +2,9 @@
 dispatches and the times the host reads a tensor's value (`item`, `tolist`, `numpy`, `bool`,
 `float`, `int`, a copy to the CPU). On a GPU each op is a kernel launch and each read waits for
 every kernel queued before it, so these two counts, not a CPU's timings, say what a step will cost
-there. The models' own forwards are left out (`dyspec.core.kv.MODEL_CALL`): their kernels are the
-forward's business (dyspec.forward), not the step's.
+there. A compiled program of the step (dyspec.core.programs) counts as one op: one call of its
+fused kernels. The models' own forwards are left out (`dyspec.core.kv.MODEL_CALL`): their kernels
+are the forward's business (dyspec.forward), not the step's.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from dataclasses import dataclass, field
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes
 
-from dyspec.core import kv
+from dyspec.core import kv, programs
 from dyspec.core.events import StepVerified
 from dyspec.errors import DyspecError
 from dyspec.forward.thread import forward_thread
@@ -52,7 +53,7 @@ ANATOMY_STEPS = (
 
 @dataclass
 class Count:
-    ops: int = 0
+    ops: int = 0  # a compiled program's call counts one (dyspec.core.programs)
     reads: int = 0
     read_sites: collections.Counter = field(default_factory=collections.Counter)  # "file:line" of each read
 
@@ -98,8 +99,15 @@ def counting() -> Iterator[Count]:
 
         return read
 
+    @contextmanager
+    def program_call():
+        count.ops += 1
+        with _disable_current_modes():  # torch.compile runs nothing compiled under a dispatch mode
+            yield
+
     with _Counting(count):
         token = kv.MODEL_CALL.set(_disable_current_modes)
+        program_token = programs.PROGRAM_CALL.set(program_call)
         for name, method in originals.items():
             setattr(torch.Tensor, name, reading(method))
         try:
@@ -108,6 +116,7 @@ def counting() -> Iterator[Count]:
             for name, method in originals.items():
                 setattr(torch.Tensor, name, method)
             kv.MODEL_CALL.reset(token)
+            programs.PROGRAM_CALL.reset(program_token)
 
 
 @forward_thread

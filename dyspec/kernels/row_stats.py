@@ -44,7 +44,8 @@ def kernel_available() -> bool:
 
 def row_stats(logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """logits [..., V]: each row's argmax (int64) and logsumexp (float32), shaped [...]."""
-    if logits.is_cpu and logits.dtype == torch.float32 and kernel_available():
+    # inside a compiled program (dyspec.core.programs) the compiler fuses PyTorch's own
+    if logits.is_cpu and logits.dtype == torch.float32 and not torch.compiler.is_compiling() and kernel_available():
         return torch.ops.dyspec.row_stats(logits)
     return logits.argmax(-1), torch.logsumexp(logits.float(), -1)
 

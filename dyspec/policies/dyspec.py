@@ -23,9 +23,10 @@ import torch
 
 from dyspec.core.contract import AutoNeeds, Policy, slot_rate
 from dyspec.core.draft import DraftSession
-from dyspec.core.sampling import ranked_children, to_probs
+from dyspec.core.programs import program
+from dyspec.core.sampling import race_noise, ranked_children, to_probs, top_children
 from dyspec.core.tree import Tree
-from dyspec.core.tree_tensors import TreeTensors, add_nodes, new_tree
+from dyspec.core.tree_tensors import TreeTensors, new_tree, node_tensors, place_nodes
 from dyspec.errors import DyspecError
 from dyspec.load.head import AcceptanceHead, head_for, head_on, load_head
 from dyspec.policies.common import asks_device, child_mode, drawn_slot, on_device_asked
@@ -231,56 +232,97 @@ def grow(
     `batch` from the candidate matrix of every node forwarded so far, a slot valued as `drawn_slot`
     does times the chance of reaching its node: its value, or with score="head" the product of the
     head's predictions on its path (`HeadScore`), made on the draft's device from each round's
-    hidden states. Where the policy's `on_device` says so."""
+    hidden states. A round with the draft's scores is one program (`heap_round`). Where the
+    policy's `on_device` says so."""
     batch, max_depth = _batch(budget, options["batch"]), options["max_depth"]
     sample, tau, sampling = child_mode(options["select"], temperature, options["draft_temperature"])
     rounds = forwards_for(budget, {"batch": batch})
     device = draft.kv.device
-    t = new_tree(root, 1 + rounds * batch, device, sampling, draft.vocab)
+    t = new_tree(root, 1 + rounds * batch, device, sampling, draft.vocab, compiled=draft.compiled)
+    nodes = node_tensors(t)
     head = _head(options["score"], options["head"])
     head = None if head is None else head_on(head, device)
     if head is not None:  # the head's inputs, the draft's T = 1 probabilities: each node's, each candidate's
         reach, q1 = torch.ones(len(t), dtype=torch.float64, device=device), torch.zeros(len(t), device=device)
         t.extra["predicted_acceptance"] = torch.full((len(t),), math.nan, dtype=torch.float64, device=device)
+    ids, size = (None, 0) if draft.vocab is None else (draft.vocab_ids(device), draft.vocab.size)
     logits = draft.logits(Tree.root(root, sampling, draft.vocab), [0], on_device=True)
-    nodes, slots = range(1), None
+    # candidates [nodes, k] of every node (target token ids), their probabilities and slot values,
+    # -inf until forwarded
+    k = min(budget, logits.shape[-1])
+    slots, *candidates = heap_start(len(t), k, device, compiled=draft.compiled)
+    q1_candidates = None if head is None else torch.zeros(len(t), k, device=device)
+    shape = (batch, budget, max_depth, sample)
     for r in range(rounds):
-        q = to_probs(logits, tau)
-        columns, probs = ranked_children(q, budget, sample, generator)
-        t.q.append((q, list(nodes)))
-        if slots is None:  # candidates [nodes, k] of every node, their slot values -inf until forwarded
-            k = columns.shape[1]
-            slots = torch.full((len(t), k), -math.inf, dtype=torch.float64, device=device)
-            tokens = torch.zeros(len(t), k, dtype=torch.long, device=device)
-            p = torch.zeros(len(t), k, dtype=torch.float64, device=device)
-            q1_candidates = torch.zeros(len(t), k, device=device)
-        rows = slice(nodes.start, nodes.stop)
-        tokens[rows] = columns if draft.vocab is None else draft.vocab.tokens(columns, q.shape[-1])
-        p[rows] = probs.double()
-        live = (p[rows] > 0) & (t.valid[rows] & (t.depths[rows] < max_depth))[:, None]
+        forwarded = (0, 1) if r == 0 else (1 + (r - 1) * batch, 1 + r * batch)  # the last round's picks
+        new = 1 + r * batch
+        noise = race_noise(logits, generator) if sample else None
         if head is None:
-            reach = t.values
+            args = (logits, noise, tau, ids, size, nodes, slots, candidates, forwarded, new, shape)
+            q = heap_round(*args, compiled=draft.compiled)
         else:
+            q, columns = _candidates(logits, noise, tau, ids, size, candidates, forwarded)
+            rows = slice(*forwarded)
             q1_candidates[rows] = to_probs(logits, 1.0).gather(1, columns)
             if r:  # the root's forward predicts nothing: it is the target's own token
                 accept = head.accept_prob(draft.hidden, q1[rows]).double()
                 reach[rows] = reach[t.parents[rows]] * accept
                 predicted = torch.where(t.depths[rows] < max_depth, accept, math.nan)  # the host forwards no deeper
                 t.extra["predicted_acceptance"][rows] = predicted
-        # drawn: the mass the earlier siblings left, summed left to right as the host's `sum`
-        worth = 1 - torch.nn.functional.pad(p[rows].cumsum(1)[:, :-1], (1, 0)) if sample else p[rows]
-        slots[rows] = torch.where(live, reach[rows, None] * worth, -math.inf)
-        picks = slots.flatten().sort(descending=True, stable=True).indices[:batch]
-        room = budget + 1 - t.valid.sum()  # the budget's nodes not added yet (the root is valid), as a tensor: no read
-        taken = (slots.flatten()[picks] > -math.inf) & (torch.arange(batch, device=device) < room)
-        nodes = range(1 + r * batch, 1 + (r + 1) * batch)
-        add_nodes(t, nodes.start, picks // k, tokens.flatten()[picks], p.flatten()[picks], taken)
-        if head is not None:
-            q1[nodes.start : nodes.stop] = q1_candidates.flatten()[picks]
-        slots.view(-1)[picks] = -math.inf
+            picks = _pick(nodes, slots, candidates, reach, forwarded, new, shape)
+            q1[new : new + batch] = q1_candidates.flatten()[picks]
+        t.q.append((q, list(range(*forwarded))))
+        t.growth.append(new + batch)
         if r + 1 < rounds:
-            logits = draft.tree_logits(t, list(nodes))
+            logits = draft.tree_logits(t, list(range(new, new + batch)))
     return t
+
+
+def _candidates(logits, noise, tau, ids, size, candidates, forwarded):
+    """The draft's q (returned) after the nodes `forwarded` (first, stop) from their `logits`, and its
+    top or drawn (`noise`) children (returned): their target token ids and probabilities go into the
+    `candidates` matrices' rows of those nodes."""
+    q = to_probs(logits, tau)
+    columns, probs = top_children(q, candidates[0].shape[1], noise)
+    rows = slice(*forwarded)
+    candidates[0][rows] = columns if ids is None or q.shape[-1] == size else ids[columns]
+    candidates[1][rows] = probs.double()
+    return q, columns
+
+
+def _pick(nodes, slots, candidates, reach, forwarded, new, shape):
+    """A round's `batch` picks (returned) added to the tree as nodes new.., after the slots of the
+    nodes `forwarded` join the candidates' `slots`, each valued by its node's `reach`."""
+    batch, budget, max_depth, sample = shape
+    tokens, p = candidates
+    _, _, depths, _, _, valid, _ = nodes
+    rows = slice(*forwarded)
+    live = (p[rows] > 0) & (valid[rows] & (depths[rows] < max_depth))[:, None]
+    # drawn: the mass the earlier siblings left, summed left to right as the host's `sum`
+    worth = 1 - torch.nn.functional.pad(p[rows].cumsum(1)[:, :-1], (1, 0)) if sample else p[rows]
+    slots[rows] = torch.where(live, reach[rows, None] * worth, -math.inf)
+    picks = slots.flatten().sort(descending=True, stable=True).indices[:batch]
+    room = budget + 1 - valid.sum()  # the budget's nodes not added yet (the root is valid), as a tensor: no read
+    taken = (slots.flatten()[picks] > -math.inf) & (torch.arange(batch, device=slots.device) < room)
+    place_nodes(nodes, new, picks // slots.shape[1], tokens.flatten()[picks], p.flatten()[picks], taken)
+    slots.view(-1)[picks] = -math.inf
+    return picks
+
+
+@program
+def heap_start(n: int, k: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The heap's slot values [n, k] (-inf: none yet), and its candidates' token ids and probabilities."""
+    slots = torch.full((n, k), -math.inf, dtype=torch.float64, device=device)
+    return slots, torch.zeros(n, k, dtype=torch.long, device=device), torch.zeros_like(slots)
+
+
+@program
+def heap_round(logits, noise, tau, ids, size, nodes, slots, candidates, forwarded, new, shape):
+    """A round of the heap with the draft's scores, one program: `_candidates`, then `_pick` by
+    each node's value. Returns the draft's q after the nodes `forwarded`."""
+    q, _ = _candidates(logits, noise, tau, ids, size, candidates, forwarded)
+    _pick(nodes, slots, candidates, nodes[4], forwarded, new, shape)
+    return q
 
 
 POLICY = Policy(
