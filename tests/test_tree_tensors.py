@@ -99,6 +99,11 @@ class TableDraft:
         return self.table[t.depths[nodes].clamp(max=65), t.tokens[nodes]]
 
 
+def grown_tree(t) -> Tree:
+    """The views' `Tree` of a tree grown on the device, nothing accepted."""
+    return to_tree(t, no_verdict(t))[0]
+
+
 @pytest.mark.parametrize("batch, max_depth", [(None, 16), (1, 16), (3, 2), (7, 16), (1, 3)])
 def test_the_tree_grown_on_the_device_is_the_heaps(batch, max_depth):
     """`grow` against `build` (Algorithm 1 with a heap) on the same draft outputs, at budgets 1-64 over
@@ -109,8 +114,7 @@ def test_the_tree_grown_on_the_device_is_the_heaps(batch, max_depth):
             options = dict(batch=batch, max_depth=max_depth, select="top")
             ref = dyspec.build(draft, 3, budget, 0.0, torch.Generator(), **options)
             t = dyspec.grow(draft, 3, budget, 0.0, torch.Generator(), dyspec.POLICY.options | options)
-            none = torch.zeros(len(t), dtype=torch.bool)
-            tree = to_tree(t, read_step(t, none, torch.tensor([0]), torch.zeros(len(t))))[0]
+            tree = grown_tree(t)
             assert (tree.tokens, tree.parents, tree.draft_probs) == (ref.tokens, ref.parents, ref.draft_probs)
             assert tree.values == ref.values and tree.growth == ref.growth, (seed, budget)
             assert all(torch.equal(tree.q[n], ref.q[n]) for n in ref.q)
@@ -177,8 +181,7 @@ def test_the_chain_grown_on_the_device_is_the_loops(confidence):
 def assert_same_tree(t, ref: Tree) -> Tree:
     """The device's tree, as the views get it, is `ref`: nodes, probabilities, values, sampling and
     every forwarded node's q; returned for more checks."""
-    none = torch.zeros(len(t), dtype=torch.bool)
-    tree = to_tree(t, read_step(t, none, torch.tensor([0]), torch.zeros(len(t))))[0]
+    tree = grown_tree(t)
     assert (tree.tokens, tree.parents, tree.draft_probs, tree.values) == (
         ref.tokens,
         ref.parents,
@@ -245,8 +248,7 @@ def test_the_reranked_tree_grown_on_the_device_is_the_pools(topk, steps):
             draft = RelabelledTable(12, seed)
             ref = expand_and_rerank(draft, 3, budget, topk, steps)
             t = grow_and_rerank(draft, 3, budget, topk, steps)
-            none = torch.zeros(len(t), dtype=torch.bool)
-            tree = to_tree(t, read_step(t, none, torch.tensor([0]), torch.zeros(len(t))))[0]
+            tree = grown_tree(t)
             assert (tree.tokens, tree.parents, tree.draft_probs) == (ref.tokens, ref.parents, ref.draft_probs)
             assert tree.values == ref.values and tree.growth == ref.growth, (seed, budget)
 

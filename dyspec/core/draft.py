@@ -37,9 +37,15 @@ from dyspec.core.vocab import DraftVocab, widen
 
 
 @program
-def mix_copies(logits: torch.Tensor, copies: torch.Tensor, temperature: float) -> torch.Tensor:
-    """`mix_rows` with each row's copied column and weight in `copies` [2, n] float64."""
-    return mix_rows(logits, copies[0].long(), copies[1], temperature)
+def mix_copies(
+    logits: torch.Tensor, copies: torch.Tensor, temperature: float, vocab_ids: torch.Tensor | None, vocab_size: int
+) -> torch.Tensor:
+    """`mix_rows` with each row's copied token and weight in `copies` [n, 2] float64 (a token -1 and
+    weight 0 where none), the logits widened to the target's vocabulary first where the draft's is
+    reduced (`vocab_ids`: its columns' token ids)."""
+    if vocab_ids is not None:
+        logits = widen(logits, vocab_ids, vocab_size, float("-inf"))
+    return mix_rows(logits, copies[:, 0].long(), copies[:, 1], temperature)
 
 
 @program
@@ -204,16 +210,16 @@ class DraftSession:
             for node in nodes
         ]
         vocab = self.vocab
+        if on_device:  # widened always, as a tree's forwards are (`mix_tree_copies`): one shape for its programs
+            device = logits.device
+            ids, size = (None, 0) if vocab is None else (self.vocab_ids(device), vocab.size)
+            table = torch.tensor(copies, dtype=torch.float64, device=device)  # token ids below 2^53: exact
+            return mix_copies(logits, table, self.temperature, ids, size, compiled=self.compiled)
         if vocab is not None and any(weight and vocab.column_of[token] < 0 for token, weight in copies):
             logits = vocab.widen(logits, float("-inf"))
         width = logits.shape[-1]
         columns = [token if vocab is None or not weight else vocab.column(token, width) for token, weight in copies]
-        weights = [weight for _, weight in copies]
-        if on_device:
-            device = logits.device
-            copies = torch.tensor([columns, weights], dtype=torch.float64, device=device)  # ids below 2^53: exact
-            return mix_copies(logits, copies, self.temperature, compiled=self.compiled)
-        return mix(logits, columns, weights, self.temperature)
+        return mix(logits, columns, [weight for _, weight in copies], self.temperature)
 
     def _mix_tree_copies(self, t: TreeTensors, rows: torch.Tensor, logits: torch.Tensor) -> torch.Tensor:
         """`_mix_copies` of nodes `rows` (an index) of a tree on the device (`mix_tree_copies`)."""

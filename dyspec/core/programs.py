@@ -20,8 +20,7 @@ from contextvars import ContextVar
 from typing import TypeVar
 
 import torch
-from torch._dynamo.exc import TorchDynamoException
-from torch._inductor.exc import InductorError
+from torch._dynamo.exc import FailOnRecompileLimitHit, TorchDynamoException
 
 F = TypeVar("F", bound=Callable)
 
@@ -43,7 +42,9 @@ def program(fn: F) -> F:
         try:
             with PROGRAM_CALL.get()():
                 return compiled_fn(*args, **kwargs)
-        except (TorchDynamoException, InductorError) as e:  # a compiler's failure, before anything ran
+        except FailOnRecompileLimitHit:  # shapes past torch.compile's count of versions: this call eager
+            return fn(*args, **kwargs)
+        except TorchDynamoException as e:  # a compiler's failure, before anything ran
             FAILED.add(fn.__qualname__)
             warnings.warn(f"{fn.__qualname__} did not compile here; it runs eager, slower: {e}", stacklevel=2)
             return fn(*args, **kwargs)

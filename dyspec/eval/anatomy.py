@@ -159,7 +159,7 @@ def anatomy(pair, prompt: str, settings=ANATOMY_STEPS, max_new_tokens: int = 48)
     for spec, budget in settings:
         policy, options = parse_policy_spec(spec)
         try:
-            warm_up(pair, policy, budget, {})
+            warm_up(pair, policy, budget, {}, options)
         except DyspecError as e:
             out[f"{spec}@{budget}"] = {"error": str(e)}
             continue

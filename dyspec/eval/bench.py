@@ -46,6 +46,7 @@ from dyspec.errors import DyspecError
 from dyspec.eval import summary
 from dyspec.eval.peers import LLAMACPP_POLICIES, LlamaCpp, PeerCrashed, check_llamacpp
 from dyspec.eval.prompts import load_prompts
+from dyspec.eval.speedup import warm_up
 from dyspec.forward import thread
 from dyspec.forward.quant import int8_available, quantize_int8
 from dyspec.forward.thread import forward_thread
@@ -331,6 +332,7 @@ def run_bench(
     stamp = host_stamp(pair, command)
     llama, left_out = LlamaCpp(), 0
     assistants: dict[str, torch.nn.Module] = {}  # hf-assisted's drafts, by its options
+    warmed: dict = {}  # `warm_up`'s
     for pid, prompt, temperature, seed, policy, opts, budget in tqdm(jobs, desc="bench", disable=not progress):
         base = {
             "dataset": config.dataset,
@@ -361,6 +363,7 @@ def run_bench(
         else:
             # `auto` learns across the run's generations of one policy, temperature and options
             learnt = auto_states.setdefault((policy, temperature, json.dumps(opts, sort_keys=True)), AutoState())
+            warm_up(pair, policy, budget, warmed, opts, temperature)  # no run measures a first run's costs
             stats = _engine_run(pair, prompt, policy, budget, temperature, seed, config.max_new_tokens, opts, learnt)
         tokens_per_s = stats["new_tokens"] / stats["wall_s"]
         if policy == "ar":

@@ -26,6 +26,7 @@ Rules, each with its reason:
 
 from __future__ import annotations
 
+import json
 import random
 import statistics
 from collections.abc import Sequence
@@ -164,14 +165,24 @@ def running_speedup(steps: Sequence[StepVerified], ar_tokens_per_s: float) -> li
     return out
 
 
-def warm_up(pair: ModelPair, policy: str, budget: int | str, cache: dict) -> None:
+def warm_up(
+    pair: ModelPair, policy: str, budget: int | str, cache: dict, options: dict | None = None, temperature: float = 0.0
+) -> None:
     """One short generation of `policy` per pair and `cache` (a dict the caller keeps), so that no
-    measured run pays a first run's one-off costs."""
+    measured run pays a first run's one-off costs; a policy with `options` or at a `temperature`
+    of its own once more for those, at that budget (the step on the device's programs compile
+    for its shapes: dyspec.core.programs)."""
     warmed = cache.setdefault("warm", set())
     for name in dict.fromkeys(("ar", policy)):
         if name not in warmed:
             generate(pair, WARM_PROMPT, policy=name, budget=budget, max_new_tokens=8)
             warmed.add(name)
+    setting = (policy, json.dumps(options or {}, sort_keys=True), budget, temperature)
+    if (options or temperature) and setting not in warmed:
+        generate(
+            pair, WARM_PROMPT, policy=policy, budget=budget, max_new_tokens=8, options=options, temperature=temperature
+        )
+        warmed.add(setting)
 
 
 def ar_key(prompt: str, temperature: float, seed: int, max_new_tokens: int) -> tuple:

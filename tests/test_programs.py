@@ -1,0 +1,76 @@
+"""The step on the device's programs compiled (dyspec.core.programs): where the pair's forward is
+compiled (the CPU default, int8), each round of `dyspec`'s heap, the tree's copies, a draft
+forward's inputs, greedy verification and the step's read table are one compiled program each; the
+step stays exact and dispatches a few dozen ops where eager tensor code dispatches hundreds."""
+
+import warnings
+
+import pytest
+import torch
+
+from dyspec.core import programs
+from dyspec.core.programs import program
+from dyspec.decode.engine import generate
+from dyspec.eval.anatomy import counting, step_counts
+from dyspec.policies import dyspec
+
+from .conftest import PROMPTS
+from .test_tree_tensors import TableDraft, grown_tree
+
+
+@pytest.mark.parametrize("budget", [4, 16, 64])
+def test_compiled_programs_keep_the_step_exact(default_pair, budget):
+    """Greedy: `ar`'s tokens, with the host build's tokens per forward (the same trees)."""
+    assert default_pair.fast_path == "compiled"
+    ar = generate(default_pair, PROMPTS[0], policy="ar", max_new_tokens=32)
+    kwargs = dict(policy="dyspec", budget=budget, max_new_tokens=32)
+    device = generate(default_pair, PROMPTS[0], options={"step": "device"}, **kwargs)
+    host = generate(default_pair, PROMPTS[0], **kwargs)
+    assert device.token_ids == host.token_ids == ar.token_ids
+    assert device.target_forwards == host.target_forwards
+    assert not programs.FAILED
+
+
+@pytest.mark.parametrize("budget", [16, 64])
+def test_a_compiled_step_reads_once_and_dispatches_at_most_60_ops(default_pair, budget):
+    """The counter at the dispatcher, a compiled program's call one op: one host read a step, and
+    at most 60 ops outside the models' forwards at budget 64, T = 0 (the eager programs: hundreds)."""
+    counts = step_counts(default_pair, PROMPTS[1], "dyspec", budget, max_new_tokens=24, options={"step": "device"})
+    assert counts["steps"] > 3 and counts["reads"] == 1
+    assert counts["ops"] <= 60, counts
+
+
+@pytest.mark.parametrize("budget", [5, 16, 33])
+def test_a_compiled_heap_round_grows_the_eager_rounds_tree(budget):
+    """`heap_round` compiled against itself eager on a table draft with many exact ties: the same
+    tree, its probabilities equal to fp32 rounding (the compiled softmax sums in its own order)."""
+    for seed in range(3):
+        draft = TableDraft(12, seed)
+        options = dyspec.POLICY.options | dict(select="top")
+        eager = grown_tree(dyspec.grow(draft, 3, budget, 0.0, torch.Generator(), options))
+        draft.compiled = True
+        compiled = grown_tree(dyspec.grow(draft, 3, budget, 0.0, torch.Generator(), options))
+        assert (compiled.tokens, compiled.parents, compiled.growth) == (eager.tokens, eager.parents, eager.growth)
+        assert compiled.draft_probs == pytest.approx(eager.draft_probs, rel=1e-6, abs=0), (seed, budget)
+
+
+def test_a_program_counts_as_one_op_and_one_that_does_not_compile_runs_eager():
+    @program
+    def fused(x: torch.Tensor) -> torch.Tensor:
+        return (x * 2 + 1).sin().cumsum(0)
+
+    @program
+    def reads(x: torch.Tensor) -> torch.Tensor:
+        return x * int(x.sum())  # a host read: no whole graph
+
+    x = torch.arange(5.0)
+    with counting() as eager:
+        expected = fused(x)
+    with counting() as compiled:
+        out = fused(x, compiled=True)
+    assert torch.allclose(out, expected) and eager.ops >= 4 and compiled.ops == 1
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        assert torch.equal(reads(x, compiled=True), x * 10)
+    assert any(name.endswith("reads") for name in programs.FAILED)
+    assert any("did not compile here; it runs eager" in str(w.message) for w in caught)
