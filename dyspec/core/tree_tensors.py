@@ -124,15 +124,22 @@ def greedy_accept(nodes: tuple[torch.Tensor, ...], target_argmax: torch.Tensor) 
     return accepted, target_argmax[end]  # indexed by a 1-d tensor: a 0-d one is read as an int
 
 
-@program
-def greedy_verdict(logits: torch.Tensor, nodes: tuple[torch.Tensor, ...]) -> tuple[torch.Tensor, ...]:
-    """The target's greedy verdict on a tree from its `logits`, one program: the accepted nodes, the
-    token after them (`greedy_accept`), the target's probability of each node's token, and each
-    row's logsumexp."""
-    tokens, parents = nodes[0], nodes[1]
+def greedy_verdict(
+    logits: torch.Tensor, nodes: tuple[torch.Tensor, ...], compiled: bool = False
+) -> tuple[torch.Tensor, ...]:
+    """The target's greedy verdict on a tree from its `logits`: the accepted nodes, the token after
+    them (`greedy_accept`), the target's probability of each node's token, and each row's
+    logsumexp. The rows' argmax and logsumexp are `row_stats`'s (a CPU's kernel reads a row faster
+    than compiled code does), the rest one program where `compiled`."""
     target_argmax, log_z = row_stats(logits)
-    accepted, next_token = greedy_accept(nodes, target_argmax)
-    return accepted, next_token, (logits[parents, tokens] - log_z[parents]).exp(), log_z
+    return *accept_greedily(logits, target_argmax, log_z, nodes, compiled=compiled), log_z
+
+
+@program
+def accept_greedily(logits, target_argmax, log_z, nodes):
+    """`greedy_accept`, and the target's probability of each node's token."""
+    tokens, parents = nodes[0], nodes[1]
+    return *greedy_accept(nodes, target_argmax), (logits[parents, tokens] - log_z[parents]).exp()
 
 
 def proposals(t: TreeTensors, width: int) -> torch.Tensor:

@@ -7,9 +7,10 @@ import torch
 
 from dyspec.core.contract import Policy
 from dyspec.core.draft import DraftSession
+from dyspec.core.programs import program
 from dyspec.core.sampling import sample, sample_rows, to_probs
 from dyspec.core.tree import Tree
-from dyspec.core.tree_tensors import TreeTensors, add_nodes, new_tree
+from dyspec.core.tree_tensors import TreeTensors, add_nodes, new_tree, node_tensors, place_nodes
 from dyspec.errors import DyspecError
 from dyspec.kernels.row_stats import row_stats
 from dyspec.policies.common import asks_device, on_device_asked
@@ -86,25 +87,37 @@ def grow_chain(
     its new `node` (drawn as `column` of the draft's `logits`); where it stops, the nodes after are
     padding (`valid` False), still forwarded, so that the chain has one shape."""
     device = draft.kv.device
-    t = new_tree(root, length + 1, device, "iid", draft.vocab)
-    ids = torch.arange(length + 1, device=device)
+    t = new_tree(root, length + 1, device, "iid", draft.vocab, compiled=draft.compiled)
     live = torch.ones(1, dtype=torch.bool, device=device)
+    vocab = (None, 0) if draft.vocab is None else (draft.vocab_ids(device), draft.vocab.size)
     logits = draft.logits(Tree.root(root, "iid", draft.vocab), [0], on_device=True)
     for node in range(length):
         if temperature == 0:
-            best, log_z = row_stats(logits)
-            q_x = (logits.gather(1, best[:, None])[:, 0].double() - log_z.double()).exp()  # as `extend`, in float64
+            best = greedy_link(logits, node_tensors(t), node, live, *vocab, compiled=draft.compiled)
+            t.growth.append(node + 2)
         else:
             q = to_probs(logits, temperature)
             best = sample_rows(q, 1, generator)[:, 0]
             q_x = q.gather(1, best[:, None])[:, 0].double()
             t.q.append((q, [node]))
-        tokens = best if draft.vocab is None else draft.vocab.tokens(best, logits.shape[-1])
-        add_nodes(t, node + 1, ids[node : node + 1], tokens, q_x, live)
+            tokens = best if draft.vocab is None else draft.vocab.tokens(best, logits.shape[-1])
+            add_nodes(t, node + 1, torch.full((1,), node, device=device), tokens, q_x, live)
         live = goes_on(t, node + 1, logits, best)
         if node + 1 < length:
             logits = draft.tree_logits(t, [node + 1])
     return t
+
+
+@program
+def greedy_link(logits, nodes, node, live, vocab_ids, vocab_size):
+    """The chain's next node, node + 1, after `node` at T = 0, one program: the draft's argmax (its
+    column, returned) valued at T = 1 in float64, as `extend` does, added to the tree's `nodes`."""
+    best, log_z = row_stats(logits)
+    q_x = (logits.gather(1, best[:, None])[:, 0].double() - log_z.double()).exp()
+    tokens = best if vocab_ids is None or logits.shape[-1] == vocab_size else vocab_ids[best]
+    parent = torch.full((1,), node, dtype=torch.long, device=logits.device)
+    place_nodes(nodes, node + 1, parent, tokens, q_x, live)
+    return best
 
 
 POLICY = Policy(
