@@ -128,16 +128,16 @@ class KVSession:
         self.compiled = False  # its masks made by compiled programs (`dyspec.core.programs`) in a step on the device
         self.draft_vocab = draft_vocab and getattr(draft_model(model), "vocab", None) is not None
 
-    def _mask(self, n: int, size: int, visible: torch.Tensor | None) -> torch.Tensor | None:
+    def _mask(self, n: int, size: int, visible: torch.Tensor | None, on_device: bool = False) -> torch.Tensor | None:
         """The mask [1, 1, size, cache width] of a forward of n tokens padded to `size`: every token
         sees the committed prefix, then `visible` over the uncommitted slots and new tokens (None:
         causal), the padding itself alone. Boolean with `bool_mask`, else additive. None where plain
-        causal attention does it."""
+        causal attention does it. `on_device`: a step on the device's forward, its mask one program."""
         start, width = self.cached, self.cached + size if self.static is None else self.static.capacity
         if visible is None and size == n and self.static is None:
             return None
         if size == n and self.static is None:  # a tree's step: each op here costs a step microseconds
-            if not visible.is_cpu or self.device.type == "cpu":  # made on the device: one program
+            if on_device:  # a step on the device's: one program
                 return tree_mask(visible, self.length, width, self.bool_mask, self.model.dtype, compiled=self.compiled)
             see = torch.ones(n, width, dtype=torch.bool, device=self.device)
             see[:, self.length :] = visible.to(self.device, non_blocking=True)
@@ -192,7 +192,7 @@ class KVSession:
                 )
         if positions is None:
             positions = list(range(start, start + n))
-        mask = self._mask(n, size, visible)
+        mask = self._mask(n, size, visible, on_device=isinstance(tokens, torch.Tensor))
         pad = size - n
         if isinstance(tokens, torch.Tensor):
             ids = torch.stack([tokens, positions])
