@@ -18,14 +18,24 @@ from .conftest import PROMPTS
 from .test_tree_tensors import TableDraft, grown_tree
 
 
-@pytest.mark.parametrize("budget", [4, 16, 64])
-def test_compiled_programs_keep_the_step_exact(default_pair, budget):
+@pytest.mark.parametrize(
+    "policy, budget, options",
+    [
+        ("dyspec", 4, {}),
+        ("dyspec", 16, {}),
+        ("dyspec", 64, {}),
+        ("chain", 4, {}),
+        ("sequoia", 16, {"acceptance": [0.3, 0.1, 0.05, 0.03]}),
+        ("sglang", 16, {"topk": 4, "steps": 3}),
+    ],
+)
+def test_compiled_programs_keep_the_step_exact(default_pair, policy, budget, options):
     """Greedy: `ar`'s tokens, with the host build's tokens per forward (the same trees)."""
     assert default_pair.fast_path == "compiled"
     ar = generate(default_pair, PROMPTS[0], policy="ar", max_new_tokens=32)
-    kwargs = dict(policy="dyspec", budget=budget, max_new_tokens=32)
-    device = generate(default_pair, PROMPTS[0], options={"step": "device"}, **kwargs)
-    host = generate(default_pair, PROMPTS[0], **kwargs)
+    kwargs = dict(policy=policy, budget=budget, max_new_tokens=32)
+    device = generate(default_pair, PROMPTS[0], options=options | {"step": "device"}, **kwargs)
+    host = generate(default_pair, PROMPTS[0], options=options, **kwargs)
     assert device.token_ids == host.token_ids == ar.token_ids
     assert device.target_forwards == host.target_forwards
     assert not programs.FAILED

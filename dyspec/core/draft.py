@@ -32,7 +32,7 @@ from dyspec.core.draft_model import PLAIN, draft_model
 from dyspec.core.kv import KVSession, sync
 from dyspec.core.programs import program
 from dyspec.core.tree import Tree
-from dyspec.core.tree_tensors import TreeTensors
+from dyspec.core.tree_tensors import TreeTensors, index_on
 from dyspec.core.vocab import DraftVocab, widen
 
 
@@ -137,7 +137,7 @@ class DraftSession:
         self.tree_ids: list[int] | None = []  # their nodes where the host chose them all, else None
         self.context_tensor: torch.Tensor | None = None  # `context` on the device, for a step's copies there
         self.copy_table: torch.Tensor | None = None  # 0 and `copy_weights` there
-        self.indices: dict[tuple, torch.Tensor] = {}  # `index`'s tensors
+        self.vocab_on: dict[torch.device, torch.Tensor] = {}  # `vocab_ids` by device
         self.memo: dict = {} if memo is None else memo  # policies' learnt state, by policy
         # whether it forwards in this generation: an idle one (`ar`, `lookup` without its fallback)
         # keeps the committed tokens for the policy to search, and no features
@@ -276,11 +276,11 @@ class DraftSession:
         read: every ancestor of theirs but the root was forwarded this step, in earlier calls.
         `nodes` may be chosen on the device (an index tensor); `place` learns the slots once read."""
         start, length, device = self.kv.cached, self.kv.length, t.tokens.device
-        rows = nodes if isinstance(nodes, torch.Tensor) else self.index(nodes, device)
+        rows = nodes if isinstance(nodes, torch.Tensor) else index_on(nodes, device)
         self.tree_slots.append((start, rows))
         self.tree_ids = None if self.tree_ids is None or isinstance(nodes, torch.Tensor) else self.tree_ids + nodes
         # each row's ancestors among this step's slots, which a padded forward leaves gaps between
-        columns = self.index([s - length + i for s, r in self.tree_slots for i in range(len(r))], device)
+        columns = index_on([s - length + i for s, r in self.tree_slots for i in range(len(r))], device)
         if self.needs_features and self.tree_features is None:
             self.tree_features = self.node_features[0].new_zeros(len(t), self.node_features[0].shape[-1])
             self.tree_features[0] = self.node_features[0]
@@ -294,25 +294,16 @@ class DraftSession:
 
     def vocab_ids(self, device: torch.device) -> torch.Tensor:
         """The reduced vocabulary's token ids (`DraftVocab.ids`) on `device`, kept."""
-        key = ("vocab", device)
-        if key not in self.indices:
-            self.indices[key] = self.vocab.ids.to(device)
-        return self.indices[key]
-
-    def index(self, ids: list[int], device: torch.device) -> torch.Tensor:
-        """`ids` as an index tensor on `device`, kept: a step asks for the same few each time, and a
-        new one is a copy to the device."""
-        key = (tuple(ids), device)
-        if key not in self.indices:
-            self.indices[key] = torch.tensor(ids, device=device)
-        return self.indices[key]
+        if device not in self.vocab_on:
+            self.vocab_on[device] = self.vocab.ids.to(device)
+        return self.vocab_on[device]
 
     def forwarded(self) -> torch.Tensor | None:
         """The nodes `tree_logits` forwarded this step, in their cache slots' order."""
         if not self.tree_slots:
             return None
         if self.tree_ids is not None:  # all chosen on the host
-            return self.index(self.tree_ids, self.tree_slots[0][1].device)
+            return index_on(self.tree_ids, self.tree_slots[0][1].device)
         return torch.cat([rows for _, rows in self.tree_slots])
 
     def place(self, forwarded: list[int]) -> None:

@@ -11,6 +11,7 @@ descendants, never matches in verification, and is dropped from the `Tree`.
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
@@ -47,6 +48,21 @@ class TreeTensors:
 
     def __len__(self) -> int:
         return len(self.tokens)
+
+
+def index_on(ids: list, device: torch.device) -> torch.Tensor:
+    """`ids` (ints, or lists of them) as an index tensor on `device`, kept: a step asks for the same
+    few each time, and a new one is a copy to the device."""
+    return _index(_frozen(ids), device)
+
+
+@functools.lru_cache(maxsize=1024)
+def _index(ids: tuple, device: torch.device) -> torch.Tensor:
+    return torch.tensor(ids, device=device)
+
+
+def _frozen(ids: list) -> tuple:
+    return tuple(_frozen(i) if isinstance(i, list) else i for i in ids)
 
 
 def new_tree(
@@ -198,26 +214,37 @@ def verify_sampled(
     return accepted, (P / noise).argmax(0, keepdim=True)
 
 
-def subtree(t: TreeTensors, nodes: torch.Tensor) -> TreeTensors:
+def subtree(t: TreeTensors, nodes: torch.Tensor, compiled: bool = False) -> TreeTensors:
     """The tree of the root and `nodes` (a device tensor of ids closed under ancestors: the valid ones
-    ascending, any padding after them), renumbered on the device, as `Tree.subtree` does on the host."""
+    ascending, any padding after them), renumbered on the device, as `Tree.subtree` does on the host
+    (`compiled`: by one program)."""
     old = torch.cat([nodes.new_zeros(1), nodes])
-    new_id = torch.zeros(len(t), dtype=torch.long, device=nodes.device)
-    new_id[old] = torch.arange(len(old), device=nodes.device)
+    cut = cut_nodes(node_tensors(t), old, compiled=compiled)
     return TreeTensors(
-        tokens=t.tokens[old],
-        parents=new_id[t.parents[old]],
-        depths=t.depths[old],
-        probs=t.probs[old],
-        values=t.values[old],
-        valid=t.valid[old],
-        ancestors=t.ancestors[old][:, old],
+        *cut,
         sampling=t.sampling,
         vocab=t.vocab,
         q=t.q,
         growth=t.growth,
         origin=old,
         extra={name: v[old] for name, v in t.extra.items()},
+    )
+
+
+@program
+def cut_nodes(nodes: tuple[torch.Tensor, ...], old: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """`node_tensors` of the nodes `old` (the root first), renumbered in that order."""
+    tokens, parents, depths, probs, values, valid, ancestors = nodes
+    new_id = torch.zeros(len(tokens), dtype=torch.long, device=old.device)
+    new_id[old] = torch.arange(len(old), device=old.device)
+    return (
+        tokens[old],
+        new_id[parents[old]],
+        depths[old],
+        probs[old],
+        values[old],
+        valid[old],
+        ancestors[old][:, old],
     )
 
 

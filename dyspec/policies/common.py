@@ -4,9 +4,10 @@ node has several, EAGLE-style expansion and rerank."""
 import torch
 
 from dyspec.core.draft import DraftSession
-from dyspec.core.sampling import ranked_children, to_probs
+from dyspec.core.programs import program
+from dyspec.core.sampling import ranked_children, to_probs, top_children
 from dyspec.core.tree import Tree
-from dyspec.core.tree_tensors import TreeTensors, add_nodes, new_tree, subtree
+from dyspec.core.tree_tensors import TreeTensors, new_tree, node_tensors, place_nodes, subtree
 from dyspec.errors import DyspecError
 
 SELECTS = ("auto", "sample", "top")
@@ -76,27 +77,37 @@ def grow_and_rerank(draft: DraftSession, root: int, budget: int, topk: int, step
     sort orders them), and the rerank's `budget` best nodes are cut out of the pool there (`subtree`).
     Its children are chosen, not drawn, at every temperature."""
     device = draft.kv.device
-    t = new_tree(root, 1 + topk + (steps - 1) * topk * topk, device, "deterministic", draft.vocab)
+    t = new_tree(root, 1 + topk + (steps - 1) * topk * topk, device, "deterministic", draft.vocab, draft.compiled)
+    vocab = (None, 0) if draft.vocab is None else (draft.vocab_ids(device), draft.vocab.size)
     logits = draft.logits(Tree.root(root, "deterministic", draft.vocab), [0], on_device=True)
     frontier, start = torch.zeros(1, dtype=torch.long, device=device), 1
     for r in range(steps):
-        columns, probs = ranked_children(to_probs(logits, 1.0), topk, sample=False)
-        tokens = columns if draft.vocab is None else draft.vocab.tokens(columns, logits.shape[-1])
-        n = columns.numel()
-        add_nodes(
-            t,
-            start,
-            frontier.repeat_interleave(columns.shape[1]),
-            tokens.flatten(),
-            probs.flatten().double(),
-            torch.ones(n, dtype=torch.bool, device=device),
-        )
-        frontier = start + t.values[start : start + n].sort(descending=True, stable=True).indices[:topk]
-        start += n
+        frontier = expand_round(logits, node_tensors(t), frontier, start, topk, *vocab, compiled=draft.compiled)
+        start += len(logits) * topk
+        t.growth.append(start)
         if r + 1 < steps:
             logits = draft.tree_logits(t, frontier)
-    best = 1 + t.values[1:].sort(descending=True, stable=True).indices[:budget]
-    return subtree(t, best.sort().values)
+    return subtree(t, best_nodes(t.values, budget, compiled=draft.compiled), compiled=draft.compiled)
+
+
+@program
+def expand_round(logits, nodes, frontier, start, topk, vocab_ids, vocab_size):
+    """A round of `grow_and_rerank`, one program: the `topk` most probable children (at T = 1) of
+    each forwarded node of `frontier` added as nodes start.., and the next frontier (returned)."""
+    columns, probs = top_children(to_probs(logits, 1.0), topk, None)
+    tokens = columns if vocab_ids is None or logits.shape[-1] == vocab_size else vocab_ids[columns]
+    n = columns.numel()
+    valid = torch.ones(n, dtype=torch.bool, device=logits.device)
+    place_nodes(
+        nodes, start, frontier.repeat_interleave(columns.shape[1]), tokens.flatten(), probs.flatten().double(), valid
+    )
+    return start + nodes[4][start : start + n].sort(descending=True, stable=True).indices[:topk]
+
+
+@program
+def best_nodes(values, budget):
+    """The rerank's `budget` nodes of highest value but the root, ties to the older node, ascending."""
+    return (1 + values[1:].sort(descending=True, stable=True).indices[:budget]).sort().values
 
 
 def rerank(tree: Tree, draft: DraftSession, budget: int) -> Tree:

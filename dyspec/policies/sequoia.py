@@ -17,9 +17,10 @@ from dyspec.cache import SHIPPED as SHIPPED_FILES
 from dyspec.cache import cache_dir
 from dyspec.core.contract import Policy
 from dyspec.core.draft import DraftSession
-from dyspec.core.sampling import ranked_children, to_probs
+from dyspec.core.programs import program
+from dyspec.core.sampling import race_noise, ranked_children, to_probs, top_children
 from dyspec.core.tree import Tree
-from dyspec.core.tree_tensors import TreeTensors, add_nodes, new_tree
+from dyspec.core.tree_tensors import TreeTensors, index_on, new_tree, node_tensors, place_nodes
 from dyspec.errors import DyspecError
 from dyspec.load import pair_key
 from dyspec.policies.common import asks_device, child_mode, on_device_asked
@@ -187,27 +188,43 @@ def grow(
     parents = static_tree(o["acceptance"], o["parents"], budget, o["max_depth"])
     sample, tau, sampling = child_mode(o["select"], temperature, o["draft_temperature"])
     device = draft.kv.device
-    t = new_tree(root, len(parents), device, sampling, draft.vocab)
+    t = new_tree(root, len(parents), device, sampling, draft.vocab, compiled=draft.compiled)
+    vocab = (None, 0) if draft.vocab is None else (draft.vocab_ids(device), draft.vocab.size)
     children: dict[int, list[int]] = {}
     for i, p in enumerate(parents[1:], start=1):
         children.setdefault(p, []).append(i)
     frontier = [0] if children else []
     logits = draft.logits(Tree.root(root, sampling, draft.vocab), [0], on_device=True) if frontier else None
     while frontier:
-        q = to_probs(logits, tau)
-        columns, probs = ranked_children(q, max(len(children[s]) for s in frontier), sample, generator)
-        tokens = columns if draft.vocab is None else draft.vocab.tokens(columns, q.shape[-1])
-        t.q.append((q, frontier))
+        k = max(len(children[s]) for s in frontier)
         # breadth-first, the layer's children are consecutive ids: each takes (its parent's row, its rank)
         kids = [c for s in frontier for c in children[s]]
-        row = torch.tensor([i for i, s in enumerate(frontier) for _ in children[s]], device=device)
-        rank = torch.tensor([k for s in frontier for k in range(len(children[s]))], device=device)
-        p = probs[row, rank].double()
-        add_nodes(t, kids[0], torch.tensor([parents[c] for c in kids], device=device), tokens[row, rank], p, p > 0)
+        row = [i for i, s in enumerate(frontier) for _ in children[s]]
+        rank = [j for s in frontier for j in range(len(children[s]))]
+        places = index_on([row, rank, [parents[c] for c in kids]], device)
+        noise = race_noise(logits, generator) if sample else None
+        q = static_layer(logits, noise, tau, k, node_tensors(t), kids[0], places, *vocab, compiled=draft.compiled)
+        t.q.append((q, frontier))
+        t.growth.append(kids[-1] + 1)
         frontier = [c for c in kids if c in children]
         if frontier:
             logits = draft.tree_logits(t, frontier)
     return t
+
+
+@program
+def static_layer(logits, noise, tau, k, nodes, start, places, vocab_ids, vocab_size):
+    """A layer of the static tree, one program: the draft's q (returned) after the layer's forwarded
+    nodes, their top or drawn (`noise`) k children, and each new node start.. placed at (its
+    parent's row, its rank) of them, a child of probability 0 padding. `places`: [3, nodes] rows,
+    ranks and parent ids."""
+    q = to_probs(logits, tau)
+    columns, probs = top_children(q, k, noise)
+    tokens = columns if vocab_ids is None or q.shape[-1] == vocab_size else vocab_ids[columns]
+    row, rank, parent = places
+    p = probs[row, rank].double()
+    place_nodes(nodes, start, parent, tokens[row, rank], p, p > 0)
+    return q
 
 
 POLICY = Policy(
