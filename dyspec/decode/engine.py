@@ -22,6 +22,7 @@ from dyspec.decode.step import Decoding, Step, speculative_step
 from dyspec.decode.text import stream_texts, token_labels
 from dyspec.defaults import settings
 from dyspec.errors import DyspecError
+from dyspec.forward.choose import compiles_programs
 from dyspec.forward.thread import forward_thread
 from dyspec.load import ModelPair
 from dyspec.policies import check_options, get_policy
@@ -183,8 +184,8 @@ def start(
     target = pair.forward(pair.target).session(
         "target", need, sizes, keep_hidden=bool(layers), hidden_layers=layers[0] if layers else FINAL
     )
-    for session in [target, *(d.kv for d in drafts if d.kv is not None)]:  # the step's programs compile where
-        session.compiled = pair.fast_path == "compiled"  # the forward does (dyspec.core.programs)
+    for session in [target, *(d.kv for d in drafts if d.kv is not None)]:
+        session.compiled = compiles_programs(pair.fast_path)
     generator = torch.Generator(device=pair.device).manual_seed(seed)
     return Decoding(spec, options, target, drafts, temperature, generator)
 

@@ -92,6 +92,12 @@ def layers_stamp(forward: Forward) -> dict[str, str]:
     return {"graph_layers": graph_layers_run()} if isinstance(forward, GraphForward) else {}
 
 
+def compiles_programs(fast_path: str) -> bool:
+    """Whether the step on the device's programs run compiled (dyspec.core.programs) on `fast_path`:
+    where the forward compiles."""
+    return fast_path == "compiled"
+
+
 def pick_fast_path(fast_path: str, device: torch.device, precision: str) -> str:
     """ "auto": the device's default (`dyspec.defaults`). "compiled" with int8 layers compiles the
     lean forward's layers (dyspec.forward.lean_graph). The CPU default, compiled, measured faster
