@@ -152,7 +152,9 @@ def greedy_verdict(
 
 
 @program
-def accept_greedily(logits, target_argmax, log_z, nodes):
+def accept_greedily(
+    logits: torch.Tensor, target_argmax: torch.Tensor, log_z: torch.Tensor, nodes: tuple[torch.Tensor, ...]
+) -> tuple[torch.Tensor, ...]:
     """`greedy_accept`, and the target's probability of each node's token."""
     tokens, parents = nodes[0], nodes[1]
     return *greedy_accept(nodes, target_argmax), (logits[parents, tokens] - log_z[parents]).exp()

@@ -109,7 +109,14 @@ def grow_chain(
 
 
 @program
-def greedy_link(logits, nodes, node, live, vocab_ids, vocab_size):
+def greedy_link(
+    logits: torch.Tensor,
+    nodes: tuple[torch.Tensor, ...],
+    node: int,
+    live: torch.Tensor,
+    vocab_ids: torch.Tensor | None,
+    vocab_size: int,
+) -> torch.Tensor:
     """The chain's next node, node + 1, after `node` at T = 0, one program: the draft's argmax (its
     column, returned) valued at T = 1 in float64, as `extend` does, added to the tree's `nodes`."""
     best, log_z = row_stats(logits)

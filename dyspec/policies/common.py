@@ -91,7 +91,15 @@ def grow_and_rerank(draft: DraftSession, root: int, budget: int, topk: int, step
 
 
 @program
-def expand_round(logits, nodes, frontier, start, topk, vocab_ids, vocab_size):
+def expand_round(
+    logits: torch.Tensor,
+    nodes: tuple[torch.Tensor, ...],
+    frontier: torch.Tensor,
+    start: int,
+    topk: int,
+    vocab_ids: torch.Tensor | None,
+    vocab_size: int,
+) -> torch.Tensor:
     """A round of `grow_and_rerank`, one program: the `topk` most probable children (at T = 1) of
     each forwarded node of `frontier` added as nodes start.., and the next frontier (returned)."""
     columns, probs = top_children(to_probs(logits, 1.0), topk, None)
@@ -105,7 +113,7 @@ def expand_round(logits, nodes, frontier, start, topk, vocab_ids, vocab_size):
 
 
 @program
-def best_nodes(values, budget):
+def best_nodes(values: torch.Tensor, budget: int) -> torch.Tensor:
     """The rerank's `budget` nodes of highest value but the root, ties to the older node, ascending."""
     return (1 + values[1:].sort(descending=True, stable=True).indices[:budget]).sort().values
 

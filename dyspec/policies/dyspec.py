@@ -317,7 +317,19 @@ def heap_start(n: int, k: int, device: torch.device) -> tuple[torch.Tensor, torc
 
 
 @program
-def heap_round(logits, noise, tau, ids, size, nodes, slots, candidates, forwarded, new, shape):
+def heap_round(
+    logits: torch.Tensor,
+    noise: torch.Tensor | None,
+    tau: float,
+    ids: torch.Tensor | None,
+    size: int,
+    nodes: tuple[torch.Tensor, ...],
+    slots: torch.Tensor,
+    candidates: list[torch.Tensor],
+    forwarded: tuple[int, int],
+    new: int,
+    shape: tuple[int, int, int, bool],
+) -> torch.Tensor:
     """A round of the heap with the draft's scores, one program: `_candidates`, then `_pick` by
     each node's value. Returns the draft's q after the nodes `forwarded`."""
     q, _ = _candidates(logits, noise, tau, ids, size, candidates, forwarded)

@@ -213,7 +213,17 @@ def grow(
 
 
 @program
-def static_layer(logits, noise, tau, k, nodes, start, places, vocab_ids, vocab_size):
+def static_layer(
+    logits: torch.Tensor,
+    noise: torch.Tensor | None,
+    tau: float,
+    k: int,
+    nodes: tuple[torch.Tensor, ...],
+    start: int,
+    places: torch.Tensor,
+    vocab_ids: torch.Tensor | None,
+    vocab_size: int,
+) -> torch.Tensor:
     """A layer of the static tree, one program: the draft's q (returned) after the layer's forwarded
     nodes, their top or drawn (`noise`) k children, and each new node start.. placed at (its
     parent's row, its rank) of them, a child of probability 0 padding. `places`: [3, nodes] rows,

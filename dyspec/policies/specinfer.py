@@ -9,9 +9,10 @@ import torch
 
 from dyspec.core.contract import AutoNeeds, Policy
 from dyspec.core.draft import DraftSession
-from dyspec.core.sampling import ranked_children, sample_rows, to_probs
+from dyspec.core.programs import program
+from dyspec.core.sampling import ranked_children, sample_rows, to_probs, top_children
 from dyspec.core.tree import Tree
-from dyspec.core.tree_tensors import TreeTensors, add_nodes, new_tree
+from dyspec.core.tree_tensors import TreeTensors, new_tree, node_tensors, place_nodes
 from dyspec.errors import DyspecError
 from dyspec.policies.common import asks_device, on_device_asked
 
@@ -126,21 +127,44 @@ def grow(
     ids, drawn (or at T = 0 chosen) from its row as `_expand` draws them."""
     widths = parse_expansion(options["expansion"], budget)
     sampling, device = "iid" if temperature > 0 else "deterministic", draft.kv.device
-    t = new_tree(root, 1 + sum(math.prod(widths[: i + 1]) for i in range(len(widths))), device, sampling, draft.vocab)
+    size = 1 + sum(math.prod(widths[: i + 1]) for i in range(len(widths)))
+    t = new_tree(root, size, device, sampling, draft.vocab, compiled=draft.compiled)
+    vocab = (None, 0) if draft.vocab is None else (draft.vocab_ids(device), draft.vocab.size)
     logits = draft.logits(Tree.root(root, sampling, draft.vocab), [0], on_device=True)
     frontier = range(1)
     for layer, width in enumerate(widths):
         q = to_probs(logits, temperature if temperature > 0 else 1.0)
-        columns = sample_rows(q, width, generator) if temperature > 0 else ranked_children(q, width, sample=False)[0]
+        # drawn outside the program, which takes no generator; at T = 0 chosen inside it
+        columns = sample_rows(q, width, generator) if temperature > 0 else None
+        layer_at = (frontier.start, frontier.stop, width)
+        kary_layer(q, columns, node_tensors(t), layer_at, *vocab, compiled=draft.compiled)
         t.q.append((q, list(frontier)))
-        tokens = columns if draft.vocab is None else draft.vocab.tokens(columns, q.shape[-1])
-        parents = torch.arange(frontier.start, frontier.stop, device=device).repeat_interleave(width)
-        every = torch.ones(columns.numel(), dtype=torch.bool, device=device)
-        add_nodes(t, frontier.stop, parents, tokens.flatten(), q.gather(-1, columns).flatten().double(), every)
-        frontier = range(frontier.stop, frontier.stop + columns.numel())
+        t.growth.append(frontier.stop + len(frontier) * width)
+        frontier = range(frontier.stop, frontier.stop + len(frontier) * width)
         if layer + 1 < len(widths):
             logits = draft.tree_logits(t, list(frontier))
     return t
+
+
+@program
+def kary_layer(
+    q: torch.Tensor,
+    columns: torch.Tensor | None,
+    nodes: tuple[torch.Tensor, ...],
+    layer: tuple[int, int, int],
+    vocab_ids: torch.Tensor | None,
+    vocab_size: int,
+) -> None:
+    """A layer of the static k-ary tree, one program: each node first.. stop - 1 (`layer`: first,
+    stop, width) gets `width` children, its drawn `columns` of q or, where None, its top ones,
+    placed as the next ids in order."""
+    first, stop, width = layer
+    if columns is None:
+        columns = top_children(q, width, None)[0]
+    tokens = columns if vocab_ids is None or q.shape[-1] == vocab_size else vocab_ids[columns]
+    parents = torch.arange(first, stop, device=q.device).repeat_interleave(columns.shape[1])
+    every = torch.ones(columns.numel(), dtype=torch.bool, device=q.device)
+    place_nodes(nodes, stop, parents, tokens.flatten(), q.gather(-1, columns).flatten().double(), every)
 
 
 POLICY = Policy(
