@@ -1,7 +1,7 @@
 """The step on the device's tensor programs, compiled: each is a pure function of tensors that runs
 as its ops one by one (eager), or, where the pair's forward is compiled, as one compiled program
 (torch.compile: Inductor's fused kernels on a CPU or a GPU). Eager, a round of a tree costs a
-dispatch per op, a kernel launch each on a GPU; compiled, it costs one call.
+dispatch per op, a kernel launch each on a GPU; compiled, one call of a few fused kernels.
 
 A program runs the same tensor code either way, so the eager run is its reference; compiled code
 may round floating-point sums in another order, so a compiled program's draft distribution may
