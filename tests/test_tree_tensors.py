@@ -92,6 +92,9 @@ class TableDraft:
         self.vocab, self.kv = None, SimpleNamespace(device=torch.device("cpu"))
         self.compiled = False
 
+    def vocab_columns(self, device: torch.device) -> tuple[None, int]:
+        return None, 0
+
     def logits(self, tree: Tree, nodes: list[int], on_device: bool = False) -> torch.Tensor:
         return self.table[[tree.depths[n] for n in nodes], [tree.tokens[n] for n in nodes]]
 

@@ -137,7 +137,7 @@ class DraftSession:
         self.tree_ids: list[int] | None = []  # their nodes where the host chose them all, else None
         self.context_tensor: torch.Tensor | None = None  # `context` on the device, for a step's copies there
         self.copy_table: torch.Tensor | None = None  # 0 and `copy_weights` there
-        self.vocab_on: dict[torch.device, torch.Tensor] = {}  # `vocab_ids` by device
+        self.vocab_on: dict[torch.device, torch.Tensor] = {}  # `vocab_columns`' ids by device
         self.memo: dict = {} if memo is None else memo  # policies' learnt state, by policy
         # whether it forwards in this generation: an idle one (`ar`, `lookup` without its fallback)
         # keeps the committed tokens for the policy to search, and no features
@@ -212,9 +212,8 @@ class DraftSession:
         vocab = self.vocab
         if on_device:  # widened always, as a tree's forwards are (`mix_tree_copies`): one shape for its programs
             device = logits.device
-            ids, size = (None, 0) if vocab is None else (self.vocab_ids(device), vocab.size)
             table = torch.tensor(copies, dtype=torch.float64, device=device)  # token ids below 2^53: exact
-            return mix_copies(logits, table, self.temperature, ids, size, compiled=self.compiled)
+            return mix_copies(logits, table, self.temperature, *self.vocab_columns(device), compiled=self.compiled)
         if vocab is not None and any(weight and vocab.column_of[token] < 0 for token, weight in copies):
             logits = vocab.widen(logits, float("-inf"))
         width = logits.shape[-1]
@@ -227,9 +226,8 @@ class DraftSession:
         if self.context_tensor is None:  # the committed tokens change only at `commit`: copied once a step
             self.context_tensor = torch.frombuffer(self.context, dtype=torch.int32).to(device, torch.long)
             self.copy_table = torch.tensor([0.0, *self.copy_weights], dtype=torch.float64, device=device)
-        ids, size = (None, 0) if self.vocab is None else (self.vocab_ids(device), self.vocab.size)
         copied = (self.context_tensor, t.ancestors, t.depths, t.tokens, rows, self.copy_table, self.temperature)
-        return mix_tree_copies(logits, *copied, ids, size, compiled=self.compiled)
+        return mix_tree_copies(logits, *copied, *self.vocab_columns(device), compiled=self.compiled)
 
     @property
     def hidden(self) -> torch.Tensor:
@@ -292,11 +290,14 @@ class DraftSession:
             self.tree_features[rows] = self.hidden
         return logits
 
-    def vocab_ids(self, device: torch.device) -> torch.Tensor:
-        """The reduced vocabulary's token ids (`DraftVocab.ids`) on `device`, kept."""
+    def vocab_columns(self, device: torch.device) -> tuple[torch.Tensor | None, int]:
+        """The reduced vocabulary as programs take it: its token ids (`DraftVocab.ids`) on `device`,
+        kept, and the target's vocabulary size; (None, 0) where the draft reads out every token."""
+        if self.vocab is None:
+            return None, 0
         if device not in self.vocab_on:
             self.vocab_on[device] = self.vocab.ids.to(device)
-        return self.vocab_on[device]
+        return self.vocab_on[device], self.vocab.size
 
     def forwarded(self) -> torch.Tensor | None:
         """The nodes `tree_logits` forwarded this step, in their cache slots' order."""

@@ -46,7 +46,7 @@ class DraftVocab:
 
     def tokens(self, columns: torch.Tensor, width: int) -> torch.Tensor:
         """Target token ids of `columns` of distributions `width` wide."""
-        return columns if width == self.size else self.ids.to(columns.device)[columns]
+        return columns if width == self.size else token_ids(columns, width, self.ids.to(columns.device), self.size)
 
     def widen(self, q: torch.Tensor, fill: float = 0.0) -> torch.Tensor:
         """q [..., V_d] over the target's vocabulary [..., V], `fill` outside (0 for probabilities, -inf
@@ -69,3 +69,9 @@ def widen(q: torch.Tensor, ids: torch.Tensor, size: int, fill: float = 0.0) -> t
         return q
     out = q.new_full((*q.shape[:-1], size), fill)
     return out.index_copy_(-1, ids, q)
+
+
+def token_ids(columns: torch.Tensor, width: int, ids: torch.Tensor | None, size: int) -> torch.Tensor:
+    """`DraftVocab.tokens` where the vocabulary is its columns' token ids `ids` (None: no reduced
+    vocabulary) of `size` tokens, as a compiled program takes it."""
+    return columns if ids is None or width == size else ids[columns]

@@ -11,6 +11,7 @@ from dyspec.core.programs import program
 from dyspec.core.sampling import sample, sample_rows, to_probs
 from dyspec.core.tree import Tree
 from dyspec.core.tree_tensors import TreeTensors, add_nodes, new_tree, node_tensors, place_nodes
+from dyspec.core.vocab import token_ids
 from dyspec.errors import DyspecError
 from dyspec.kernels.row_stats import row_stats
 from dyspec.policies.common import asks_device, on_device_asked
@@ -89,7 +90,7 @@ def grow_chain(
     device = draft.kv.device
     t = new_tree(root, length + 1, device, "iid", draft.vocab, compiled=draft.compiled)
     live = torch.ones(1, dtype=torch.bool, device=device)
-    vocab = (None, 0) if draft.vocab is None else (draft.vocab_ids(device), draft.vocab.size)
+    vocab = draft.vocab_columns(device)
     logits = draft.logits(Tree.root(root, "iid", draft.vocab), [0], on_device=True)
     for node in range(length):
         if temperature == 0:
@@ -121,7 +122,7 @@ def greedy_link(
     column, returned) valued at T = 1 in float64, as `extend` does, added to the tree's `nodes`."""
     best, log_z = row_stats(logits)
     q_x = (logits.gather(1, best[:, None])[:, 0].double() - log_z.double()).exp()
-    tokens = best if vocab_ids is None or logits.shape[-1] == vocab_size else vocab_ids[best]
+    tokens = token_ids(best, logits.shape[-1], vocab_ids, vocab_size)
     parent = torch.full((1,), node, dtype=torch.long, device=logits.device)
     place_nodes(nodes, node + 1, parent, tokens, q_x, live)
     return best

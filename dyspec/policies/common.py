@@ -8,6 +8,7 @@ from dyspec.core.programs import program
 from dyspec.core.sampling import ranked_children, to_probs, top_children
 from dyspec.core.tree import Tree
 from dyspec.core.tree_tensors import TreeTensors, new_tree, node_tensors, place_nodes, subtree
+from dyspec.core.vocab import token_ids
 from dyspec.errors import DyspecError
 
 SELECTS = ("auto", "sample", "top")
@@ -78,7 +79,7 @@ def grow_and_rerank(draft: DraftSession, root: int, budget: int, topk: int, step
     Its children are chosen, not drawn, at every temperature."""
     device = draft.kv.device
     t = new_tree(root, 1 + topk + (steps - 1) * topk * topk, device, "deterministic", draft.vocab, draft.compiled)
-    vocab = (None, 0) if draft.vocab is None else (draft.vocab_ids(device), draft.vocab.size)
+    vocab = draft.vocab_columns(device)
     logits = draft.logits(Tree.root(root, "deterministic", draft.vocab), [0], on_device=True)
     frontier, start = torch.zeros(1, dtype=torch.long, device=device), 1
     for r in range(steps):
@@ -103,7 +104,7 @@ def expand_round(
     """A round of `grow_and_rerank`, one program: the `topk` most probable children (at T = 1) of
     each forwarded node of `frontier` added as nodes start.., and the next frontier (returned)."""
     columns, probs = top_children(to_probs(logits, 1.0), topk, None)
-    tokens = columns if vocab_ids is None or logits.shape[-1] == vocab_size else vocab_ids[columns]
+    tokens = token_ids(columns, logits.shape[-1], vocab_ids, vocab_size)
     n = columns.numel()
     valid = torch.ones(n, dtype=torch.bool, device=logits.device)
     place_nodes(

@@ -27,6 +27,7 @@ from dyspec.core.programs import program
 from dyspec.core.sampling import race_noise, ranked_children, to_probs, top_children
 from dyspec.core.tree import Tree
 from dyspec.core.tree_tensors import TreeTensors, new_tree, node_tensors, place_nodes
+from dyspec.core.vocab import token_ids
 from dyspec.errors import DyspecError
 from dyspec.load.head import AcceptanceHead, head_for, head_on, load_head
 from dyspec.policies.common import asks_device, child_mode, drawn_slot, on_device_asked
@@ -245,7 +246,7 @@ def grow(
     if head is not None:  # the head's inputs, the draft's T = 1 probabilities: each node's, each candidate's
         reach, q1 = torch.ones(len(t), dtype=torch.float64, device=device), torch.zeros(len(t), device=device)
         t.extra["predicted_acceptance"] = torch.full((len(t),), math.nan, dtype=torch.float64, device=device)
-    ids, size = (None, 0) if draft.vocab is None else (draft.vocab_ids(device), draft.vocab.size)
+    ids, size = draft.vocab_columns(device)
     logits = draft.logits(Tree.root(root, sampling, draft.vocab), [0], on_device=True)
     # candidates [nodes, k] of every node (target token ids), their probabilities and slot values,
     # -inf until forwarded
@@ -285,7 +286,7 @@ def _candidates(logits, noise, tau, ids, size, candidates, forwarded):
     q = to_probs(logits, tau)
     columns, probs = top_children(q, candidates[0].shape[1], noise)
     rows = slice(*forwarded)
-    candidates[0][rows] = columns if ids is None or q.shape[-1] == size else ids[columns]
+    candidates[0][rows] = token_ids(columns, q.shape[-1], ids, size)
     candidates[1][rows] = probs.double()
     return q, columns
 

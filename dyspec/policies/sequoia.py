@@ -21,6 +21,7 @@ from dyspec.core.programs import program
 from dyspec.core.sampling import race_noise, ranked_children, to_probs, top_children
 from dyspec.core.tree import Tree
 from dyspec.core.tree_tensors import TreeTensors, index_on, new_tree, node_tensors, place_nodes
+from dyspec.core.vocab import token_ids
 from dyspec.errors import DyspecError
 from dyspec.load import pair_key
 from dyspec.policies.common import asks_device, child_mode, on_device_asked
@@ -189,7 +190,7 @@ def grow(
     sample, tau, sampling = child_mode(o["select"], temperature, o["draft_temperature"])
     device = draft.kv.device
     t = new_tree(root, len(parents), device, sampling, draft.vocab, compiled=draft.compiled)
-    vocab = (None, 0) if draft.vocab is None else (draft.vocab_ids(device), draft.vocab.size)
+    vocab = draft.vocab_columns(device)
     children: dict[int, list[int]] = {}
     for i, p in enumerate(parents[1:], start=1):
         children.setdefault(p, []).append(i)
@@ -230,7 +231,7 @@ def static_layer(
     ranks and parent ids."""
     q = to_probs(logits, tau)
     columns, probs = top_children(q, k, noise)
-    tokens = columns if vocab_ids is None or q.shape[-1] == vocab_size else vocab_ids[columns]
+    tokens = token_ids(columns, q.shape[-1], vocab_ids, vocab_size)
     row, rank, parent = places
     p = probs[row, rank].double()
     place_nodes(nodes, start, parent, tokens[row, rank], p, p > 0)

@@ -13,6 +13,7 @@ from dyspec.core.programs import program
 from dyspec.core.sampling import ranked_children, sample_rows, to_probs, top_children
 from dyspec.core.tree import Tree
 from dyspec.core.tree_tensors import TreeTensors, new_tree, node_tensors, place_nodes
+from dyspec.core.vocab import token_ids
 from dyspec.errors import DyspecError
 from dyspec.policies.common import asks_device, on_device_asked
 
@@ -129,7 +130,7 @@ def grow(
     sampling, device = "iid" if temperature > 0 else "deterministic", draft.kv.device
     size = 1 + sum(math.prod(widths[: i + 1]) for i in range(len(widths)))
     t = new_tree(root, size, device, sampling, draft.vocab, compiled=draft.compiled)
-    vocab = (None, 0) if draft.vocab is None else (draft.vocab_ids(device), draft.vocab.size)
+    vocab = draft.vocab_columns(device)
     logits = draft.logits(Tree.root(root, sampling, draft.vocab), [0], on_device=True)
     frontier = range(1)
     for layer, width in enumerate(widths):
@@ -161,7 +162,7 @@ def kary_layer(
     first, stop, width = layer
     if columns is None:
         columns = top_children(q, width, None)[0]
-    tokens = columns if vocab_ids is None or q.shape[-1] == vocab_size else vocab_ids[columns]
+    tokens = token_ids(columns, q.shape[-1], vocab_ids, vocab_size)
     parents = torch.arange(first, stop, device=q.device).repeat_interleave(columns.shape[1])
     every = torch.ones(columns.numel(), dtype=torch.bool, device=q.device)
     place_nodes(nodes, stop, parents, tokens.flatten(), q.gather(-1, columns).flatten().double(), every)
