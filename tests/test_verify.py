@@ -1,10 +1,12 @@
 """Each verifier must reproduce the target distribution exactly (Monte Carlo, chi-square)."""
 
+import functools
+
 import pytest
 import torch
 from scipy.stats import chisquare
 
-from dyspec.core import tree_tensors
+from dyspec.core import programs, tree_tensors
 from dyspec.core.sampling import ranked_children, residual, sample_rows
 from dyspec.core.tree import Tree
 from dyspec.core.verify import verify_greedy, verify_sampled
@@ -25,20 +27,26 @@ def draw_children(q: torch.Tensor, k: int, sampling: str, g: torch.Generator) ->
     return torch.topk(q, k).indices.tolist()  # deterministic: chosen, not sampled
 
 
-def verify_on_device(tree: Tree, p: torch.Tensor, g: torch.Generator) -> tuple[list[int], int]:
-    """`tree_tensors.verify_sampled` (the step on the device's verifier) on the same tree as tensors."""
+def verify_on_device(
+    tree: Tree, p: torch.Tensor, g: torch.Generator, compiled: bool = False, visits: int = 8
+) -> tuple[list[int], int]:
+    """`tree_tensors.verify_sampled` (the step on the device's verifier) on the same tree as tensors,
+    its walk compiled where `compiled` (dyspec.core.programs), `visits` nodes a call."""
     t = tree_tensors.new_tree(tree.tokens[0], len(tree), p.device, tree.sampling, None)
     for node in range(1, len(tree)):  # one at a time: a child's depth reads its parent's
         parent, token = torch.tensor([tree.parents[node]]), torch.tensor([tree.tokens[node]])
         prob = torch.tensor([tree.draft_probs[node]], dtype=torch.float64)
         tree_tensors.add_nodes(t, node, parent, token, prob, torch.tensor([True]))
     t.q = [(q[None], [u]) for u, q in tree.q.items()]
-    accepted, next_token = tree_tensors.verify_sampled(t, p, g)
+    accepted, next_token = tree_tensors.verify_sampled(t, p, g, compiled=compiled, visits=visits)
+    assert not programs.FAILED
     return [i for i in range(len(t)) if accepted[i]], int(next_token)
 
 
 # each verifier and its trials: the device's runs an op per tensor step, so fewer
 VERIFIERS = [(verify_sampled, 1), (verify_on_device, 5)]
+# the walk compiled, and eager in calls of 3 visits (7 nodes: 3 calls, the last past the tree)
+WALKS = [(functools.partial(verify_on_device, compiled=True), 5), (functools.partial(verify_on_device, visits=3), 5)]
 
 
 def assert_same_distribution(counts: torch.Tensor, p: torch.Tensor) -> None:
@@ -82,7 +90,9 @@ def test_residual_is_needed():
         assert_same_distribution(counts, p)
 
 
-@pytest.mark.parametrize("verify, fewer", VERIFIERS, ids=["host", "device"])
+@pytest.mark.parametrize(
+    "verify, fewer", [*VERIFIERS, *WALKS], ids=["host", "device", "device-compiled", "device-3-visits-a-call"]
+)
 @pytest.mark.parametrize("sampling", ["iid", "without_replacement", "deterministic"])
 def test_two_level_tree_keeps_joint_distribution(sampling, verify, fewer):
     """A 2-level tree over 6 tokens: the first two emitted tokens follow p(x1) p(x2 | x1)."""

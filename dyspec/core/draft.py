@@ -137,7 +137,6 @@ class DraftSession:
         self.tree_ids: list[int] | None = []  # their nodes where the host chose them all, else None
         self.context_tensor: torch.Tensor | None = None  # `context` on the device, for a step's copies there
         self.copy_table: torch.Tensor | None = None  # 0 and `copy_weights` there
-        self.vocab_on: dict[torch.device, torch.Tensor] = {}  # `vocab_columns`' ids by device
         self.memo: dict = {} if memo is None else memo  # policies' learnt state, by policy
         # whether it forwards in this generation: an idle one (`ar`, `lookup` without its fallback)
         # keeps the committed tokens for the policy to search, and no features
@@ -295,9 +294,7 @@ class DraftSession:
         kept, and the target's vocabulary size; (None, 0) where the draft reads out every token."""
         if self.vocab is None:
             return None, 0
-        if device not in self.vocab_on:
-            self.vocab_on[device] = self.vocab.ids.to(device)
-        return self.vocab_on[device], self.vocab.size
+        return self.vocab.ids_on(device), self.vocab.size
 
     def forwarded(self) -> torch.Tensor | None:
         """The nodes `tree_logits` forwarded this step, in their cache slots' order."""

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import torch
 
+from dyspec.core.programs import program
 from dyspec.kernels.row_stats import inverse_cdf
 
 
+@program
 def to_probs(logits: torch.Tensor, temperature: float) -> torch.Tensor:
     """Softmax at `temperature` in fp32; at temperature 0, one-hot on the argmax (never logits / 0)."""
     logits = logits.float()
@@ -46,17 +48,17 @@ def ranked_children(
     top k. Returns tokens [n, k] and their probabilities under q; children past q's support come
     last with probability 0, and callers skip them. E is drawn as -log(U), several times faster
     on a CPU than `exponential_`, and paid for every row a tree forwards."""
-    return top_children(q, k, race_noise(q, generator) if sample else None)
+    return top_children(q, k, race_uniforms(q, generator) if sample else None)
 
 
-def race_noise(q: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
-    """E ~ Exp(1) of q's shape, for `top_children`'s race: drawn outside a compiled program, which
-    takes no generator."""
-    return torch.rand(q.shape, generator=generator, device=q.device).log_().neg_()
+def race_uniforms(q: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
+    """U ~ Uniform(0, 1) of q's shape, for `top_children`'s race (E = -log U): drawn outside a
+    compiled program, which takes no generator; the log is taken inside it, one op fewer a round."""
+    return torch.rand(q.shape, generator=generator, device=q.device)
 
 
-def top_children(q: torch.Tensor, k: int, noise: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
-    """`ranked_children` with its race's `noise` drawn (`race_noise`), or None for the top k."""
-    keys = q if noise is None else q / noise
+def top_children(q: torch.Tensor, k: int, uniforms: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """`ranked_children` with its race's `uniforms` drawn (`race_uniforms`), or None for the top k."""
+    keys = q if uniforms is None else q / uniforms.log().neg()
     idx = keys.topk(min(k, q.shape[-1]), dim=-1).indices
     return idx, q.gather(-1, idx)

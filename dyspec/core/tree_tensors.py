@@ -21,7 +21,7 @@ import torch
 from dyspec.core.programs import program
 from dyspec.core.sampling import residual
 from dyspec.core.tree import Tree
-from dyspec.core.vocab import DraftVocab
+from dyspec.core.vocab import DraftVocab, widen
 from dyspec.kernels.row_stats import row_stats
 
 
@@ -160,60 +160,110 @@ def accept_greedily(
     return *greedy_accept(nodes, target_argmax), (logits[parents, tokens] - log_z[parents]).exp()
 
 
-def proposals(t: TreeTensors, width: int) -> torch.Tensor:
+def proposals(t: TreeTensors, width: int, compiled: bool = False) -> torch.Tensor:
     """[N, width] fp32: each forwarded node's draft distribution (the q its children were drawn from)
-    over the target's `width` tokens; zero rows for nodes never forwarded, which have no children.
-    In a cut tree (`origin`) a forward's ids are those before the cut: each row goes to its node's
-    place, a node cut away to a spare row, dropped."""
+    over the target's `width` tokens; zero rows for nodes never forwarded, which have no children
+    (`compiled`: placed by one program)."""
     device = t.tokens.device
-    rows = torch.zeros(len(t) + 1, width, device=device)
-    for q, nodes in t.q:
-        widened = q if t.vocab is None else t.vocab.widen(q)
-        at = torch.as_tensor(nodes, device=device)
-        if t.origin is not None:
-            match = at[:, None] == t.origin[None, :]
-            at = torch.where(match.any(1), match.int().argmax(1), len(t))
-        rows[at] = widened.float()
+    qs = [q for q, _ in t.q]
+    at = [nodes if isinstance(nodes, torch.Tensor) else index_on(nodes, device) for _, nodes in t.q]
+    ids = None if t.vocab is None else t.vocab.ids_on(device)
+    return proposal_rows(qs, at, t.origin, len(t), width, ids, compiled=compiled)
+
+
+@program
+def proposal_rows(
+    qs: list[torch.Tensor], at: list[torch.Tensor], origin: torch.Tensor | None, n: int, width: int, ids
+) -> torch.Tensor:
+    """`proposals` from the forwards' q and node ids `at`, over a reduced vocabulary's `ids` (None:
+    none). In a cut tree (`origin`) a forward's ids are those before the cut: each row goes to its
+    node's place, a node cut away to a spare row, dropped."""
+    rows = torch.zeros(n + 1, width, device=qs[0].device)
+    for q, nodes in zip(qs, at, strict=True):
+        if origin is not None:
+            match = nodes[:, None] == origin[None, :]
+            nodes = torch.where(match.any(1), match.int().argmax(1), n)
+        rows[nodes] = widen(q, ids, width).float() if ids is not None else q.float()
     return rows[:-1]
 
 
 def verify_sampled(
-    t: TreeTensors, p: torch.Tensor, generator: torch.Generator | None = None
+    t: TreeTensors, p: torch.Tensor, generator: torch.Generator | None = None, compiled: bool = False, visits: int = 8
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """`dyspec.core.verify.verify_sampled` on the device, with no host read: the accepted nodes [N]
     bool and the token after them. Nodes are visited in id order, which tries each node's children
     in drawing order and every child after its parent: one visit a node, in which it is tried when
     its parent is the node the walk stands on, with the walk's target distribution P and proposal
     D updated by masks (accept: move to the child; reject: the residual, and without replacement
-    the token removed from D). The token after them is drawn from the last P (Exp(1) race)."""
-    n, device = len(t), p.device
-    coins = torch.rand(n, generator=generator, device=device)
-    noise = torch.rand(p.shape[-1], generator=generator, device=device).log_().neg_()
-    Q = None if t.sampling == "deterministic" else proposals(t, p.shape[-1])
-    cur = torch.zeros((), dtype=torch.long, device=device)
-    P = p[0]
-    D = None if Q is None else Q[0]
-    stop = torch.zeros((), dtype=torch.bool, device=device)  # D used up: the walk tries no more children
-    accepted = torch.zeros(n, dtype=torch.bool, device=device)
-    for j in range(1, n):
-        x = t.tokens[j : j + 1]  # 1-d: indexing with a 0-d tensor would read it on the host
-        tried = t.valid[j] & (t.parents[j] == cur) & ~stop
-        proposal = D if D is not None else torch.zeros_like(P).scatter(0, x, 1.0)  # chosen: one-hot on x
-        take = (coins[j] * proposal[x] <= P[x])[0]
+    the token removed from D). The token after them is drawn from the last P (Exp(1) race). The
+    visits run `visits` at a time, by one program each where `compiled`: one program for every
+    tree size, its loop unrolled."""
+    n = len(t)
+    uniforms = torch.rand(n + p.shape[-1], generator=generator, device=p.device)  # each node's coin, the race's
+    Q = None if t.sampling == "deterministic" else proposals(t, p.shape[-1], compiled=compiled)
+    walk, nodes = None, (t.tokens, t.parents, t.valid)
+    for first in range(1, max(n, 2), visits):  # one call at least: it starts the walk
+        walk = visit_nodes(walk, first, visits, nodes, p, Q, uniforms, t.sampling, compiled=compiled)
+    return end_walk(walk, uniforms, compiled=compiled)
+
+
+@program
+def visit_nodes(
+    walk: tuple | None,
+    first: int,
+    visits: int,
+    nodes: tuple[torch.Tensor, ...],
+    p: torch.Tensor,
+    Q: torch.Tensor | None,
+    uniforms: torch.Tensor,
+    sampling: str,
+) -> tuple:
+    """`verify_sampled`'s visits of nodes first .. first + visits - 1 (those past the tree try
+    nothing): the walk after them, from its start where `walk` is None. The walk: the node it
+    stands on, P, D, whether D is used up (no more children tried), and each visit's verdict, with
+    room for a last call's visits past the tree."""
+    tokens, parents, valid = nodes
+    n = len(tokens)
+    if walk is None:
+        zero = torch.zeros((), dtype=torch.long, device=p.device)
+        verdicts = torch.zeros(n + visits, dtype=torch.bool, device=p.device)
+        walk = zero, p[0], None if Q is None else Q[0], zero.bool(), verdicts
+    cur, P, D, stop, accepted = walk
+    ids = torch.arange(first, first + visits, device=p.device)
+    at = ids.clamp(max=n - 1)  # a visit past the tree reads the last node's row and tries nothing
+    inside = valid[at] & (ids < n)
+    x, u, coin, p_at, q_at = tokens[at], parents[at], uniforms[at], p[at], None if Q is None else Q[at]
+    taken = []
+    for i in range(visits):
+        xi = x[i : i + 1]  # 1-d: indexing with a 0-d tensor would read it on the host
+        tried = inside[i] & (u[i] == cur) & ~stop
+        proposal = D if D is not None else torch.zeros_like(P).scatter(0, xi, 1.0)  # chosen: one-hot on x
+        take = (coin[i] * proposal[xi] <= P[xi])[0]
         rejected = residual(P, proposal)
         take, reject = tried & take, tried & ~take
         if D is not None:
-            if t.sampling == "without_replacement":
-                fewer = D.scatter(0, x, 0.0)
+            if sampling == "without_replacement":
+                fewer = D.scatter(0, xi, 0.0)
                 mass = fewer.sum()
                 stop = torch.where(take, False, torch.where(reject, mass <= 0, stop))
                 fewer = torch.where(mass > 0, fewer / mass, fewer)
                 D = torch.where(reject, fewer, D)
-            D = torch.where(take, Q[j], D)
-        P = torch.where(take, p[j], torch.where(reject, rejected, P))
-        cur = torch.where(take, j, cur)
-        accepted[j] = take
-    return accepted, (P / noise).argmax(0, keepdim=True)
+            D = torch.where(take, q_at[i], D)
+        P = torch.where(take, p_at[i], torch.where(reject, rejected, P))
+        cur = torch.where(take, ids[i], cur)
+        taken.append(take)
+    accepted = accepted.clone()
+    accepted[first : first + visits] = torch.stack(taken)
+    return cur, P, D, stop, accepted
+
+
+@program
+def end_walk(walk: tuple, uniforms: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """`verify_sampled`'s verdict from its walk: the accepted nodes, and the token after them drawn
+    from the last P by an Exp(1) race on the uniforms after the nodes' coins."""
+    P, accepted = walk[1], walk[4]
+    n = len(uniforms) - len(P)
+    return accepted[:n], (P / uniforms[n:].log().neg()).argmax(0, keepdim=True)
 
 
 def subtree(t: TreeTensors, nodes: torch.Tensor, compiled: bool = False) -> TreeTensors:

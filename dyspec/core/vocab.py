@@ -11,7 +11,7 @@ is a token outside the subset returns full-width logits for that call.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -24,6 +24,7 @@ class DraftVocab:
     # for one token at a time, as lists: a list's item costs a fraction of a tensor op's
     token_of: list[int]  # ids
     column_of: list[int]  # [V] the column of each target token, -1 outside
+    copies: dict[torch.device, torch.Tensor] = field(default_factory=dict, compare=False, repr=False)  # `ids_on`
 
     @classmethod
     def of(cls, ids: torch.Tensor, size: int) -> DraftVocab | None:
@@ -39,6 +40,12 @@ class DraftVocab:
             column_of[token] = column
         return cls(ids, token_of, column_of)
 
+    def ids_on(self, device: torch.device) -> torch.Tensor:
+        """`ids` on `device`, kept: a copy to a GPU each call would be an op each step."""
+        if device not in self.copies:
+            self.copies[device] = self.ids.to(device)
+        return self.copies[device]
+
     @property
     def size(self) -> int:
         """The target's vocabulary size."""
@@ -46,12 +53,12 @@ class DraftVocab:
 
     def tokens(self, columns: torch.Tensor, width: int) -> torch.Tensor:
         """Target token ids of `columns` of distributions `width` wide."""
-        return columns if width == self.size else token_ids(columns, width, self.ids.to(columns.device), self.size)
+        return columns if width == self.size else token_ids(columns, width, self.ids_on(columns.device), self.size)
 
     def widen(self, q: torch.Tensor, fill: float = 0.0) -> torch.Tensor:
         """q [..., V_d] over the target's vocabulary [..., V], `fill` outside (0 for probabilities, -inf
         for logits); a full-width q as it is."""
-        return widen(q, self.ids.to(q.device), self.size, fill)
+        return widen(q, self.ids_on(q.device), self.size, fill)
 
     def token(self, column: int, width: int) -> int:
         """The target token of column `column` of distributions `width` wide."""

@@ -140,8 +140,8 @@ def device_step(run: Decoding, root: int, budget: Budget, plan: Plan, t0: float,
         verdict = tree_tensors.greedy_verdict(logits, tree_tensors.node_tensors(t), compiled=draft.compiled)
         accepted, next_token, target_probs, log_z = verdict
     else:
-        p = to_probs(logits, run.temperature)
-        accepted, next_token = tree_tensors.verify_sampled(t, p, generator)
+        p = to_probs(logits, run.temperature, compiled=draft.compiled)
+        accepted, next_token = tree_tensors.verify_sampled(t, p, generator, compiled=draft.compiled)
         target_probs = p[t.parents, t.tokens]
     host = tree_tensors.read_step(
         t, accepted, next_token, target_probs, compiled=draft.compiled, forwarded=draft.forwarded()

@@ -24,7 +24,7 @@ import torch
 from dyspec.core.contract import AutoNeeds, Policy, slot_rate
 from dyspec.core.draft import DraftSession
 from dyspec.core.programs import program
-from dyspec.core.sampling import race_noise, ranked_children, to_probs, top_children
+from dyspec.core.sampling import race_uniforms, ranked_children, to_probs, top_children
 from dyspec.core.tree import Tree
 from dyspec.core.tree_tensors import TreeTensors, new_tree, node_tensors, place_nodes
 from dyspec.core.vocab import token_ids
@@ -257,12 +257,12 @@ def grow(
     for r in range(rounds):
         forwarded = (0, 1) if r == 0 else (1 + (r - 1) * batch, 1 + r * batch)  # the last round's picks
         new = 1 + r * batch
-        noise = race_noise(logits, generator) if sample else None
+        uniforms = race_uniforms(logits, generator) if sample else None
         if head is None:
-            args = (logits, noise, tau, ids, size, nodes, slots, candidates, forwarded, new, shape)
+            args = (logits, uniforms, tau, ids, size, nodes, slots, candidates, forwarded, new, shape)
             q = heap_round(*args, compiled=draft.compiled)
         else:
-            q, columns = _candidates(logits, noise, tau, ids, size, candidates, forwarded)
+            q, columns = _candidates(logits, uniforms, tau, ids, size, candidates, forwarded)
             rows = slice(*forwarded)
             q1_candidates[rows] = to_probs(logits, 1.0).gather(1, columns)
             if r:  # the root's forward predicts nothing: it is the target's own token
@@ -279,12 +279,12 @@ def grow(
     return t
 
 
-def _candidates(logits, noise, tau, ids, size, candidates, forwarded):
+def _candidates(logits, uniforms, tau, ids, size, candidates, forwarded):
     """The draft's q (returned) after the nodes `forwarded` (first, stop) from their `logits`, and its
-    top or drawn (`noise`) children (returned): their target token ids and probabilities go into the
+    top or drawn (`uniforms`) children (returned): their target token ids and probabilities go into the
     `candidates` matrices' rows of those nodes."""
     q = to_probs(logits, tau)
-    columns, probs = top_children(q, candidates[0].shape[1], noise)
+    columns, probs = top_children(q, candidates[0].shape[1], uniforms)
     rows = slice(*forwarded)
     candidates[0][rows] = token_ids(columns, q.shape[-1], ids, size)
     candidates[1][rows] = probs.double()
@@ -320,7 +320,7 @@ def heap_start(n: int, k: int, device: torch.device) -> tuple[torch.Tensor, torc
 @program
 def heap_round(
     logits: torch.Tensor,
-    noise: torch.Tensor | None,
+    uniforms: torch.Tensor | None,
     tau: float,
     ids: torch.Tensor | None,
     size: int,
@@ -333,7 +333,7 @@ def heap_round(
 ) -> torch.Tensor:
     """A round of the heap with the draft's scores, one program: `_candidates`, then `_pick` by
     each node's value. Returns the draft's q after the nodes `forwarded`."""
-    q, _ = _candidates(logits, noise, tau, ids, size, candidates, forwarded)
+    q, _ = _candidates(logits, uniforms, tau, ids, size, candidates, forwarded)
     _pick(nodes, slots, candidates, nodes[4], forwarded, new, shape)
     return q
 

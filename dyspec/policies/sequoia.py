@@ -18,7 +18,7 @@ from dyspec.cache import cache_dir
 from dyspec.core.contract import Policy
 from dyspec.core.draft import DraftSession
 from dyspec.core.programs import program
-from dyspec.core.sampling import race_noise, ranked_children, to_probs, top_children
+from dyspec.core.sampling import race_uniforms, ranked_children, to_probs, top_children
 from dyspec.core.tree import Tree
 from dyspec.core.tree_tensors import TreeTensors, index_on, new_tree, node_tensors, place_nodes
 from dyspec.core.vocab import token_ids
@@ -203,8 +203,8 @@ def grow(
         row = [i for i, s in enumerate(frontier) for _ in children[s]]
         rank = [j for s in frontier for j in range(len(children[s]))]
         places = index_on([row, rank, [parents[c] for c in kids]], device)
-        noise = race_noise(logits, generator) if sample else None
-        q = static_layer(logits, noise, tau, k, node_tensors(t), kids[0], places, *vocab, compiled=draft.compiled)
+        uniforms = race_uniforms(logits, generator) if sample else None
+        q = static_layer(logits, uniforms, tau, k, node_tensors(t), kids[0], places, *vocab, compiled=draft.compiled)
         t.q.append((q, frontier))
         t.growth.append(kids[-1] + 1)
         frontier = [c for c in kids if c in children]
@@ -216,7 +216,7 @@ def grow(
 @program
 def static_layer(
     logits: torch.Tensor,
-    noise: torch.Tensor | None,
+    uniforms: torch.Tensor | None,
     tau: float,
     k: int,
     nodes: tuple[torch.Tensor, ...],
@@ -226,11 +226,11 @@ def static_layer(
     vocab_size: int,
 ) -> torch.Tensor:
     """A layer of the static tree, one program: the draft's q (returned) after the layer's forwarded
-    nodes, their top or drawn (`noise`) k children, and each new node start.. placed at (its
+    nodes, their top or drawn (`uniforms`) k children, and each new node start.. placed at (its
     parent's row, its rank) of them, a child of probability 0 padding. `places`: [3, nodes] rows,
     ranks and parent ids."""
     q = to_probs(logits, tau)
-    columns, probs = top_children(q, k, noise)
+    columns, probs = top_children(q, k, uniforms)
     tokens = token_ids(columns, q.shape[-1], vocab_ids, vocab_size)
     row, rank, parent = places
     p = probs[row, rank].double()
