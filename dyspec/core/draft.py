@@ -89,16 +89,26 @@ def tree_inputs(
     columns: torch.Tensor,
     width: int,
     length: int,
-    tree_features: torch.Tensor | None,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None]:
-    """A draft forward's inputs for tree nodes `rows`: their tokens, positions after the `length`
-    committed tokens, which of the step's `width` uncommitted slots each sees (the nodes `forwarded`
-    this step sit in slots `columns`, the rows themselves last) and, for a feature draft, the predicted
-    features at their parents (`tree_features`)."""
+    features: tuple | None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
+    """A draft forward's inputs for tree nodes `rows`: their tokens and positions after the `length`
+    committed tokens as one [2, n] tensor (`KVSession.forward`'s `ids`), which of the step's `width`
+    uncommitted slots each sees (the nodes `forwarded` this step sit in slots `columns`, the rows
+    themselves last) and, for a feature draft, the predicted features at their parents, with the
+    table of every forwarded node's feature they are read from. `features`: None, or that table
+    (None on the step's first call), the root's feature, and the last call's rows and hidden
+    states (None on the first call), placed now."""
     visible = torch.zeros(len(rows), width, dtype=torch.bool, device=tokens.device)
     visible[:, columns] = ancestors[rows][:, forwarded]
-    features = None if tree_features is None else tree_features[parents[rows]]
-    return tokens[rows], length - 1 + depths[rows], visible, features
+    ids = torch.stack([tokens[rows], length - 1 + depths[rows]])
+    if features is None:
+        return ids, visible, None, None
+    table, root, last_rows, last_hidden = features
+    if table is None:
+        table = torch.cat([root[None], root.new_zeros(len(tokens) - 1, root.shape[-1])])
+    if last_rows is not None:
+        table = table.index_put((last_rows,), last_hidden)
+    return ids, visible, table[parents[rows]], table
 
 
 class DraftSession:
@@ -132,6 +142,7 @@ class DraftSession:
         self.pending_features: torch.Tensor | None = None  # [len(pending), H], feature drafts only
         self.node_features: dict[int, torch.Tensor] = {}  # tree node -> the draft's predicted feature
         self.tree_features: torch.Tensor | None = None  # the same [nodes, H], for a tree grown on the device
+        self.unplaced: tuple[torch.Tensor, torch.Tensor] | None = None  # its last call's rows and hidden states
         self.slot_of: dict[int, int] = {}  # tree node -> cache slot, for nodes forwarded this step
         self.tree_slots: list[tuple[int, torch.Tensor]] = []  # (first slot, nodes) of each `tree_logits` call
         self.tree_ids: list[int] | None = []  # their nodes where the host chose them all, else None
@@ -224,6 +235,7 @@ class DraftSession:
         device = logits.device
         if self.context_tensor is None:  # the committed tokens change only at `commit`: copied once a step
             self.context_tensor = torch.frombuffer(self.context, dtype=torch.int32).to(device, torch.long)
+        if self.copy_table is None:
             self.copy_table = torch.tensor([0.0, *self.copy_weights], dtype=torch.float64, device=device)
         copied = (self.context_tensor, t.ancestors, t.depths, t.tokens, rows, self.copy_table, self.temperature)
         return mix_tree_copies(logits, *copied, *self.vocab_columns(device), compiled=self.compiled)
@@ -278,15 +290,16 @@ class DraftSession:
         self.tree_ids = None if self.tree_ids is None or isinstance(nodes, torch.Tensor) else self.tree_ids + nodes
         # each row's ancestors among this step's slots, which a padded forward leaves gaps between
         columns = index_on([s - length + i for s, r in self.tree_slots for i in range(len(r))], device)
-        if self.needs_features and self.tree_features is None:
-            self.tree_features = self.node_features[0].new_zeros(len(t), self.node_features[0].shape[-1])
-            self.tree_features[0] = self.node_features[0]
+        # a feature draft's table of features, the last call's placed in the next call's program
+        features = None
+        if self.needs_features:
+            features = (self.tree_features, self.node_features[0], *(self.unplaced or (None, None)))
         width = start - length + len(rows)
         args = (t.ancestors, t.depths, t.tokens, t.parents, rows, self.forwarded(), columns, width, length)
-        tokens, positions, visible, features = tree_inputs(*args, self.tree_features, compiled=self.compiled)
-        logits = self._timed_forward(t, rows, tokens, positions, visible, features=features, on_device=True)
+        ids, visible, features, self.tree_features = tree_inputs(*args, features, compiled=self.compiled)
+        logits = self._timed_forward(t, rows, ids, None, visible, features=features, on_device=True)
         if self.needs_features:
-            self.tree_features[rows] = self.hidden
+            self.unplaced = rows, self.hidden
         return logits
 
     def vocab_columns(self, device: torch.device) -> tuple[torch.Tensor | None, int]:
@@ -326,7 +339,7 @@ class DraftSession:
             path = [0, *accepted]  # a child's id is above its parent's: a path ending at len - 1 is 0..len - 1
             rows = target_hidden[: len(path)] if path[-1] == len(path) - 1 else target_hidden[path]
             self.pending_features = torch.cat([self.pending_features, rows]) if len(self.pending_features) else rows
-            self.node_features, self.tree_features = {}, None
+            self.node_features, self.tree_features, self.unplaced = {}, None, None
         if self.kv is not None and self.slot_of:
             self.kv.commit([self.slot_of[node] for node in accepted[:seen]])
         self.pending += [tree.tokens[node] for node in accepted[seen:]] + [next_token]

@@ -176,13 +176,15 @@ class KVSession:
         causal attention. `positions` default to consecutive positions after the cache. `features`
         [n, H or its feature_size] go to a feature-conditioned draft. Tokens and positions may be
         int64 tensors on the device (a tree grown there: dyspec.core.tree_tensors), which it takes
-        without reading them.
+        without reading them, or `tokens` both as one [2, n] tensor (`ids`, as a program makes them:
+        one op fewer), `positions` None.
         `pad_to`: run the forward at that many tokens (where the profile says it is cheaper,
         `dyspec.auto.cost.padded_size`; the static path pads to its bucket); the padding attends to itself
         alone, no token attends to it, its logits and hidden states are not returned, and `commit`
         drops its cache slots.
         """
-        n, start = len(tokens), self.cached
+        on_device = isinstance(tokens, torch.Tensor)
+        n, start = tokens.shape[-1] if on_device else len(tokens), self.cached
         size = max(n, pad_to)
         if self.static is not None:
             size = bucket(size)
@@ -192,10 +194,10 @@ class KVSession:
                 )
         if positions is None:
             positions = list(range(start, start + n))
-        mask = self._mask(n, size, visible, on_device=isinstance(tokens, torch.Tensor))
+        mask = self._mask(n, size, visible, on_device=on_device)
         pad = size - n
-        if isinstance(tokens, torch.Tensor):
-            ids = torch.stack([tokens, positions])
+        if on_device:
+            ids = tokens if tokens.dim() == 2 else torch.stack([tokens, positions])
             ids = ids if ids.device == self.device else ids.to(self.device)
             ids = torch.cat([ids, ids[:, -1:].expand(2, pad)], 1) if pad else ids
         else:  # one copy to the device, not two

@@ -48,13 +48,15 @@ def ranked_children(
     top k. Returns tokens [n, k] and their probabilities under q; children past q's support come
     last with probability 0, and callers skip them. E is drawn as -log(U), several times faster
     on a CPU than `exponential_`, and paid for every row a tree forwards."""
-    return top_children(q, k, race_uniforms(q, generator) if sample else None)
+    return top_children(q, k, race_uniforms(q.shape, generator, q.device) if sample else None)
 
 
-def race_uniforms(q: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
-    """U ~ Uniform(0, 1) of q's shape, for `top_children`'s race (E = -log U): drawn outside a
-    compiled program, which takes no generator; the log is taken inside it, one op fewer a round."""
-    return torch.rand(q.shape, generator=generator, device=q.device)
+def race_uniforms(
+    shape: tuple[int, ...], generator: torch.Generator | None = None, device: torch.device | None = None
+) -> torch.Tensor:
+    """U ~ Uniform(0, 1) [rows, V] for `top_children`'s race (E = -log U): drawn outside a compiled
+    program, which takes no generator; the log is taken inside it, one op fewer."""
+    return torch.rand(shape, generator=generator, device=device)
 
 
 def top_children(q: torch.Tensor, k: int, uniforms: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:

@@ -120,6 +120,13 @@ def place_nodes(
     t_ancestors[new] = torch.where(t_ancestors[parents], True, t_ancestors[new])
 
 
+@program
+def token_positions(tokens: torch.Tensor, depths: torch.Tensor, length: int) -> torch.Tensor:
+    """The tree's tokens and their positions after `length` committed tokens, as one [2, N] tensor:
+    a target forward's `ids` (`KVSession.forward`)."""
+    return torch.stack([tokens, length + depths])
+
+
 def verify_greedy(t: TreeTensors, target_argmax: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """`dyspec.core.verify.verify_greedy` on the device: the accepted nodes [N] bool (one root path)
     and the token after them. A node is taken where its token is the target's argmax after its

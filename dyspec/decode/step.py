@@ -133,7 +133,8 @@ def device_step(run: Decoding, root: int, budget: Budget, plan: Plan, t0: float,
     t = run.policy.grow(draft, root, plan.cap, run.temperature, generator, options)
     draft_s = draft.seconds - draft_s0
     t1 = time.perf_counter()
-    logits = run.target.forward(t.tokens, run.target.length + t.depths, t.ancestors)
+    ids = tree_tensors.token_positions(t.tokens, t.depths, run.target.length, compiled=draft.compiled)
+    logits = run.target.forward(ids, None, t.ancestors)
     t2 = time.perf_counter()  # on a GPU, the time to queue it: the step's one read below waits for it all
     log_z = p = None
     if run.temperature == 0:

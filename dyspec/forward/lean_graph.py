@@ -52,6 +52,7 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
+from torch.utils._python_dispatch import _disable_current_modes
 from tqdm.auto import tqdm
 
 from dyspec.cache import cache_dir
@@ -305,7 +306,10 @@ def warm_up(lean, vocab: int) -> None:
     cache = lean.cache_for("warm-up")
     shapes = [(60, 1, False), (60, 2, True)]  # (context, rows, tree)
     for context, n, tree in tqdm(shapes, desc="compiling the int8 forward (once per process)"):
-        with torch.inference_mode():  # as the engine runs it: a graph is compiled per grad mode
+        # as the engine runs it: a graph is compiled per grad mode, and with no dispatch mode around it
+        # (a first generation's lazy warm-up may run under `dyspec.eval.anatomy`'s counter; a graph's
+        # guards would then expect that mode's dispatch keys on every later call)
+        with torch.inference_mode(), _disable_current_modes():
             warm_up_forward(lean, cache, vocab, context, n, tree)
     del lean._caches["warm-up"]
 

@@ -254,10 +254,12 @@ def grow(
     slots, *candidates = heap_start(len(t), k, device, compiled=draft.compiled)
     q1_candidates = None if head is None else torch.zeros(len(t), k, device=device)
     shape = (batch, budget, max_depth, sample)
+    # every round's race in one draw, a row per node forwarded: the stream the host draws forward by forward
+    race = (1 + (rounds - 1) * batch, logits.shape[-1])
+    uniforms = race_uniforms(race, generator, device) if sample else None
     for r in range(rounds):
         forwarded = (0, 1) if r == 0 else (1 + (r - 1) * batch, 1 + r * batch)  # the last round's picks
         new = 1 + r * batch
-        uniforms = race_uniforms(logits, generator) if sample else None
         if head is None:
             args = (logits, uniforms, tau, ids, size, nodes, slots, candidates, forwarded, new, shape)
             q = heap_round(*args, compiled=draft.compiled)
@@ -281,11 +283,11 @@ def grow(
 
 def _candidates(logits, uniforms, tau, ids, size, candidates, forwarded):
     """The draft's q (returned) after the nodes `forwarded` (first, stop) from their `logits`, and its
-    top or drawn (`uniforms`) children (returned): their target token ids and probabilities go into the
-    `candidates` matrices' rows of those nodes."""
+    top or drawn (their rows of `uniforms`) children (returned): their target token ids and
+    probabilities go into the `candidates` matrices' rows of those nodes."""
     q = to_probs(logits, tau)
-    columns, probs = top_children(q, candidates[0].shape[1], uniforms)
     rows = slice(*forwarded)
+    columns, probs = top_children(q, candidates[0].shape[1], None if uniforms is None else uniforms[rows])
     candidates[0][rows] = token_ids(columns, q.shape[-1], ids, size)
     candidates[1][rows] = probs.double()
     return q, columns

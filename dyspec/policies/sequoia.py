@@ -203,7 +203,7 @@ def grow(
         row = [i for i, s in enumerate(frontier) for _ in children[s]]
         rank = [j for s in frontier for j in range(len(children[s]))]
         places = index_on([row, rank, [parents[c] for c in kids]], device)
-        uniforms = race_uniforms(logits, generator) if sample else None
+        uniforms = race_uniforms(logits.shape, generator, logits.device) if sample else None
         q = static_layer(logits, uniforms, tau, k, node_tensors(t), kids[0], places, *vocab, compiled=draft.compiled)
         t.q.append((q, frontier))
         t.growth.append(kids[-1] + 1)
