@@ -13,9 +13,11 @@ import torch
 
 from dyspec.core.contract import AutoNeeds, Policy, slot_rate
 from dyspec.core.draft import DraftSession
-from dyspec.core.sampling import ranked_children, to_probs
+from dyspec.core.programs import program
+from dyspec.core.sampling import race_uniforms, ranked_children, to_probs, top_children
 from dyspec.core.tree import Tree
-from dyspec.core.tree_tensors import TreeTensors, add_nodes, new_tree, subtree
+from dyspec.core.tree_tensors import TreeTensors, new_tree, node_tensors, place_nodes, subtree
+from dyspec.core.vocab import token_ids
 from dyspec.errors import DyspecError
 from dyspec.policies.common import asks_device, child_mode, drawn_slot, on_device_asked
 
@@ -103,40 +105,72 @@ def grow(
     sample, tau, sampling = child_mode(options["select"], temperature, options["draft_temperature"])
     device, max_depth = draft.kv.device, options["max_depth"]
     width, layers = min(options["width"] or budget, budget), min(max_depth, budget)
-    budget_ids = torch.arange(budget, device=device)
-    t = new_tree(root, 1 + layers * budget, device, sampling, draft.vocab)
+    t = new_tree(root, 1 + layers * budget, device, sampling, draft.vocab, compiled=draft.compiled)
     logits = draft.logits(Tree.root(root, sampling, draft.vocab), [0], on_device=True)
     frontier, live = torch.zeros(1, dtype=torch.long, device=device), torch.ones(1, dtype=torch.bool, device=device)
+    shape, vocab = (budget, width, max_depth, t_min), draft.vocab_columns(device)
     for layer in range(layers):
-        q = to_probs(logits, tau)
-        columns, probs = ranked_children(q, budget, sample, generator)
-        t.q.append((q, frontier))
-        p = probs.double()
-        worth = 1 - torch.nn.functional.pad(p.cumsum(1)[:, :-1], (1, 0)) if sample else p
-        ok = (t.values[frontier, None] * worth > t_min) & (p > 0) & live[:, None]
-        if layer == 0:  # the root's first child comes whatever its value (`build` says why)
-            ok[0, 0] = p[0, 0] > 0
-        ok = ok.cumprod(1).bool().flatten()  # a node stops at its first slot worth too little
-        rank = ok.cumsum(0)  # 1, 2, ... in frontier-then-rank order: the host's order of adding
-        room = budget + 1 - t.valid.sum()  # the root is valid
-        # each pick's place among the layer's new nodes; the rest to a spare place, dropped
-        at = torch.where(ok & (rank <= room), rank - 1, budget)
-        picked = [
-            torch.zeros(budget + 1, dtype=x.dtype, device=device).scatter_(0, at, x)[:budget]
-            for x in (frontier.repeat_interleave(columns.shape[1]), columns.flatten(), p.flatten())
-        ]
-        tokens = picked[1] if draft.vocab is None else draft.vocab.tokens(picked[1], q.shape[-1])
+        uniforms = race_uniforms(logits.shape, generator, device) if sample else None
         start = 1 + layer * budget
-        add_nodes(t, start, picked[0], tokens, picked[2], budget_ids < (at < budget).sum())
-        nodes = start + budget_ids
-        good = t.valid[nodes] & (t.depths[nodes] < max_depth) & (t.values[nodes] > t_min)
-        order = torch.where(good, t.values[nodes], -1.0).sort(descending=True, stable=True).indices[:width]
-        frontier, live = nodes[order], good[order]
+        args = (logits, uniforms, tau, frontier, live, node_tensors(t), start, layer == 0, shape, *vocab)
+        q, next_frontier, live = threshold_layer(*args, compiled=draft.compiled)
+        t.q.append((q, frontier))
+        t.growth.append(start + budget)
+        frontier = next_frontier
         if layer + 1 < layers:
             logits = draft.tree_logits(t, frontier)
-    # the target forwards every row: the valid nodes in id order (at most the budget's), then padding
-    keep = (torch.where(t.valid, 0, len(t)) + torch.arange(len(t), device=device)).argsort()
-    return subtree(t, keep[1 : budget + 1])
+    return subtree(t, kept_nodes(t.valid, budget, compiled=draft.compiled), compiled=draft.compiled)
+
+
+@program
+def threshold_layer(
+    logits: torch.Tensor,
+    uniforms: torch.Tensor | None,
+    tau: float,
+    frontier: torch.Tensor,
+    live: torch.Tensor,
+    nodes: tuple[torch.Tensor, ...],
+    start: int,
+    first: bool,
+    shape: tuple[int, int, int, float],
+    ids: torch.Tensor | None,
+    size: int,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """A layer of `grow`, one program: the draft's q after the `frontier` (returned), its children
+    worth more than t placed as nodes start.. start + budget - 1 (padding where fewer), and the next
+    frontier with which of its rows are live (returned)."""
+    budget, width, max_depth, t_min = shape
+    _, _, depths, _, values, valid, _ = nodes
+    q = to_probs(logits, tau)
+    columns, probs = top_children(q, budget, uniforms)
+    p = probs.double()
+    worth = 1 - torch.nn.functional.pad(p.cumsum(1)[:, :-1], (1, 0)) if uniforms is not None else p
+    ok = (values[frontier, None] * worth > t_min) & (p > 0) & live[:, None]
+    if first:  # the root's first child comes whatever its value (`build` says why)
+        ok[0, 0] = p[0, 0] > 0
+    ok = ok.cumprod(1).bool().flatten()  # a node stops at its first slot worth too little
+    rank = ok.cumsum(0)  # 1, 2, ... in frontier-then-rank order: the host's order of adding
+    room = budget + 1 - valid.sum()  # the root is valid
+    # each pick's place among the layer's new nodes; the rest to a spare place, dropped
+    at = torch.where(ok & (rank <= room), rank - 1, budget)
+    picked = [
+        torch.zeros(budget + 1, dtype=x.dtype, device=q.device).scatter_(0, at, x)[:budget]
+        for x in (frontier.repeat_interleave(columns.shape[1]), columns.flatten(), p.flatten())
+    ]
+    tokens = token_ids(picked[1], q.shape[-1], ids, size)
+    budget_ids = torch.arange(budget, device=q.device)
+    place_nodes(nodes, start, picked[0], tokens, picked[2], budget_ids < (at < budget).sum())
+    new = start + budget_ids
+    good = valid[new] & (depths[new] < max_depth) & (values[new] > t_min)
+    order = torch.where(good, values[new], -1.0).sort(descending=True, stable=True).indices[:width]
+    return q, new[order], good[order]
+
+
+@program
+def kept_nodes(valid: torch.Tensor, budget: int) -> torch.Tensor:
+    """The rows the target forwards: the valid nodes in id order (at most the budget's), then padding."""
+    ids = torch.arange(len(valid), device=valid.device)
+    return (torch.where(valid, 0, len(valid)) + ids).argsort()[1 : budget + 1]
 
 
 POLICY = Policy(
