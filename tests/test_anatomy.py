@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from dyspec.core import kv
-from dyspec.eval.anatomy import _on_steps, anatomy_table, counting, step_counts
+from dyspec.eval.anatomy import _on_steps, anatomy, anatomy_table, counting, step_counts
 
 from .conftest import PROMPTS
 
@@ -76,3 +76,14 @@ def test_a_tree_policy_reads_its_candidates_once_a_draft_forward(pair, policy, b
     ]
     assert len(steps) > 2 and sum(policy_reads) > 0
     assert all(reads <= forwards for reads, (_, forwards) in zip(policy_reads, steps)), steps
+
+
+def test_the_anatomy_of_sampled_steps(pair):
+    """`dyspec profile --steps --temperature`: the steps counted and timed at that temperature, the
+    step on the device with its one read, the host's build with a read per draft forward and more."""
+    rows = anatomy(
+        pair, PROMPTS[0], settings=(("dyspec", 8), ("dyspec:step=device", 8)), max_new_tokens=16, temperature=0.8
+    )
+    host, device = rows["dyspec@8"], rows["dyspec:step=device@8"]
+    assert device["reads"] == 1 and host["reads"] > 1
+    assert device["tokens"] >= 1 and host["host_ms"] > 0 and device["host_ms"] > 0

@@ -27,6 +27,7 @@ from .test_tree_tensors import TableDraft, grown_tree
         ("chain", 4, {}),
         ("sequoia", 16, {"acceptance": [0.3, 0.1, 0.05, 0.03]}),
         ("sglang", 16, {"topk": 4, "steps": 3}),
+        ("dyspec-threshold", 16, {}),
     ],
 )
 def test_compiled_programs_keep_the_step_exact(default_pair, policy, budget, options):

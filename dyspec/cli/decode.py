@@ -69,9 +69,10 @@ def cmd_profile(args: argparse.Namespace) -> None:
     pair = pair_of(args)
     if args.steps:
         ((_, prompt),) = load_prompts("mtbench", 1)
-        steps = anatomy(pair, prompt)
+        steps = anatomy(pair, prompt, temperature=args.temperature)
         stamp = profile_stamp(pair, command_line())
-        print(json.dumps({"anatomy": steps} | stamp) if args.json else f"{anatomy_table(steps)}\n\n{stamp_line(stamp)}")
+        record = {"anatomy": steps, "temperature": args.temperature} | stamp
+        print(json.dumps(record) if args.json else f"{anatomy_table(steps)}\n\n{stamp_line(stamp)}")
         return
     profile = measure_profile(pair)
     if pair.device.type == "cpu":
@@ -135,6 +136,9 @@ def add_profile(sub) -> None:
         "--steps",
         action="store_true",
         help="only what a step of each policy does beside the forwards: ops, host reads, host time",
+    )
+    pr.add_argument(
+        "--temperature", type=float, default=0.0, help="with --steps: the temperature the steps run at (default: 0)"
     )
     pr.set_defaults(func=cmd_profile)
 

@@ -147,11 +147,13 @@ def _on_steps(hook):
     return lambda event: hook(event) if isinstance(event, StepVerified) else None
 
 
-def anatomy(pair, prompt: str, settings=ANATOMY_STEPS, max_new_tokens: int = 48) -> dict[str, dict]:
+def anatomy(
+    pair, prompt: str, settings=ANATOMY_STEPS, max_new_tokens: int = 48, temperature: float = 0.0
+) -> dict[str, dict]:
     """Per "policy@budget": ops and host reads per step (`step_counts`) and the step's host time in
     milliseconds (its time outside the two models' forwards, measured in a run of its own: counting
-    slows it), on `prompt`, warm; {"error": why} for a policy the pair cannot run as it is (sequoia
-    with no acceptance vector for it)."""
+    slows it), on `prompt` at `temperature`, warm; {"error": why} for a policy the pair cannot run
+    as it is (sequoia with no acceptance vector for it)."""
     from dyspec.eval.bench import parse_policy_spec
     from dyspec.eval.speedup import mean_step, steps_of, warm_up
 
@@ -159,12 +161,13 @@ def anatomy(pair, prompt: str, settings=ANATOMY_STEPS, max_new_tokens: int = 48)
     for spec, budget in settings:
         policy, options = parse_policy_spec(spec)
         try:
-            warm_up(pair, policy, budget, {}, options)
+            warm_up(pair, policy, budget, {}, options, temperature)
         except DyspecError as e:
             out[f"{spec}@{budget}"] = {"error": str(e)}
             continue
-        counts = step_counts(pair, prompt, policy, budget, max_new_tokens, options=options)
-        m = mean_step(steps_of(pair, prompt, policy, budget, max_new_tokens=max_new_tokens, options=options))
+        run = dict(max_new_tokens=max_new_tokens, options=options, temperature=temperature)
+        counts = step_counts(pair, prompt, policy, budget, **run)
+        m = mean_step(steps_of(pair, prompt, policy, budget, **run))
         out[f"{spec}@{budget}"] = counts | {"host_ms": m["overhead_ms"], "tokens": m["tokens"]}
     return out
 
