@@ -188,10 +188,15 @@ def test_the_hugging_face_forward_samples_target_distribution(exact, policy, opt
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the int8 path runs on a CPU only")
-def test_the_compiled_int8_forward_samples_target_distribution():
+@pytest.mark.parametrize(
+    "policy, options", [("dyspec", {}), ("dyspec", {"step": "device"}), ("chain", {"step": "device"})]
+)
+def test_the_compiled_int8_forward_samples_target_distribution(policy, options):
     """The compiled int8 forward (dyspec.forward.lean_graph) as target and, through the same graphs,
-    as its own draft under DySpec's tree. Its logits differ from the Hugging Face forward's of the
-    same int8 model in the last bits only, far below what 2,000 samples resolve."""
+    as its own draft under DySpec's tree, and under the step on the device, whose programs compile
+    with it (dyspec.core.programs: the heap's rounds and their race, a chain's sampled links, the
+    verification's walk). Its logits differ from the Hugging Face forward's of the same int8 model
+    in the last bits only, far below what 2,000 samples resolve."""
     from dyspec.load.pair import ModelPair
 
     from .test_lean_graph import tiny_int8
@@ -200,7 +205,7 @@ def test_the_compiled_int8_forward_samples_target_distribution():
     pair = ModelPair(
         target, draft, tiny_tokenizer(), "t", "d", torch.device("cpu"), torch.float32, "int8", fast_path="compiled"
     )
-    check_distribution(pair, exact_distribution(target, PROMPT, 3, TEMPERATURE), "dyspec", {})
+    check_distribution(pair, exact_distribution(target, PROMPT, 3, TEMPERATURE), policy, options)
 
 
 def check_distribution(pair, exact, policy, options, budget=4):

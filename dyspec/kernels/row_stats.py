@@ -53,7 +53,8 @@ def row_stats(logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 def inverse_cdf(probs: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
     """Draws [rows, n] from probs [rows, V] (each row's total need not be 1) at uniforms u [rows, n]
     in [0, 1), float64: the first column whose cumulative sum passes u times its row's total."""
-    if probs.is_cpu and probs.dtype == torch.float32 and kernel_available():
+    # inside a compiled program (dyspec.core.programs) the compiler's own cumsum and search
+    if probs.is_cpu and probs.dtype == torch.float32 and not torch.compiler.is_compiling() and kernel_available():
         return torch.ops.dyspec.inverse_cdf(probs, u)
     cdf = probs.double().cumsum(-1)
     return torch.searchsorted(cdf, u * cdf[:, -1:], right=True).clamp_max(probs.shape[-1] - 1)

@@ -8,12 +8,12 @@ import torch
 from dyspec.core.contract import Policy
 from dyspec.core.draft import DraftSession
 from dyspec.core.programs import program
-from dyspec.core.sampling import sample, sample_rows, to_probs
+from dyspec.core.sampling import sample, to_probs
 from dyspec.core.tree import Tree
-from dyspec.core.tree_tensors import TreeTensors, add_nodes, new_tree, node_tensors, place_nodes
+from dyspec.core.tree_tensors import TreeTensors, new_tree, node_tensors, place_nodes
 from dyspec.core.vocab import token_ids
 from dyspec.errors import DyspecError
-from dyspec.kernels.row_stats import row_stats
+from dyspec.kernels.row_stats import inverse_cdf, row_stats
 from dyspec.policies.common import asks_device, on_device_asked
 
 
@@ -95,14 +95,12 @@ def grow_chain(
     for node in range(length):
         if temperature == 0:
             best = greedy_link(logits, node_tensors(t), node, live, *vocab, compiled=draft.compiled)
-            t.growth.append(node + 2)
         else:
-            q = to_probs(logits, temperature)
-            best = sample_rows(q, 1, generator)[:, 0]
-            q_x = q.gather(1, best[:, None])[:, 0].double()
+            u = torch.rand((1, 1), dtype=torch.float64, generator=generator, device=device)  # the draw's
+            args = (logits, temperature, u, node_tensors(t), node, live, *vocab)
+            q, best = sampled_link(*args, compiled=draft.compiled)
             t.q.append((q, [node]))
-            tokens = best if draft.vocab is None else draft.vocab.tokens(best, logits.shape[-1])
-            add_nodes(t, node + 1, torch.full((1,), node, device=device), tokens, q_x, live)
+        t.growth.append(node + 2)
         live = goes_on(t, node + 1, logits, best)
         if node + 1 < length:
             logits = draft.tree_logits(t, [node + 1])
@@ -122,10 +120,44 @@ def greedy_link(
     column, returned) valued at T = 1 in float64, as `extend` does, added to the tree's `nodes`."""
     best, log_z = row_stats(logits)
     q_x = (logits.gather(1, best[:, None])[:, 0].double() - log_z.double()).exp()
-    tokens = token_ids(best, logits.shape[-1], vocab_ids, vocab_size)
-    parent = torch.full((1,), node, dtype=torch.long, device=logits.device)
-    place_nodes(nodes, node + 1, parent, tokens, q_x, live)
+    place_link(nodes, node, best, q_x, live, logits.shape[-1], vocab_ids, vocab_size)
     return best
+
+
+@program
+def sampled_link(
+    logits: torch.Tensor,
+    temperature: float,
+    u: torch.Tensor,
+    nodes: tuple[torch.Tensor, ...],
+    node: int,
+    live: torch.Tensor,
+    vocab_ids: torch.Tensor | None,
+    vocab_size: int,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The chain's next node after `node` at T > 0, one program: drawn from the draft's q at
+    `temperature` at the uniform `u` [1, 1] (`sample_rows`' inverse CDF), as `extend` draws it,
+    added to the tree's `nodes`. Returns q and the draw's column."""
+    q = to_probs(logits, temperature)
+    best = inverse_cdf(q, u)[:, 0]
+    place_link(nodes, node, best, q.gather(1, best[:, None])[:, 0].double(), live, q.shape[-1], vocab_ids, vocab_size)
+    return q, best
+
+
+def place_link(
+    nodes: tuple[torch.Tensor, ...],
+    node: int,
+    column: torch.Tensor,
+    q_x: torch.Tensor,
+    live: torch.Tensor,
+    width: int,
+    vocab_ids: torch.Tensor | None,
+    vocab_size: int,
+) -> None:
+    """Node node + 1, the token of the draft's `column` of distributions `width` wide drawn with
+    probability `q_x`, a child of `node` (valid where `live`), into the tree's `nodes`."""
+    parent = torch.full((1,), node, dtype=torch.long, device=column.device)
+    place_nodes(nodes, node + 1, parent, token_ids(column, width, vocab_ids, vocab_size), q_x, live)
 
 
 POLICY = Policy(
