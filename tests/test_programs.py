@@ -12,7 +12,7 @@ from dyspec.core import programs
 from dyspec.core.programs import program
 from dyspec.decode.engine import generate
 from dyspec.eval.anatomy import counting, step_counts
-from dyspec.policies import dyspec
+from dyspec.policies import chain, dyspec, dyspec_threshold
 
 from .conftest import PROMPTS
 from .test_tree_tensors import TableDraft, grown_tree
@@ -54,18 +54,31 @@ def test_a_compiled_step_reads_once_and_dispatches_at_most_60_ops(default_pair, 
     assert counts["ops"] <= 60, counts
 
 
-@pytest.mark.parametrize("budget", [5, 16, 33])
-def test_a_compiled_heap_round_grows_the_eager_rounds_tree(budget):
-    """`heap_round` compiled against itself eager on a table draft with many exact ties: the same
-    tree, its probabilities equal to fp32 rounding (the compiled softmax sums in its own order)."""
+@pytest.mark.parametrize(
+    "policy, temperature, options",
+    [
+        (dyspec, 0.0, {"select": "top"}),
+        (dyspec, 0.8, {}),  # the race over the draws' uniforms
+        (dyspec_threshold, 0.0, {}),
+        (dyspec_threshold, 0.8, {"width": 4}),
+        (chain, 0.8, {}),  # a sampled link
+    ],
+)
+def test_a_compiled_program_grows_the_eager_ones_tree(policy, temperature, options):
+    """Each program compiled against itself eager on a table draft with many exact ties, from the same
+    generator: the same tree, its probabilities equal to fp32 rounding (the compiled softmax sums in
+    its own order)."""
     for seed in range(3):
-        draft = TableDraft(12, seed)
-        options = dyspec.POLICY.options | dict(select="top")
-        eager = grown_tree(dyspec.grow(draft, 3, budget, 0.0, torch.Generator(), options))
-        draft.compiled = True
-        compiled = grown_tree(dyspec.grow(draft, 3, budget, 0.0, torch.Generator(), options))
-        assert (compiled.tokens, compiled.parents, compiled.growth) == (eager.tokens, eager.parents, eager.growth)
-        assert compiled.draft_probs == pytest.approx(eager.draft_probs, rel=1e-6, abs=0), (seed, budget)
+        for budget in (5, 16, 33):
+            draft = TableDraft(12, seed)
+            trees = []
+            for compiled in (False, True):
+                draft.compiled, g = compiled, torch.Generator().manual_seed(seed)
+                trees.append(grown_tree(policy.grow(draft, 3, budget, temperature, g, policy.POLICY.options | options)))
+            eager, compiled = trees
+            assert (compiled.tokens, compiled.parents, compiled.growth) == (eager.tokens, eager.parents, eager.growth)
+            assert compiled.draft_probs == pytest.approx(eager.draft_probs, rel=1e-6, abs=0), (seed, budget)
+    assert not programs.FAILED
 
 
 def test_a_program_counts_as_one_op_and_one_that_does_not_compile_runs_eager(monkeypatch):
