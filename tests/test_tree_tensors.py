@@ -392,6 +392,7 @@ def test_a_step_on_the_device_is_the_host_step(pair, policy, budget, options, sa
         ("chain", 4),
         ("sequoia", 16),
         ("sglang", 16),
+        ("eagle2", 16),
         ("specdecpp", 8),
         ("dyspec-threshold", 8),
         ("specinfer", 8),
