@@ -192,7 +192,7 @@ class KVSession:
                 raise DyspecError(
                     f"the static cache holds {self.static.capacity} tokens; this forward needs {start + size}"
                 )
-        if positions is None:
+        if positions is None and not on_device:
             positions = list(range(start, start + n))
         mask = self._mask(n, size, visible, on_device=on_device)
         pad = size - n

@@ -53,7 +53,7 @@ class DraftVocab:
 
     def tokens(self, columns: torch.Tensor, width: int) -> torch.Tensor:
         """Target token ids of `columns` of distributions `width` wide."""
-        return columns if width == self.size else token_ids(columns, width, self.ids_on(columns.device), self.size)
+        return token_ids(columns, width, self.ids_on(columns.device), self.size)
 
     def widen(self, q: torch.Tensor, fill: float = 0.0) -> torch.Tensor:
         """q [..., V_d] over the target's vocabulary [..., V], `fill` outside (0 for probabilities, -inf
