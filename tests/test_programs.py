@@ -12,10 +12,10 @@ from dyspec.core import programs
 from dyspec.core.programs import program
 from dyspec.decode.engine import generate
 from dyspec.eval.anatomy import counting, step_counts
-from dyspec.policies import chain, dyspec, dyspec_threshold
+from dyspec.policies import chain, dyspec, dyspec_threshold, specdecpp
 
 from .conftest import PROMPTS
-from .test_tree_tensors import TableDraft, grown_tree
+from .test_tree_tensors import HiddenTable, TableDraft, grown_tree, random_head
 
 
 @pytest.mark.parametrize(
@@ -28,6 +28,7 @@ from .test_tree_tensors import TableDraft, grown_tree
         ("sequoia", 16, {"acceptance": [0.3, 0.1, 0.05, 0.03]}),
         ("sglang", 16, {"topk": 4, "steps": 3}),
         ("dyspec-threshold", 16, {}),
+        ("specdecpp", 16, {}),
     ],
 )
 def test_compiled_programs_keep_the_step_exact(default_pair, policy, budget, options):
@@ -78,6 +79,33 @@ def test_a_compiled_program_grows_the_eager_ones_tree(policy, temperature, optio
             eager, compiled = trees
             assert (compiled.tokens, compiled.parents, compiled.growth) == (eager.tokens, eager.parents, eager.growth)
             assert compiled.draft_probs == pytest.approx(eager.draft_probs, rel=1e-6, abs=0), (seed, budget)
+    assert not programs.FAILED
+
+
+@pytest.mark.parametrize("design", ["dyspec", "specdecpp"])
+def test_the_heads_compiled_programs_grow_the_eager_ones_trees(tmp_path, design):
+    """specdecpp's stop and dyspec's rounds with score="head", each node's head prediction inside a
+    program, compiled against eager: the same tree, the same predictions to fp32 rounding."""
+    options = {"head": random_head(tmp_path, design)}
+    cases = [
+        (specdecpp, 0.0, {"h": 0.5, "min_k": 1, "max_k": 8}),
+        (specdecpp, 0.8, {"h": 0.3, "min_k": 2, "max_k": 8}),
+        (dyspec, 0.0, {"score": "head", "select": "top", "batch": 3, "max_depth": 2}),
+        (dyspec, 0.8, {"score": "head"}),
+    ]
+    for seed in range(3):
+        draft = HiddenTable(12, seed)
+        for policy, temperature, case in cases:
+            trees = []
+            for compiled in (False, True):
+                draft.compiled, g = compiled, torch.Generator().manual_seed(seed)
+                t = policy.grow(draft, 3, 9, temperature, g, policy.POLICY.options | options | case)
+                trees.append(grown_tree(t))
+            eager, compiled = trees
+            assert (compiled.tokens, compiled.parents, compiled.growth) == (eager.tokens, eager.parents, eager.growth)
+            predicted = [compiled.extra["predicted_acceptance"], eager.extra["predicted_acceptance"]]
+            assert any(predicted[0]) and [p is None for p in predicted[0]] == [p is None for p in predicted[1]]
+            assert [p for p in predicted[0] if p] == pytest.approx([p for p in predicted[1] if p], rel=1e-6, abs=0)
     assert not programs.FAILED
 
 

@@ -269,17 +269,23 @@ class HiddenTable(TableDraft):
         return self.hidden
 
 
-@pytest.mark.parametrize("design", ["dyspec", "specdecpp"])
-def test_the_heads_trees_grown_on_the_device_are_the_hosts(tmp_path, design):
-    """specdecpp's chain (its stop as padding) and dyspec with score="head" (each node's reach the
-    product of the head's predictions on its path) against their host builds, the predictions
-    included: a random head, whose predictions vary with the hidden state, on the same draft."""
+def random_head(tmp_path: Path, design: str) -> str:
+    """A random head's file for `HiddenTable`'s hidden states: its predictions vary with them."""
     torch.manual_seed(0)
     head = AcceptanceHead(12, n_blocks=2, design=design)
     with torch.no_grad():
         head.out.weight.mul_(0.2)  # predictions spread across (0, 1), not all at 1
     path = str(tmp_path / "head.safetensors")
     save_head(head, Path(path), {})
+    return path
+
+
+@pytest.mark.parametrize("design", ["dyspec", "specdecpp"])
+def test_the_heads_trees_grown_on_the_device_are_the_hosts(tmp_path, design):
+    """specdecpp's chain (its stop as padding) and dyspec with score="head" (each node's reach the
+    product of the head's predictions on its path) against their host builds, the predictions
+    included: a random head, whose predictions vary with the hidden state, on the same draft."""
+    path = random_head(tmp_path, design)
     lengths = set()
     for seed in range(10):
         draft = HiddenTable(12, seed)

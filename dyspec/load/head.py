@@ -72,8 +72,12 @@ class AcceptanceHead(nn.Module):
     def accept_prob(self, hidden: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
         """Calibrated, on the head's device (it loads on the CPU; a draft on a GPU hands it a few rows a step)."""
         device = self.out.weight.device
+        return self.calibrated(hidden.to(device), q.to(device))
+
+    def calibrated(self, hidden: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
+        """`accept_prob` of inputs on the head's device, as a program on the device calls it."""
         a, b = self.calibration
-        return torch.sigmoid(a * self.logit(hidden.to(device), q.to(device)) + b)
+        return torch.sigmoid(a * self.logit(hidden, q) + b)
 
 
 def save_head(head: AcceptanceHead, path: Path, info: dict) -> None:
@@ -98,7 +102,7 @@ def _load_head(path: str, mtime_ns: int) -> tuple[AcceptanceHead, dict]:
     state = load_file(path)
     state.setdefault("calibration", head.calibration)  # a head trained before calibration: as trained
     head.load_state_dict(state)
-    return head.eval(), meta
+    return head.eval().requires_grad_(False), meta  # for inference: a program on it builds no autograd graph
 
 
 def head_on(head: AcceptanceHead, device: torch.device) -> AcceptanceHead:

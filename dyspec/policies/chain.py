@@ -70,9 +70,7 @@ def grow(
     """`build`'s chain as tensor ops with no host read (`grow_chain`), the confidence stop as padding."""
     confidence = options["confidence"]
     check_confidence(confidence)
-    return grow_chain(
-        draft, root, budget, temperature, generator, lambda t, node, *_: t.values[node : node + 1] >= confidence
-    )
+    return grow_chain(draft, root, budget, temperature, generator, confidence)
 
 
 def grow_chain(
@@ -81,12 +79,14 @@ def grow_chain(
     length: int,
     temperature: float,
     generator: torch.Generator,
-    goes_on: Callable[[TreeTensors, int, torch.Tensor, torch.Tensor], torch.Tensor],
+    confidence: float = 0.0,
+    goes_on: Callable[[int, torch.Tensor, torch.Tensor], torch.Tensor] | None = None,
 ) -> TreeTensors:
     """A chain of `length` drafted nodes as tensor ops with no host read, each drawn as `extend` draws
-    it. `goes_on(t, node, logits, column)` says, as a bool tensor [1], whether the chain goes on past
-    its new `node` (drawn as `column` of the draft's `logits`); where it stops, the nodes after are
-    padding (`valid` False), still forwarded, so that the chain has one shape."""
+    it. The chain goes on past a node while its value is at least `confidence`, or, given
+    `goes_on(node, logits, column)`, while that says so as a bool tensor [1] (the new `node` drawn as
+    `column` of the draft's `logits`); where it stops, the nodes after are padding (`valid` False),
+    still forwarded, so that the chain has one shape."""
     device = draft.kv.device
     t = new_tree(root, length + 1, device, "iid", draft.vocab, compiled=draft.compiled)
     live = torch.ones(1, dtype=torch.bool, device=device)
@@ -94,14 +94,15 @@ def grow_chain(
     logits = draft.logits(Tree.root(root, "iid", draft.vocab), [0], on_device=True)
     for node in range(length):
         if temperature == 0:
-            best = greedy_link(logits, node_tensors(t), node, live, *vocab, compiled=draft.compiled)
+            best, live = greedy_link(logits, node_tensors(t), node, live, confidence, *vocab, compiled=draft.compiled)
         else:
             u = torch.rand((1, 1), dtype=torch.float64, generator=generator, device=device)  # the draw's
-            args = (logits, temperature, u, node_tensors(t), node, live, *vocab)
-            q, best = sampled_link(*args, compiled=draft.compiled)
+            args = (logits, temperature, u, node_tensors(t), node, live, confidence, *vocab)
+            q, best, live = sampled_link(*args, compiled=draft.compiled)
             t.q.append((q, [node]))
         t.growth.append(node + 2)
-        live = goes_on(t, node + 1, logits, best)
+        if goes_on is not None:
+            live = goes_on(node + 1, logits, best)
         if node + 1 < length:
             logits = draft.tree_logits(t, [node + 1])
     return t
@@ -113,15 +114,16 @@ def greedy_link(
     nodes: tuple[torch.Tensor, ...],
     node: int,
     live: torch.Tensor,
+    confidence: float,
     vocab_ids: torch.Tensor | None,
     vocab_size: int,
-) -> torch.Tensor:
+) -> tuple[torch.Tensor, torch.Tensor]:
     """The chain's next node, node + 1, after `node` at T = 0, one program: the draft's argmax (its
-    column, returned) valued at T = 1 in float64, as `extend` does, added to the tree's `nodes`."""
+    column, returned) valued at T = 1 in float64, as `extend` does, added to the tree's `nodes`; and
+    whether the chain goes on past it (`place_link`)."""
     best, log_z = row_stats(logits)
     q_x = (logits.gather(1, best[:, None])[:, 0].double() - log_z.double()).exp()
-    place_link(nodes, node, best, q_x, live, logits.shape[-1], vocab_ids, vocab_size)
-    return best
+    return best, place_link(nodes, node, best, q_x, live, confidence, logits.shape[-1], vocab_ids, vocab_size)
 
 
 @program
@@ -132,16 +134,17 @@ def sampled_link(
     nodes: tuple[torch.Tensor, ...],
     node: int,
     live: torch.Tensor,
+    confidence: float,
     vocab_ids: torch.Tensor | None,
     vocab_size: int,
-) -> tuple[torch.Tensor, torch.Tensor]:
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """The chain's next node after `node` at T > 0, one program: drawn from the draft's q at
     `temperature` at the uniform `u` [1, 1] (`sample_rows`' inverse CDF), as `extend` draws it,
-    added to the tree's `nodes`. Returns q and the draw's column."""
+    added to the tree's `nodes`. Returns q, the draw's column and whether the chain goes on."""
     q = to_probs(logits, temperature)
     best = inverse_cdf(q, u)[:, 0]
-    place_link(nodes, node, best, q.gather(1, best[:, None])[:, 0].double(), live, q.shape[-1], vocab_ids, vocab_size)
-    return q, best
+    q_x = q.gather(1, best[:, None])[:, 0].double()
+    return q, best, place_link(nodes, node, best, q_x, live, confidence, q.shape[-1], vocab_ids, vocab_size)
 
 
 def place_link(
@@ -150,14 +153,18 @@ def place_link(
     column: torch.Tensor,
     q_x: torch.Tensor,
     live: torch.Tensor,
+    confidence: float,
     width: int,
     vocab_ids: torch.Tensor | None,
     vocab_size: int,
-) -> None:
+) -> torch.Tensor:
     """Node node + 1, the token of the draft's `column` of distributions `width` wide drawn with
-    probability `q_x`, a child of `node` (valid where `live`), into the tree's `nodes`."""
+    probability `q_x`, a child of `node` (valid where `live`), into the tree's `nodes`; returns
+    whether the chain goes on past it, [1] bool: while its value is at least `confidence`, as
+    `build` stops (past an invalid node, its children are invalid anyway)."""
     parent = torch.full((1,), node, dtype=torch.long, device=column.device)
     place_nodes(nodes, node + 1, parent, token_ids(column, width, vocab_ids, vocab_size), q_x, live)
+    return nodes[4][node + 1 : node + 2] >= confidence
 
 
 POLICY = Policy(

@@ -263,17 +263,10 @@ def grow(
         if head is None:
             args = (logits, uniforms, tau, ids, size, nodes, slots, candidates, forwarded, new, shape)
             q = heap_round(*args, compiled=draft.compiled)
-        else:
-            q, columns = _candidates(logits, uniforms, tau, ids, size, candidates, forwarded)
-            rows = slice(*forwarded)
-            q1_candidates[rows] = to_probs(logits, 1.0).gather(1, columns)
-            if r:  # the root's forward predicts nothing: it is the target's own token
-                accept = head.accept_prob(draft.hidden, q1[rows]).double()
-                reach[rows] = reach[t.parents[rows]] * accept
-                predicted = torch.where(t.depths[rows] < max_depth, accept, math.nan)  # the host forwards no deeper
-                t.extra["predicted_acceptance"][rows] = predicted
-            picks = _pick(nodes, slots, candidates, reach, forwarded, new, shape)
-            q1[new : new + batch] = q1_candidates.flatten()[picks]
+        else:  # the root's forward predicts nothing: it is the target's own token
+            scores = (head, None if r == 0 else draft.hidden, reach, q1, q1_candidates, t.extra["predicted_acceptance"])
+            args = (logits, uniforms, tau, ids, size, nodes, slots, candidates, forwarded, new, shape, scores)
+            q = head_round(*args, compiled=draft.compiled)
         t.q.append((q, list(range(*forwarded))))
         t.growth.append(new + batch)
         if r + 1 < rounds:
@@ -337,6 +330,40 @@ def heap_round(
     each node's value. Returns the draft's q after the nodes `forwarded`."""
     q, _ = _candidates(logits, uniforms, tau, ids, size, candidates, forwarded)
     _pick(nodes, slots, candidates, nodes[4], forwarded, new, shape)
+    return q
+
+
+@program
+def head_round(
+    logits: torch.Tensor,
+    uniforms: torch.Tensor | None,
+    tau: float,
+    ids: torch.Tensor | None,
+    size: int,
+    nodes: tuple[torch.Tensor, ...],
+    slots: torch.Tensor,
+    candidates: list[torch.Tensor],
+    forwarded: tuple[int, int],
+    new: int,
+    shape: tuple[int, int, int, bool],
+    scores: tuple,
+) -> torch.Tensor:
+    """A round of the heap with the head's scores (`HeadScore`), one program: `_candidates`, the
+    head's predictions for the nodes `forwarded` from their final `hidden` states (None for the
+    root's forward) into their `reach` and `predicted`, then `_pick` by reach. `q1`, `q1_candidates`:
+    the draft's T = 1 probabilities of each node's token and of each candidate, the head's inputs.
+    Returns the draft's q after the nodes `forwarded`."""
+    head, hidden, reach, q1, q1_candidates, predicted = scores
+    batch, _, max_depth, _ = shape
+    q, columns = _candidates(logits, uniforms, tau, ids, size, candidates, forwarded)
+    rows = slice(*forwarded)
+    q1_candidates[rows] = to_probs(logits, 1.0).gather(1, columns)
+    if hidden is not None:
+        accept = head.calibrated(hidden, q1[rows]).double()
+        reach[rows] = reach[nodes[1][rows]] * accept
+        predicted[rows] = torch.where(nodes[2][rows] < max_depth, accept, math.nan)  # the host forwards no deeper
+    picks = _pick(nodes, slots, candidates, reach, forwarded, new, shape)
+    q1[new : new + batch] = q1_candidates.flatten()[picks]
     return q
 
 

@@ -10,10 +10,11 @@ import torch
 
 from dyspec.core.contract import Policy
 from dyspec.core.draft import DraftSession
+from dyspec.core.programs import program
 from dyspec.core.tree import Tree
 from dyspec.core.tree_tensors import TreeTensors
 from dyspec.errors import DyspecError
-from dyspec.load.head import head_for, head_on, load_head, shipped_head
+from dyspec.load.head import AcceptanceHead, head_for, head_on, load_head, shipped_head
 from dyspec.policies.chain import extend, grow_chain
 from dyspec.policies.common import asks_device, on_device_asked
 
@@ -82,7 +83,8 @@ def grow(
 ) -> TreeTensors:
     """`build`'s chain as tensor ops with no host read (`chain.grow_chain`): min(max_k, budget) nodes,
     every one forwarded, those past the stop padding; the head's predictions, on the draft's device,
-    multiply into the chance that all so far are accepted as the host's floats do (float64)."""
+    multiply into the chance that all so far are accepted as the host's floats do (float64), a
+    program a node (`head_stop`)."""
     h, min_k, max_k, path = (options[name] for name in ("h", "min_k", "max_k", "head"))
     check(h, min_k, max_k, path)
     device = draft.kv.device
@@ -90,20 +92,51 @@ def grow(
     length = min(max_k, budget)
     predicted = torch.full((length + 1,), math.nan, dtype=torch.float64, device=device)
     survive = torch.ones(1, dtype=torch.float64, device=device)
-    q_last = None  # the draft's probability (T = 1) of the chain's last token, 0-d, as `build` hands the head
+    q_last = None  # the draft's probability (T = 1) of the chain's last token, as `build` hands the head
 
-    def goes_on(t, node, logits, column):
-        nonlocal survive, q_last
-        if node > 1:  # the forward that drew `node` read node - 1: the head's prediction for it
-            predicted[node - 1] = accept = head.accept_prob(draft.hidden[-1], q_last).double()
-            survive = survive * accept
-        q_last = torch.softmax(logits[0].float(), dim=-1)[column].reshape(())  # a 0-d index would be read
-        return (1 - survive <= h) | (node < min_k)
+    def goes_on(node, logits, column):
+        nonlocal q_last
+        if node == 1:  # the root's forward drew node 1 and predicts nothing: the root is the target's own token
+            q_last = token_prob(logits, column, compiled=draft.compiled)
+            return survive > -1  # on: a [1] True, as the programs give it
+        args = (head, draft.hidden[-1], q_last, survive, predicted, node, h, min_k, logits, column)
+        live, q_last = head_stop(*args, compiled=draft.compiled)
+        return live
 
-    t = grow_chain(draft, root, length, temperature, generator, goes_on)
+    t = grow_chain(draft, root, length, temperature, generator, goes_on=goes_on)
     # none for the chain's last node, as in `build`, which never forwards it (here a padding node's forward did)
     t.extra["predicted_acceptance"] = torch.cat([torch.where(t.valid[1:], predicted[:-1], math.nan), predicted[-1:]])
     return t
+
+
+@program
+def token_prob(logits: torch.Tensor, column: torch.Tensor) -> torch.Tensor:
+    """The draft's probability at T = 1 of the token drawn as `column` [1] of its `logits` [1, V], 0-d
+    as `build` hands it to the head (a 0-d index would be a read: a gather)."""
+    return torch.softmax(logits.float(), dim=-1).gather(1, column[:, None]).reshape(())
+
+
+@program
+def head_stop(
+    head: AcceptanceHead,
+    hidden: torch.Tensor,
+    q_last: torch.Tensor,
+    survive: torch.Tensor,
+    predicted: torch.Tensor,
+    node: int,
+    h: float,
+    min_k: int,
+    logits: torch.Tensor,
+    column: torch.Tensor,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Past the chain's new `node` (> 1), drawn as `column` of the draft's `logits` by a forward over
+    node - 1 with final hidden state `hidden` [H]: the head's prediction for node - 1 (whose
+    token's T = 1 probability is `q_last`) into `predicted` and, multiplied, into `survive` (in
+    place); returns whether the chain goes on past `node`, [1] bool, and the new token's probability."""
+    accept = head.calibrated(hidden, q_last).double()
+    predicted[node - 1 : node] = accept
+    survive.mul_(accept)
+    return (1 - survive <= h) | (node < min_k), token_prob(logits, column)
 
 
 POLICY = Policy(
