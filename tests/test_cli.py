@@ -267,3 +267,13 @@ def test_replay_sweep_records_table_and_page(tmp_path):
     assert page.returncode == 0 and "not measured" in page.stdout and "| chain | 16 | 2 |" in page.stdout
     assert_one_line_error(dyspec("replay", "--prompt", "hi", "--budgets", "300"), "budget")
     assert_one_line_error(dyspec("replay", "--prompt", "hi", "--policies", "dyspec:batch"), "bad policy spec")
+
+
+def test_profile_steps_takes_the_settings_to_count():
+    from dyspec.cli import build_parser
+
+    args = build_parser().parse_args(["profile", "--steps", "--policies", "dyspec:step=device@16,ar@1"])
+    assert args.policies == (("dyspec:step=device", 16), ("ar", 1))
+    for bad in ("dyspec16", "dyspec@0", "@4", "chain@four"):
+        with pytest.raises(SystemExit):
+            build_parser().parse_args(["profile", "--steps", "--policies", bad])

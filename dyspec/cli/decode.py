@@ -56,7 +56,7 @@ def add_generate(sub) -> None:
 def cmd_profile(args: argparse.Namespace) -> None:
     from dyspec.auto.profile import CONTEXT, LONG_SIZES, measure_profile, profile_path, profile_table
     from dyspec.cache import write_cache
-    from dyspec.eval.anatomy import anatomy, anatomy_table, stamp_line
+    from dyspec.eval.anatomy import ANATOMY_STEPS, anatomy, anatomy_table, stamp_line
     from dyspec.eval.bench import profile_stamp
     from dyspec.eval.peers import llamacpp_forward_ms
     from dyspec.eval.prompts import load_prompts
@@ -69,7 +69,7 @@ def cmd_profile(args: argparse.Namespace) -> None:
     pair = pair_of(args)
     if args.steps:
         ((_, prompt),) = load_prompts("mtbench", 1)
-        steps = anatomy(pair, prompt, temperature=args.temperature)
+        steps = anatomy(pair, prompt, args.policies or ANATOMY_STEPS, temperature=args.temperature)
         stamp = profile_stamp(pair, command_line())
         record = {"anatomy": steps, "temperature": args.temperature} | stamp
         print(json.dumps(record) if args.json else f"{anatomy_table(steps)}\n\n{stamp_line(stamp)}")
@@ -140,7 +140,21 @@ def add_profile(sub) -> None:
     pr.add_argument(
         "--temperature", type=float, default=0.0, help="with --steps: the temperature the steps run at (default: 0)"
     )
+    pr.add_argument(
+        "--policies",
+        type=csv(step_setting),
+        help="with --steps: the steps to count, POLICY[:OPTION=VALUE...]@BUDGET, comma-separated, e.g. "
+        "dyspec:step=device@16,ar@1 (default: each policy at the budgets its docs table shows)",
+    )
     pr.set_defaults(func=cmd_profile)
+
+
+def step_setting(text: str) -> tuple[str, int]:
+    """`dyspec:step=device@16` -> ("dyspec:step=device", 16)."""
+    spec, at, budget = text.rpartition("@")
+    if not (at and spec and budget.isdigit() and int(budget) > 0):
+        raise argparse.ArgumentTypeError(f"expected POLICY@BUDGET, e.g. dyspec:step=device@16; got {text!r}")
+    return spec, int(budget)
 
 
 def cmd_export(args: argparse.Namespace) -> None:

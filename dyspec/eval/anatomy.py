@@ -48,6 +48,8 @@ ANATOMY_STEPS = (
     ("specinfer:step=device", 16),
     ("dyspec-threshold", 16),
     ("dyspec-threshold:step=device", 16),
+    ("specdecpp", 16),
+    ("specdecpp:step=device", 16),
 )
 
 
