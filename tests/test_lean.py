@@ -21,9 +21,11 @@ from dyspec.core.kv import KVSession
 from dyspec.core.tree import Tree
 from dyspec.decode.engine import encode_prompt
 from dyspec.errors import DyspecError
+from dyspec.eval.anatomy import counting
 from dyspec.forward import lean as lean_module
 from dyspec.forward.choose import LeanRun, check_lean, pick_fast_path
 from dyspec.forward.lean import LeanForward, lean_unsupported
+from dyspec.kernels import row_attention
 from dyspec.load import load_pair
 
 from .conftest import PROMPTS
@@ -191,3 +193,35 @@ def test_a_lean_cache_grows_in_place_of_what_it_held(monkeypatch):
     lean = dataclasses.replace(pair, fast_path="lean")
     assert generate(lean, [0, 3, 1, 2], policy="dyspec", budget=4, max_new_tokens=40).token_ids == expected
     assert lean.forward(lean.target).run.cache_for("target").capacity > 16
+
+
+@pytest.mark.parametrize("kernel", [True, False])
+def test_a_stacked_cache_commits_every_layer_at_once(monkeypatch, kernel):
+    """The graph path's cache: each layer's keys and values are views of two stacked tensors, through
+    a growth too; a commit of a tree's path moves its slots in every layer as the per-layer cache's
+    commit does, by the CPU's kernel or (`kernel` False) by the tensor ops a GPU runs."""
+    monkeypatch.setattr(lean_module, "ROUND", 8)
+    if not kernel:
+        monkeypatch.setattr(row_attention, "kernel_available", lambda: False)
+    model = LeanForward(tiny_pair().target)
+    tree = random_tree(2, model.config.vocab_size)
+    caches, ops = [], []
+    for stacked in (False, True):
+        kv = KVSession(model, cache=lean_module.new_cache(model, 8, stacked), bool_mask=True)
+        kv.append([1, 4, 2, 3, 0])
+        kv.forward(tree.tokens, [kv.length + d for d in tree.depths], tree.ancestor_mask())  # grows the cache
+        path = tree.path(max(range(len(tree)), key=lambda node: tree.depths[node]))  # the root's slot first
+        with counting() as count:
+            kv.commit([kv.length + node for node in path])
+        caches.append(kv.cache)
+        ops.append(count.ops)
+    plain, stacked = caches
+    # the kernel: one op either way; tensor ops: the stacked pair's moves (an index, three ops a
+    # tensor), where the per-layer cache moves 2 * layers tensors
+    assert ops == [1, 1] if kernel else ops[1] <= 8 < ops[0], ops
+    assert stacked.capacity > 8 and len(path) > 2 and path != list(range(len(path)))
+    keys, values = stacked.stacked
+    for i in range(len(stacked.k)):
+        assert stacked.k[i].data_ptr() == keys[i].data_ptr() and stacked.v[i].data_ptr() == values[i].data_ptr()
+        assert torch.equal(stacked.k[i][:, : stacked.length], plain.k[i][:, : plain.length])
+        assert torch.equal(stacked.v[i][:, : stacked.length], plain.v[i][:, : plain.length])

@@ -250,7 +250,8 @@ class KVSession:
         contiguous positions right after it; drop every other uncommitted slot."""
         keep = self.length + len(slots)
         if slots != list(range(self.length, keep)):
-            caches = [t for layer in self.cache.layers for t in (layer.keys, layer.values)]
+            # a stacked cache (`LeanCache.stacked`) moves every layer's slots at once
+            caches = getattr(self.cache, "stacked", None) or [t for x in self.cache.layers for t in (x.keys, x.values)]
             keep_slots(caches, slots, self.length)
         self.cache.crop(keep - self.cached)  # a negative count removes that many from the end
         self.length = self.cached = keep

@@ -119,7 +119,7 @@ class GraphForward:
         held = self.held.get(role)
         if held is None or held.capacity < need:
             capacity = -(-need // ROUND) * ROUND
-            cache = new_cache(self.run, capacity)
+            cache = new_cache(self.run, capacity, stacked=True)  # a graph takes one layer's tensors at a time
             held = self.held[role] = StaticModel(cache, capacity, Graphs(self.run, cache))
         held.cache.reset()
         kv = KVSession(self.run, static=held, bool_mask=True, **kwargs)

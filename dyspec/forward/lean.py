@@ -346,32 +346,44 @@ class LeanCache:
     """Keys and values of each layer, `k[i]` and `v[i]` [Hkv, capacity, d] (a tensor per layer, which a
     compiled graph writes in place), written in place; `length` slots hold tokens. Quacks like a
     Hugging Face cache where KVSession needs it: `layers[i].keys` and `.values` [1, Hkv, capacity,
-    d] (views of them), `crop` and `reset`."""
+    d] (views of them), `crop` and `reset`.
 
-    def __init__(self, n_layers: int, kv_heads: int, head_dim: int, dtype, device, capacity: int = ROUND):
+    `stacked`: every layer's keys views of one tensor [layers, Hkv, capacity, d], and its values of
+    another (`stacked` holds the two), so that a commit moves a path's slots in all layers with a
+    few ops, where a tensor per layer takes two a tensor (`KVSession.commit`). Only for forwards that
+    hand a compiled graph one layer's tensors at a time (the graph path's): a graph given several
+    views of one tensor, which it writes, must treat them as aliases."""
+
+    def __init__(
+        self, n_layers: int, kv_heads: int, head_dim: int, dtype, device, capacity: int = ROUND, stacked: bool = False
+    ):
         self.shape, self.dtype, self.device = (n_layers, kv_heads, head_dim), dtype, device
         self.length = 0
-        self._allocate(capacity)
+        self._allocate(capacity, stacked)
 
-    def _allocate(self, capacity: int) -> None:
+    def _allocate(self, capacity: int, stacked: bool) -> None:
         n_layers, kv_heads, head_dim = self.shape
-        held = getattr(self, "k", []), getattr(self, "v", [])  # growing: keep what is held
-        self.k, self.v = [], []
+        held = getattr(self, "k", []) + getattr(self, "v", [])  # growing: keep what is held
+        shape = (kv_heads, capacity, head_dim)
         # never inference tensors, whatever mode allocates them: a compiled graph is made for one kind
         with torch.inference_mode(False), torch.no_grad():
-            for store, old in zip((self.k, self.v), held):
-                for i in range(n_layers):
-                    t = torch.zeros(kv_heads, capacity, head_dim, dtype=self.dtype, device=self.device)
-                    if old:
-                        t[:, : self.length] = old[i][:, : self.length]
-                    torch._dynamo.mark_dynamic(t, 1)  # a compiled forward (lean_graph) serves every capacity
-                    store.append(t)
+            zeros = functools.partial(torch.zeros, dtype=self.dtype, device=self.device)
+            if stacked:
+                self.stacked = zeros(n_layers, *shape), zeros(n_layers, *shape)
+                self.k, self.v = (list(t.unbind()) for t in self.stacked)
+            else:
+                self.stacked = None
+                self.k, self.v = ([zeros(shape) for _ in range(n_layers)] for _ in "kv")
+            for new, old in zip(self.k + self.v, held):
+                new[:, : self.length] = old[:, : self.length]
+            for t in self.k + self.v:
+                torch._dynamo.mark_dynamic(t, 1)  # a compiled forward (lean_graph) serves every capacity
         self.layers = [SimpleNamespace(keys=k[None], values=v[None]) for k, v in zip(self.k, self.v)]
         self.capacity = capacity
 
     def reserve(self, n: int) -> None:
         if self.length + n > self.capacity:
-            self._allocate(-(-(self.length + n) // ROUND) * ROUND)
+            self._allocate(-(-(self.length + n) // ROUND) * ROUND, self.stacked is not None)
 
     def crop(self, tokens_to_remove: int) -> None:
         self.length -= abs(tokens_to_remove)
@@ -505,11 +517,11 @@ def role_cache(model: nn.Module, role: str) -> LeanCache:
     return cache
 
 
-def new_cache(model: nn.Module, capacity: int = ROUND) -> LeanCache:
+def new_cache(model: nn.Module, capacity: int = ROUND, stacked: bool = False) -> LeanCache:
     """An empty LeanCache of `capacity` slots for a lean model's layers (a LeanForward, or a feature
     draft in lean mode: `layers` and `dims`)."""
     dims = model.dims
-    return LeanCache(len(model.layers), dims.kv_heads, dims.head_dim, model.dtype, model.device, capacity)
+    return LeanCache(len(model.layers), dims.kv_heads, dims.head_dim, model.dtype, model.device, capacity, stacked)
 
 
 def rotary_rows(model: nn.Module, position_ids: torch.Tensor, end: int) -> tuple[torch.Tensor, torch.Tensor]:
