@@ -8,10 +8,12 @@ import pytest
 import torch
 
 from dyspec import generate
+from dyspec.eval.anatomy import step_counts
 from dyspec.forward import lean as lean_module
 from dyspec.forward.choose import choose_forward
 from dyspec.forward.cuda_graph import GraphForward
 from dyspec.forward.lean import LeanForward
+from dyspec.kernels import row_attention
 
 from .test_engine import GREEDY_CASES
 from .test_lean import ARCHITECTURES, random_tree
@@ -127,3 +129,14 @@ def test_graphs_on_a_gpu_replay_and_stay_exact_in_fp32():
     for policy, budget, options in GREEDY_CASES:
         got = generate(pair, "Name three colours.", policy=policy, budget=budget, max_new_tokens=32, options=options)
         assert got.token_ids == expected, policy
+
+
+def test_a_step_on_the_device_on_the_graph_path_reads_once_and_dispatches_few_ops(monkeypatch):
+    """The GPU's graph path, its logic run here: a `dyspec:step=device` step at 16 reads the host
+    once and dispatches under 90 ops outside the forwards (each a launch on a GPU), its commit by
+    tensor ops as there (no CPU kernel): each forward's mask one program over the padded bucket,
+    the commit a few ops for all layers (129 and more before)."""
+    monkeypatch.setattr(row_attention, "kernel_available", lambda: False)
+    counts = step_counts(graph_pair(tiny_feature_pair()), PROMPT, "dyspec", 16, 40, options={"step": "device"})
+    assert counts["steps"] > 5 and counts["reads"] == 1
+    assert counts["ops"] <= 90, counts

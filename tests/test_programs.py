@@ -133,3 +133,18 @@ def test_a_program_counts_as_one_op_and_one_that_does_not_compile_runs_eager(mon
         assert torch.equal(broken(x, compiled=True), x * 2 + 1)
     assert any(name.endswith("broken") for name in programs.FAILED)
     assert any("did not compile here; it runs eager" in str(w.message) for w in caught)
+
+
+def test_a_program_stays_compiled_past_torch_compiles_default_count_of_versions():
+    """A process that runs several pairs makes a program in many versions (each rank here is one);
+    past torch.compile's default of 8 it would run eager, op by op, without a word."""
+
+    @program
+    def rank_sum(x: torch.Tensor) -> torch.Tensor:
+        return (x * 2 + 1).sum()
+
+    for rank in range(1, 11):
+        x = torch.ones((2,) * rank)
+        with counting() as count:
+            got = rank_sum(x, compiled=True)
+        assert got == 3 * 2**rank and count.ops == 1, rank

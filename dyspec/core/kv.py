@@ -79,10 +79,17 @@ class NoCache:
 
 
 @program
-def tree_mask(visible: torch.Tensor, length: int, width: int, bool_mask: bool, dtype: torch.dtype) -> torch.Tensor:
-    """The mask [1, 1, n, width] of a tree's forward whose rows see the `length` committed slots and
-    then `visible` [n, width - length]: boolean with `bool_mask`, else additive in `dtype`."""
-    see = torch.cat([visible.new_ones(len(visible), length), visible], 1)
+def tree_mask(
+    visible: torch.Tensor, length: int, start: int, size: int, width: int, bool_mask: bool, dtype: torch.dtype
+) -> torch.Tensor:
+    """The mask [1, 1, size, width] of a tree's forward of n tokens at slots start.. (`visible` [n,
+    start - length + n] over the uncommitted slots and themselves) padded to `size`: its rows see
+    the `length` committed slots and then `visible`, each padding row itself alone; boolean with
+    `bool_mask`, else additive in `dtype`."""
+    n, pad = len(visible), size - len(visible)
+    rows = torch.cat([visible.new_ones(n, length), visible, visible.new_zeros(n, width - start - n)], 1)
+    padding = torch.eye(pad, width - start - n, dtype=torch.bool, device=visible.device)
+    see = torch.cat([rows, torch.cat([visible.new_zeros(pad, start + n), padding], 1)])
     if bool_mask:
         return see[None, None]
     return torch.zeros(see.shape, dtype=dtype, device=see.device).masked_fill_(~see, torch.finfo(dtype).min)[None, None]
@@ -136,9 +143,10 @@ class KVSession:
         start, width = self.cached, self.cached + size if self.static is None else self.static.capacity
         if visible is None and size == n and self.static is None:
             return None
+        if on_device and visible is not None:  # a step on the device's forward: one program
+            mask_at = (self.length, start, size, width, self.bool_mask, self.model.dtype)
+            return tree_mask(visible, *mask_at, compiled=self.compiled)
         if size == n and self.static is None:  # a tree's step: each op here costs a step microseconds
-            if on_device:  # a step on the device's: one program
-                return tree_mask(visible, self.length, width, self.bool_mask, self.model.dtype, compiled=self.compiled)
             see = torch.ones(n, width, dtype=torch.bool, device=self.device)
             see[:, self.length :] = visible.to(self.device, non_blocking=True)
         else:  # made on the host and copied once (on a GPU every op on the device is a launch), or

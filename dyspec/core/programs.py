@@ -29,6 +29,17 @@ PROGRAM_CALL: ContextVar[Callable[[], AbstractContextManager]] = ContextVar("pro
 FAILED: set[str] = set()  # programs that did not compile here, by name: they run eager
 
 
+@functools.cache
+def allow_versions() -> None:
+    """Room for each program's versions: torch.compile makes one per kind of its arguments (a draft
+    with features or without, a tree of one row, a dtype, a temperature), and a process that runs
+    several pairs (the app, the tests) makes more than its default of 8, past which a program runs
+    eager, op by op, without a word."""
+    config = torch._dynamo.config
+    config.recompile_limit = max(config.recompile_limit, 64)
+    config.accumulated_recompile_limit = max(config.accumulated_recompile_limit, 1024)
+
+
 def program(fn: F) -> F:
     """`fn` callable as before, and with `compiled=True` as one compiled program, its shapes and ints
     symbolic (one program for every budget and step; a few recompiles where torch.compile
@@ -39,6 +50,7 @@ def program(fn: F) -> F:
     def run(*args, compiled: bool = False, **kwargs):
         if not compiled or fn.__qualname__ in FAILED:
             return fn(*args, **kwargs)
+        allow_versions()
         try:
             with PROGRAM_CALL.get()():
                 return compiled_fn(*args, **kwargs)
