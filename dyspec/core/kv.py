@@ -95,6 +95,17 @@ def tree_mask(
     return torch.zeros(see.shape, dtype=dtype, device=see.device).masked_fill_(~see, torch.finfo(dtype).min)[None, None]
 
 
+@program
+def copied_out(
+    logits: torch.Tensor, features: tuple[torch.Tensor, ...] | None, n: int
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """A replayed forward's first n rows copied out of its outputs, which its next replay overwrites:
+    the logits in float32 and the `features` (each hidden state a feature draft reads, as
+    `target_features` concatenates them; None: none kept)."""
+    hidden = None if features is None else torch.cat(features, dim=-1)[0, :n].clone()
+    return logits[0, :n].to(torch.float32, copy=True), hidden
+
+
 class KVSession:
     """`length` tokens are committed in the cache; slots past it, up to `cached`, hold this step's
     tree nodes. With `keep_hidden`, `hidden` holds the last forward's hidden states at `hidden_layers`
@@ -237,6 +248,10 @@ class KVSession:
                 **extra,
             )
         self.cached, self.forwards = start + size, self.forwards + 1
+        if on_device and self.compiled and self.static is not None:  # a step on the device's: one program
+            features = tuple(out.hidden_states[i] for i in self.hidden_layers) if self.keep_hidden else None
+            logits, self.hidden = copied_out(out.logits, features, n, compiled=True)
+            return logits
         # copies where a compiled forward's outputs are overwritten by its next replay
         if self.keep_hidden:
             hidden = target_features(out.hidden_states, self.hidden_layers)[0, :n]
