@@ -137,7 +137,8 @@ def test_a_program_counts_as_one_op_and_one_that_does_not_compile_runs_eager(mon
 
 def test_a_program_stays_compiled_past_torch_compiles_default_count_of_versions():
     """A process that runs several pairs makes a program in many versions (each rank here is one);
-    past torch.compile's default of 8 it would run eager, op by op, without a word."""
+    past torch.compile's default of 8 it would run eager, op by op, without a word. Dynamo's
+    settings are per thread: here the test's own, where the steps' programs run on the model's."""
 
     @program
     def rank_sum(x: torch.Tensor) -> torch.Tensor:

@@ -248,11 +248,16 @@ class KVSession:
                 **extra,
             )
         self.cached, self.forwards = start + size, self.forwards + 1
-        if on_device and self.compiled and self.static is not None:  # a step on the device's: one program
+        return self._outputs(out, n, on_device)
+
+    def _outputs(self, out: Output, n: int, on_device: bool) -> torch.Tensor:
+        """The logits [n, V] in float32 of the forward's n tokens, its padding's dropped; with
+        `keep_hidden` its features kept in `hidden`. Copies where a compiled forward's outputs are
+        overwritten by its next replay: in a step on the device, one program."""
+        if on_device and self.compiled and self.static is not None:
             features = tuple(out.hidden_states[i] for i in self.hidden_layers) if self.keep_hidden else None
             logits, self.hidden = copied_out(out.logits, features, n, compiled=True)
             return logits
-        # copies where a compiled forward's outputs are overwritten by its next replay
         if self.keep_hidden:
             hidden = target_features(out.hidden_states, self.hidden_layers)[0, :n]
             self.hidden = hidden.clone() if self.static is not None else hidden

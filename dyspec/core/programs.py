@@ -29,15 +29,21 @@ PROGRAM_CALL: ContextVar[Callable[[], AbstractContextManager]] = ContextVar("pro
 FAILED: set[str] = set()  # programs that did not compile here, by name: they run eager
 
 
-@functools.cache
+VERSIONS_ALLOWED: ContextVar[bool] = ContextVar("versions_allowed", default=False)
+
+
 def allow_versions() -> None:
     """Room for each program's versions: torch.compile makes one per kind of its arguments (a draft
-    with features or without, a tree of one row, a dtype, a temperature), and a process that runs
-    several pairs (the app, the tests) makes more than its default of 8, past which a program runs
-    eager, op by op, without a word."""
+    with features or without, a tree of one row, a dtype), and a process that runs several pairs
+    (the app, the tests) makes more than its default of 8, past which a program runs eager, op by
+    op, without a word. Dynamo's settings are per thread (a context variable each), so each
+    thread that runs programs sets them."""
+    if VERSIONS_ALLOWED.get():
+        return
     config = torch._dynamo.config
     config.recompile_limit = max(config.recompile_limit, 64)
     config.accumulated_recompile_limit = max(config.accumulated_recompile_limit, 1024)
+    VERSIONS_ALLOWED.set(True)
 
 
 def program(fn: F) -> F:

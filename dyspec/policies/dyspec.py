@@ -233,7 +233,7 @@ def grow(
     `batch` from the candidate matrix of every node forwarded so far, a slot valued as `drawn_slot`
     does times the chance of reaching its node: its value, or with score="head" the product of the
     head's predictions on its path (`HeadScore`), made on the draft's device from each round's
-    hidden states. A round with the draft's scores is one program (`heap_round`). Where the
+    hidden states. A round is one program (`heap_round`), either way. Where the
     policy's `on_device` says so."""
     batch, max_depth = _batch(budget, options["batch"]), options["max_depth"]
     sample, tau, sampling = child_mode(options["select"], temperature, options["draft_temperature"])
@@ -260,13 +260,11 @@ def grow(
     for r in range(rounds):
         forwarded = (0, 1) if r == 0 else (1 + (r - 1) * batch, 1 + r * batch)  # the last round's picks
         new = 1 + r * batch
-        if head is None:
-            args = (logits, uniforms, tau, ids, size, nodes, slots, candidates, forwarded, new, shape)
-            q = heap_round(*args, compiled=draft.compiled)
-        else:  # the root's forward predicts nothing: it is the target's own token
+        scores = None
+        if head is not None:  # the root's forward predicts nothing: it is the target's own token
             scores = (head, None if r == 0 else draft.hidden, reach, q1, q1_candidates, t.extra["predicted_acceptance"])
-            args = (logits, uniforms, tau, ids, size, nodes, slots, candidates, forwarded, new, shape, scores)
-            q = head_round(*args, compiled=draft.compiled)
+        args = (logits, uniforms, tau, ids, size, nodes, slots, candidates, forwarded, new, shape, scores)
+        q = heap_round(*args, compiled=draft.compiled)
         t.q.append((q, list(range(*forwarded))))
         t.growth.append(new + batch)
         if r + 1 < rounds:
@@ -325,37 +323,20 @@ def heap_round(
     forwarded: tuple[int, int],
     new: int,
     shape: tuple[int, int, int, bool],
+    scores: tuple | None,
 ) -> torch.Tensor:
-    """A round of the heap with the draft's scores, one program: `_candidates`, then `_pick` by
-    each node's value. Returns the draft's q after the nodes `forwarded`."""
-    q, _ = _candidates(logits, uniforms, tau, ids, size, candidates, forwarded)
-    _pick(nodes, slots, candidates, nodes[4], forwarded, new, shape)
-    return q
-
-
-@program
-def head_round(
-    logits: torch.Tensor,
-    uniforms: torch.Tensor | None,
-    tau: float,
-    ids: torch.Tensor | None,
-    size: int,
-    nodes: tuple[torch.Tensor, ...],
-    slots: torch.Tensor,
-    candidates: list[torch.Tensor],
-    forwarded: tuple[int, int],
-    new: int,
-    shape: tuple[int, int, int, bool],
-    scores: tuple,
-) -> torch.Tensor:
-    """A round of the heap with the head's scores (`HeadScore`), one program: `_candidates`, the
-    head's predictions for the nodes `forwarded` from their final `hidden` states (None for the
-    root's forward) into their `reach` and `predicted`, then `_pick` by reach. `q1`, `q1_candidates`:
-    the draft's T = 1 probabilities of each node's token and of each candidate, the head's inputs.
-    Returns the draft's q after the nodes `forwarded`."""
+    """A round of the heap, one program: `_candidates`, then `_pick` by each node's value, or with
+    the head's `scores` (`HeadScore`) by its reach: the head's predictions for the nodes
+    `forwarded` from their final `hidden` states (None for the root's forward) go into their
+    `reach` and `predicted` first. `q1`, `q1_candidates`: the draft's T = 1 probabilities of each
+    node's token and of each candidate, the head's inputs. Returns the draft's q after the nodes
+    `forwarded`."""
+    q, columns = _candidates(logits, uniforms, tau, ids, size, candidates, forwarded)
+    if scores is None:
+        _pick(nodes, slots, candidates, nodes[4], forwarded, new, shape)
+        return q
     head, hidden, reach, q1, q1_candidates, predicted = scores
     batch, _, max_depth, _ = shape
-    q, columns = _candidates(logits, uniforms, tau, ids, size, candidates, forwarded)
     rows = slice(*forwarded)
     q1_candidates[rows] = to_probs(logits, 1.0).gather(1, columns)
     if hidden is not None:
