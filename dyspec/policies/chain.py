@@ -93,12 +93,11 @@ def grow_chain(
     vocab = draft.vocab_columns(device)
     logits = draft.logits(Tree.root(root, "iid", draft.vocab), [0], on_device=True)
     for node in range(length):
-        if temperature == 0:
-            best, live = greedy_link(logits, node_tensors(t), node, live, confidence, *vocab, compiled=draft.compiled)
-        else:
-            u = torch.rand((1, 1), dtype=torch.float64, generator=generator, device=device)  # the draw's
-            args = (logits, temperature, u, node_tensors(t), node, live, confidence, *vocab)
-            q, best, live = sampled_link(*args, compiled=draft.compiled)
+        # the draw's uniform, drawn outside the program, which takes no generator
+        u = torch.rand((1, 1), dtype=torch.float64, generator=generator, device=device) if temperature else None
+        args = (logits, temperature, u, node_tensors(t), node, live, confidence, *vocab)
+        q, best, live = link(*args, compiled=draft.compiled)
+        if q is not None:
             t.q.append((q, [node]))
         t.growth.append(node + 2)
         if goes_on is not None:
@@ -109,42 +108,30 @@ def grow_chain(
 
 
 @program
-def greedy_link(
-    logits: torch.Tensor,
-    nodes: tuple[torch.Tensor, ...],
-    node: int,
-    live: torch.Tensor,
-    confidence: float,
-    vocab_ids: torch.Tensor | None,
-    vocab_size: int,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """The chain's next node, node + 1, after `node` at T = 0, one program: the draft's argmax (its
-    column, returned) valued at T = 1 in float64, as `extend` does, added to the tree's `nodes`; and
-    whether the chain goes on past it (`place_link`)."""
-    best, log_z = row_stats(logits)
-    q_x = (logits.gather(1, best[:, None])[:, 0].double() - log_z.double()).exp()
-    return best, place_link(nodes, node, best, q_x, live, confidence, logits.shape[-1], vocab_ids, vocab_size)
-
-
-@program
-def sampled_link(
+def link(
     logits: torch.Tensor,
     temperature: float,
-    u: torch.Tensor,
+    u: torch.Tensor | None,
     nodes: tuple[torch.Tensor, ...],
     node: int,
     live: torch.Tensor,
     confidence: float,
     vocab_ids: torch.Tensor | None,
     vocab_size: int,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """The chain's next node after `node` at T > 0, one program: drawn from the draft's q at
-    `temperature` at the uniform `u` [1, 1] (`sample_rows`' inverse CDF), as `extend` draws it,
-    added to the tree's `nodes`. Returns q, the draw's column and whether the chain goes on."""
-    q = to_probs(logits, temperature)
-    best = inverse_cdf(q, u)[:, 0]
-    q_x = q.gather(1, best[:, None])[:, 0].double()
-    return q, best, place_link(nodes, node, best, q_x, live, confidence, q.shape[-1], vocab_ids, vocab_size)
+) -> tuple[torch.Tensor | None, torch.Tensor, torch.Tensor]:
+    """The chain's next node, node + 1, after `node`, one program, as `extend` draws it: at T = 0
+    (`u` None) the draft's argmax, valued at T = 1 in float64; at T > 0 drawn from the draft's q at
+    `temperature` at the uniform `u` [1, 1] (`sample_rows`' inverse CDF). Added to the tree's
+    `nodes`; returns q (None at T = 0, where verification never reads it), the draw's column and
+    whether the chain goes on past it (`place_link`)."""
+    if u is None:
+        best, log_z = row_stats(logits)
+        q, q_x = None, (logits.gather(1, best[:, None])[:, 0].double() - log_z.double()).exp()
+    else:
+        q = to_probs(logits, temperature)
+        best = inverse_cdf(q, u)[:, 0]
+        q_x = q.gather(1, best[:, None])[:, 0].double()
+    return q, best, place_link(nodes, node, best, q_x, live, confidence, logits.shape[-1], vocab_ids, vocab_size)
 
 
 def place_link(
