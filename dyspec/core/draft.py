@@ -85,30 +85,31 @@ def tree_inputs(
     tokens: torch.Tensor,
     parents: torch.Tensor,
     rows: torch.Tensor,
-    forwarded: torch.Tensor,
+    earlier: torch.Tensor | None,
     columns: torch.Tensor,
     width: int,
     length: int,
     features: tuple | None,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
     """A draft forward's inputs for tree nodes `rows`: their tokens and positions after the `length`
     committed tokens as one [2, n] tensor (`KVSession.forward`'s `ids`), which of the step's `width`
-    uncommitted slots each sees (the nodes `forwarded` this step sit in slots `columns`, the rows
-    themselves last) and, for a feature draft, the predicted features at their parents, with the
-    table of every forwarded node's feature they are read from. `features`: None, or that table
-    (None on the step's first call), the root's feature, and the last call's rows and hidden
-    states (None on the first call), placed now."""
+    uncommitted slots each sees (the nodes forwarded this step, `earlier` (None: none) and then the
+    rows, returned, sit in slots `columns`) and, for a feature draft, the predicted features at
+    their parents [1, n, F], with the table of every forwarded node's feature they are read from.
+    `features`: None, or that table (None on the step's first call), the root's feature, and the
+    last call's rows and hidden states (None on the first call), placed now."""
+    forwarded = rows if earlier is None else torch.cat([earlier, rows])
     visible = torch.zeros(len(rows), width, dtype=torch.bool, device=tokens.device)
     visible[:, columns] = ancestors[rows][:, forwarded]
     ids = torch.stack([tokens[rows], length - 1 + depths[rows]])
     if features is None:
-        return ids, visible, None, None
+        return ids, visible, forwarded, None, None
     table, root, last_rows, last_hidden = features
     if table is None:
         table = torch.cat([root[None], root.new_zeros(len(tokens) - 1, root.shape[-1])])
     if last_rows is not None:
         table = table.index_put((last_rows,), last_hidden)
-    return ids, visible, table[parents[rows]], table
+    return ids, visible, forwarded, table[parents[rows]][None], table
 
 
 class DraftSession:
@@ -146,6 +147,7 @@ class DraftSession:
         self.slot_of: dict[int, int] = {}  # tree node -> cache slot, for nodes forwarded this step
         self.tree_slots: list[tuple[int, torch.Tensor]] = []  # (first slot, nodes) of each `tree_logits` call
         self.tree_ids: list[int] | None = []  # their nodes where the host chose them all, else None
+        self.forwarded_rows: torch.Tensor | None = None  # every call's nodes in slot order, from the last program
         self.context_tensor: torch.Tensor | None = None  # `context` on the device, for a step's copies there
         self.copy_table: torch.Tensor | None = None  # 0 and `copy_weights` there
         self.memo: dict = {} if memo is None else memo  # policies' learnt state, by policy
@@ -286,6 +288,8 @@ class DraftSession:
         `nodes` may be chosen on the device (an index tensor); `place` learns the slots once read."""
         start, length, device = self.kv.cached, self.kv.length, t.tokens.device
         rows = nodes if isinstance(nodes, torch.Tensor) else index_on(nodes, device)
+        # the nodes forwarded before: kept as ids where the host chose them all, else as a tensor
+        earlier = index_on(self.tree_ids, device) if self.tree_ids else self.forwarded_rows
         self.tree_slots.append((start, rows))
         self.tree_ids = None if self.tree_ids is None or isinstance(nodes, torch.Tensor) else self.tree_ids + nodes
         # each row's ancestors among this step's slots, which a padded forward leaves gaps between
@@ -295,8 +299,10 @@ class DraftSession:
         if self.needs_features:
             features = (self.tree_features, self.node_features[0], *(self.unplaced or (None, None)))
         width = start - length + len(rows)
-        args = (t.ancestors, t.depths, t.tokens, t.parents, rows, self.forwarded(), columns, width, length)
-        ids, visible, features, self.tree_features = tree_inputs(*args, features, compiled=self.compiled)
+        args = (t.ancestors, t.depths, t.tokens, t.parents, rows, earlier, columns, width, length)
+        ids, visible, self.forwarded_rows, features, self.tree_features = tree_inputs(
+            *args, features, compiled=self.compiled
+        )
         logits = self._timed_forward(t, rows, ids, None, visible, features=features, on_device=True)
         if self.needs_features:
             self.unplaced = rows, self.hidden
@@ -308,14 +314,6 @@ class DraftSession:
         if self.vocab is None:
             return None, 0
         return self.vocab.ids_on(device), self.vocab.size
-
-    def forwarded(self) -> torch.Tensor | None:
-        """The nodes `tree_logits` forwarded this step, in their cache slots' order."""
-        if not self.tree_slots:
-            return None
-        if self.tree_ids is not None:  # all chosen on the host
-            return index_on(self.tree_ids, self.tree_slots[0][1].device)
-        return torch.cat([rows for _, rows in self.tree_slots])
 
     def place(self, forwarded: list[int]) -> None:
         """`forwarded`, as the step read it: the tree nodes' cache slots, for `commit`."""
@@ -345,4 +343,5 @@ class DraftSession:
         self.pending += [tree.tokens[node] for node in accepted[seen:]] + [next_token]
         self.context.extend([tree.tokens[node] for node in accepted] + [next_token])
         self.slot_of, self.tree_slots, self.tree_ids, self.context_tensor = {}, [], [], None
+        self.forwarded_rows = None
         self.calls = []

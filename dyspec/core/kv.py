@@ -193,10 +193,10 @@ class KVSession:
         `visible` [n, cached - length + n] (bool) says which uncommitted cache slots and new tokens
         each new token attends to (every token attends to the committed prefix); None means plain
         causal attention. `positions` default to consecutive positions after the cache. `features`
-        [n, H or its feature_size] go to a feature-conditioned draft. Tokens and positions may be
-        int64 tensors on the device (a tree grown there: dyspec.core.tree_tensors), which it takes
-        without reading them, or `tokens` both as one [2, n] tensor (`ids`, as a program makes them:
-        one op fewer), `positions` None.
+        [n, H or its feature_size] (or with the batch axis, [1, n, ...]) go to a feature-conditioned
+        draft. Tokens and positions may be int64 tensors on the device (a tree grown there:
+        dyspec.core.tree_tensors), which it takes without reading them, or `tokens` both as one [2, n]
+        tensor (`ids`, as a program makes them: one op fewer), `positions` None.
         `pad_to`: run the forward at that many tokens (where the profile says it is cheaper,
         `dyspec.auto.cost.padded_size`; the static path pads to its bucket); the padding attends to itself
         alone, no token attends to it, its logits and hidden states are not returned, and `commit`
@@ -223,10 +223,11 @@ class KVSession:
             ids = torch.tensor([tokens + tokens[-1:] * pad, positions + positions[-1:] * pad], device=self.device)
         extra = {}
         if features is not None:
+            features = features if features.dim() == 3 else features[None]
             if pad:
-                features = torch.cat([features, features[-1:].expand(pad, -1)])
+                features = torch.cat([features, features[:, -1:].expand(-1, pad, -1)], 1)
             features = features if features.device == self.device else features.to(self.device)
-            extra["input_features"] = features[None]
+            extra["input_features"] = features
         if self.draft_vocab:
             extra["draft_vocab"] = True
         keep = 1 if last_only else 0

@@ -277,8 +277,7 @@ def subtree(t: TreeTensors, nodes: torch.Tensor, compiled: bool = False) -> Tree
     """The tree of the root and `nodes` (a device tensor of ids closed under ancestors: the valid ones
     ascending, any padding after them), renumbered on the device, as `Tree.subtree` does on the host
     (`compiled`: by one program)."""
-    old = torch.cat([nodes.new_zeros(1), nodes])
-    cut = cut_nodes(node_tensors(t), old, compiled=compiled)
+    *cut, old = cut_nodes(node_tensors(t), nodes, compiled=compiled)
     return TreeTensors(
         *cut,
         sampling=t.sampling,
@@ -291,9 +290,10 @@ def subtree(t: TreeTensors, nodes: torch.Tensor, compiled: bool = False) -> Tree
 
 
 @program
-def cut_nodes(nodes: tuple[torch.Tensor, ...], old: torch.Tensor) -> tuple[torch.Tensor, ...]:
-    """`node_tensors` of the nodes `old` (the root first), renumbered in that order."""
+def cut_nodes(nodes: tuple[torch.Tensor, ...], kept: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """`node_tensors` of the root and the nodes `kept`, renumbered in that order, and their old ids."""
     tokens, parents, depths, probs, values, valid, ancestors = nodes
+    old = torch.cat([kept.new_zeros(1), kept])
     new_id = torch.zeros(len(tokens), dtype=torch.long, device=old.device)
     new_id[old] = torch.arange(len(old), device=old.device)
     return (
@@ -304,6 +304,7 @@ def cut_nodes(nodes: tuple[torch.Tensor, ...], old: torch.Tensor) -> tuple[torch
         values[old],
         valid[old],
         ancestors[old][:, old],
+        old,
     )
 
 
@@ -336,6 +337,12 @@ def read_step(
         host[name] = [int(x) for x in table[at : at + size]]
         at += size
     return host
+
+
+@program
+def rows_of(tensors: tuple[torch.Tensor | None, ...], rows: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
+    """Each tensor's `rows` (None stays None)."""
+    return tuple(None if x is None else x[rows] for x in tensors)
 
 
 @program

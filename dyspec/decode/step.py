@@ -145,7 +145,7 @@ def device_step(run: Decoding, root: int, budget: Budget, plan: Plan, t0: float,
         accepted, next_token = tree_tensors.verify_sampled(t, p, generator, compiled=draft.compiled)
         target_probs = p[t.parents, t.tokens]
     host = tree_tensors.read_step(
-        t, accepted, next_token, target_probs, compiled=draft.compiled, forwarded=draft.forwarded()
+        t, accepted, next_token, target_probs, compiled=draft.compiled, forwarded=draft.forwarded_rows
     )
     tree, old_ids, accepted, target_probs = tree_tensors.to_tree(t, host)
     draft.place(host.get("forwarded", []))
@@ -153,7 +153,7 @@ def device_step(run: Decoding, root: int, budget: Budget, plan: Plan, t0: float,
     hidden = run.target.hidden
     if len(old_ids) < len(t):  # padding dropped: the rows the views and the drafts read, renumbered
         rows = torch.tensor(old_ids, device=logits.device)
-        logits, log_z, p, hidden = (None if x is None else x[rows] for x in (logits, log_z, p, hidden))
+        logits, log_z, p, hidden = tree_tensors.rows_of((logits, log_z, p, hidden), rows, compiled=draft.compiled)
     run.target.commit([run.target.length + old_ids[i] for i in [0, *accepted]])
     commit_drafts(run, budget, plan, tree, accepted, host["next_token"], hidden)
     forwards = draft.forwards - forwards0

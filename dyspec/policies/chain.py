@@ -89,12 +89,13 @@ def grow_chain(
     still forwarded, so that the chain has one shape."""
     device = draft.kv.device
     t = new_tree(root, length + 1, device, "iid", draft.vocab, compiled=draft.compiled)
-    live = torch.ones(1, dtype=torch.bool, device=device)
+    live = None  # the root's child is drafted whatever comes after
     vocab = draft.vocab_columns(device)
     logits = draft.logits(Tree.root(root, "iid", draft.vocab), [0], on_device=True)
+    # every link's uniform in one draw outside the programs, which take no generator: a row a link,
+    # the stream `extend` draws link by link
+    u = torch.rand((length, 1), dtype=torch.float64, generator=generator, device=device) if temperature else None
     for node in range(length):
-        # the draw's uniform, drawn outside the program, which takes no generator
-        u = torch.rand((1, 1), dtype=torch.float64, generator=generator, device=device) if temperature else None
         args = (logits, temperature, u, node_tensors(t), node, live, confidence, *vocab)
         q, best, live = link(*args, compiled=draft.compiled)
         if q is not None:
@@ -114,23 +115,25 @@ def link(
     u: torch.Tensor | None,
     nodes: tuple[torch.Tensor, ...],
     node: int,
-    live: torch.Tensor,
+    live: torch.Tensor | None,
     confidence: float,
     vocab_ids: torch.Tensor | None,
     vocab_size: int,
 ) -> tuple[torch.Tensor | None, torch.Tensor, torch.Tensor]:
     """The chain's next node, node + 1, after `node`, one program, as `extend` draws it: at T = 0
     (`u` None) the draft's argmax, valued at T = 1 in float64; at T > 0 drawn from the draft's q at
-    `temperature` at the uniform `u` [1, 1] (`sample_rows`' inverse CDF). Added to the tree's
-    `nodes`; returns q (None at T = 0, where verification never reads it), the draw's column and
-    whether the chain goes on past it (`place_link`)."""
+    `temperature` at the uniform `u[node]` (`u` [length, 1]: `sample_rows`' inverse CDF). Added to
+    the tree's `nodes`, valid where `live` (None: yes); returns q (None at T = 0, where verification
+    never reads it), the draw's column and whether the chain goes on past it (`place_link`)."""
     if u is None:
         best, log_z = row_stats(logits)
         q, q_x = None, (logits.gather(1, best[:, None])[:, 0].double() - log_z.double()).exp()
     else:
         q = to_probs(logits, temperature)
-        best = inverse_cdf(q, u)[:, 0]
+        best = inverse_cdf(q, u[node : node + 1])[:, 0]
         q_x = q.gather(1, best[:, None])[:, 0].double()
+    if live is None:
+        live = torch.ones(1, dtype=torch.bool, device=logits.device)
     return q, best, place_link(nodes, node, best, q_x, live, confidence, logits.shape[-1], vocab_ids, vocab_size)
 
 

@@ -7,7 +7,7 @@ from dyspec.core.draft import DraftSession
 from dyspec.core.programs import program
 from dyspec.core.sampling import ranked_children, to_probs, top_children
 from dyspec.core.tree import Tree
-from dyspec.core.tree_tensors import TreeTensors, new_tree, node_tensors, place_nodes, subtree
+from dyspec.core.tree_tensors import TreeTensors, index_on, new_tree, node_tensors, place_nodes, subtree
 from dyspec.core.vocab import token_ids
 from dyspec.errors import DyspecError
 
@@ -81,7 +81,7 @@ def grow_and_rerank(draft: DraftSession, root: int, budget: int, topk: int, step
     t = new_tree(root, 1 + topk + (steps - 1) * topk * topk, device, "deterministic", draft.vocab, draft.compiled)
     vocab = draft.vocab_columns(device)
     logits = draft.logits(Tree.root(root, "deterministic", draft.vocab), [0], on_device=True)
-    frontier, start = torch.zeros(1, dtype=torch.long, device=device), 1
+    frontier, start = index_on([0], device), 1
     for r in range(steps):
         frontier = expand_round(logits, node_tensors(t), frontier, start, topk, *vocab, compiled=draft.compiled)
         start += len(logits) * topk

@@ -16,7 +16,7 @@ from dyspec.core.draft import DraftSession
 from dyspec.core.programs import program
 from dyspec.core.sampling import race_uniforms, ranked_children, to_probs, top_children
 from dyspec.core.tree import Tree
-from dyspec.core.tree_tensors import TreeTensors, new_tree, node_tensors, place_nodes, subtree
+from dyspec.core.tree_tensors import TreeTensors, index_on, new_tree, node_tensors, place_nodes, subtree
 from dyspec.core.vocab import token_ids
 from dyspec.errors import DyspecError
 from dyspec.policies.common import asks_device, child_mode, drawn_slot, on_device_asked
@@ -107,7 +107,7 @@ def grow(
     width, layers = min(options["width"] or budget, budget), min(max_depth, budget)
     t = new_tree(root, 1 + layers * budget, device, sampling, draft.vocab, compiled=draft.compiled)
     logits = draft.logits(Tree.root(root, sampling, draft.vocab), [0], on_device=True)
-    frontier, live = torch.zeros(1, dtype=torch.long, device=device), torch.ones(1, dtype=torch.bool, device=device)
+    frontier, live = index_on([0], device), None  # the root, live
     shape, vocab = (budget, width, max_depth, t_min), draft.vocab_columns(device)
     for layer in range(layers):
         uniforms = race_uniforms(logits.shape, generator, device) if sample else None
@@ -128,7 +128,7 @@ def threshold_layer(
     uniforms: torch.Tensor | None,
     tau: float,
     frontier: torch.Tensor,
-    live: torch.Tensor,
+    live: torch.Tensor | None,
     nodes: tuple[torch.Tensor, ...],
     start: int,
     first: bool,
@@ -138,14 +138,16 @@ def threshold_layer(
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """A layer of `grow`, one program: the draft's q after the `frontier` (returned), its children
     worth more than t placed as nodes start.. start + budget - 1 (padding where fewer), and the next
-    frontier with which of its rows are live (returned)."""
+    frontier with which of its rows are live (returned; `live` None: all)."""
     budget, width, max_depth, t_min = shape
     _, _, depths, _, values, valid, _ = nodes
     q = to_probs(logits, tau)
     columns, probs = top_children(q, budget, uniforms)
     p = probs.double()
     worth = 1 - torch.nn.functional.pad(p.cumsum(1)[:, :-1], (1, 0)) if uniforms is not None else p
-    ok = (values[frontier, None] * worth > t_min) & (p > 0) & live[:, None]
+    ok = (values[frontier, None] * worth > t_min) & (p > 0)
+    if live is not None:
+        ok = ok & live[:, None]
     if first:  # the root's first child comes whatever its value (`build` says why)
         ok[0, 0] = p[0, 0] > 0
     ok = ok.cumprod(1).bool().flatten()  # a node stops at its first slot worth too little

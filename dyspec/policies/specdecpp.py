@@ -90,22 +90,21 @@ def grow(
     device = draft.kv.device
     head = head_on(load_head(path)[0], device)
     length = min(max_k, budget)
-    predicted = torch.full((length + 1,), math.nan, dtype=torch.float64, device=device)
-    survive = torch.ones(1, dtype=torch.float64, device=device)
-    q_last = None  # the draft's probability (T = 1) of the chain's last token, as `build` hands the head
+    # the head's predictions, their product so far and the draft's probability (T = 1) of the chain's
+    # last token, as `build` hands it to the head: made by the first link's program
+    predicted = survive = q_last = None
 
     def goes_on(node, logits, column):
-        nonlocal q_last
-        if node == 1:  # the root's forward drew node 1 and predicts nothing: the root is the target's own token
-            q_last = token_prob(logits, column, compiled=draft.compiled)
-            return survive > -1  # on: a [1] True, as the programs give it
-        args = (head, draft.hidden[-1], q_last, survive, predicted, node, h, min_k, logits, column)
+        nonlocal predicted, survive, q_last
+        if node == 1:
+            q_last, survive, predicted, live = first_stop(logits, column, length, compiled=draft.compiled)
+            return live
+        args = (head, draft.hidden, q_last, survive, predicted, node, h, min_k, logits, column)
         live, q_last = head_stop(*args, compiled=draft.compiled)
         return live
 
     t = grow_chain(draft, root, length, temperature, generator, goes_on=goes_on)
-    # none for the chain's last node, as in `build`, which never forwards it (here a padding node's forward did)
-    t.extra["predicted_acceptance"] = torch.cat([torch.where(t.valid[1:], predicted[:-1], math.nan), predicted[-1:]])
+    t.extra["predicted_acceptance"] = chain_predictions(t.valid, predicted, compiled=draft.compiled)
     return t
 
 
@@ -114,6 +113,25 @@ def token_prob(logits: torch.Tensor, column: torch.Tensor) -> torch.Tensor:
     """The draft's probability at T = 1 of the token drawn as `column` [1] of its `logits` [1, V], 0-d
     as `build` hands it to the head (a 0-d index would be a read: a gather)."""
     return torch.softmax(logits.float(), dim=-1).gather(1, column[:, None]).reshape(())
+
+
+@program
+def first_stop(
+    logits: torch.Tensor, column: torch.Tensor, length: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Past the chain's node 1, drawn as `column` of the root's forward's `logits`, which predicts
+    nothing (the root is the target's own token): its token's probability, the product of the
+    predictions (1), room for the predictions of a chain of `length` (NaN) and the chain going on."""
+    survive = torch.ones(1, dtype=torch.float64, device=logits.device)
+    predicted = torch.full((length + 1,), math.nan, dtype=torch.float64, device=logits.device)
+    return token_prob(logits, column), survive, predicted, survive > 0
+
+
+@program
+def chain_predictions(valid: torch.Tensor, predicted: torch.Tensor) -> torch.Tensor:
+    """The head's prediction for each node past the root: none for padding, nor for the chain's last
+    node, as in `build`, which never forwards it (here a padding node's forward did)."""
+    return torch.cat([torch.where(valid[1:], predicted[:-1], math.nan), predicted[-1:]])
 
 
 @program
@@ -130,10 +148,10 @@ def head_stop(
     column: torch.Tensor,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Past the chain's new `node` (> 1), drawn as `column` of the draft's `logits` by a forward over
-    node - 1 with final hidden state `hidden` [H]: the head's prediction for node - 1 (whose
+    node - 1 with final hidden states `hidden` [1, H]: the head's prediction for node - 1 (whose
     token's T = 1 probability is `q_last`) into `predicted` and, multiplied, into `survive` (in
     place); returns whether the chain goes on past `node`, [1] bool, and the new token's probability."""
-    accept = head.calibrated(hidden, q_last).double()
+    accept = head.calibrated(hidden[-1], q_last).double()
     predicted[node - 1 : node] = accept
     survive.mul_(accept)
     return (1 - survive <= h) | (node < min_k), token_prob(logits, column)

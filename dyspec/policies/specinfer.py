@@ -10,7 +10,7 @@ import torch
 from dyspec.core.contract import AutoNeeds, Policy
 from dyspec.core.draft import DraftSession
 from dyspec.core.programs import program
-from dyspec.core.sampling import ranked_children, sample_rows, to_probs, top_children
+from dyspec.core.sampling import inverse_cdf, ranked_children, sample_rows, to_probs, top_children
 from dyspec.core.tree import Tree
 from dyspec.core.tree_tensors import TreeTensors, new_tree, node_tensors, place_nodes
 from dyspec.core.vocab import token_ids
@@ -134,11 +134,11 @@ def grow(
     logits = draft.logits(Tree.root(root, sampling, draft.vocab), [0], on_device=True)
     frontier = range(1)
     for layer, width in enumerate(widths):
-        q = to_probs(logits, temperature if temperature > 0 else 1.0)
-        # drawn outside the program, which takes no generator; at T = 0 chosen inside it
-        columns = sample_rows(q, width, generator) if temperature > 0 else None
+        # the draws' uniforms (`sample_rows`' stream) drawn outside the program, which takes no generator
+        shape = (len(frontier), width)
+        u = torch.rand(shape, dtype=torch.float64, generator=generator, device=device) if temperature > 0 else None
         layer_at = (frontier.start, frontier.stop, width)
-        kary_layer(q, columns, node_tensors(t), layer_at, *vocab, compiled=draft.compiled)
+        q = kary_layer(logits, temperature, u, node_tensors(t), layer_at, *vocab, compiled=draft.compiled)
         t.q.append((q, list(frontier)))
         t.growth.append(frontier.stop + len(frontier) * width)
         frontier = range(frontier.stop, frontier.stop + len(frontier) * width)
@@ -149,23 +149,26 @@ def grow(
 
 @program
 def kary_layer(
-    q: torch.Tensor,
-    columns: torch.Tensor | None,
+    logits: torch.Tensor,
+    temperature: float,
+    u: torch.Tensor | None,
     nodes: tuple[torch.Tensor, ...],
     layer: tuple[int, int, int],
     vocab_ids: torch.Tensor | None,
     vocab_size: int,
-) -> None:
+) -> torch.Tensor:
     """A layer of the static k-ary tree, one program: each node first.. stop - 1 (`layer`: first,
-    stop, width) gets `width` children, its drawn `columns` of q or, where None, its top ones,
-    placed as the next ids in order."""
+    stop, width), forwarded as `logits`, gets `width` children drawn from the draft's q at
+    `temperature` at the uniforms `u` [n, width] (`sample_rows`' inverse CDF) or, where None, its
+    top ones at T = 1, placed as the next ids in order. Returns q."""
     first, stop, width = layer
-    if columns is None:
-        columns = top_children(q, width, None)[0]
+    q = to_probs(logits, temperature if temperature > 0 else 1.0)
+    columns = top_children(q, width, None)[0] if u is None else inverse_cdf(q, u)
     tokens = token_ids(columns, q.shape[-1], vocab_ids, vocab_size)
     parents = torch.arange(first, stop, device=q.device).repeat_interleave(columns.shape[1])
     every = torch.ones(columns.numel(), dtype=torch.bool, device=q.device)
     place_nodes(nodes, stop, parents, tokens.flatten(), q.gather(-1, columns).flatten().double(), every)
+    return q
 
 
 POLICY = Policy(
