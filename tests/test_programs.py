@@ -55,6 +55,33 @@ def test_a_compiled_step_reads_once_and_dispatches_at_most_60_ops(default_pair, 
     assert counts["ops"] <= 60, counts
 
 
+@pytest.mark.parametrize("temperature", [0.0, 0.8])
+@pytest.mark.parametrize(
+    "policy, budget, options",
+    [
+        ("chain", 16, {}),
+        ("sequoia", 64, {"acceptance": [0.3, 0.1, 0.05, 0.03]}),
+        ("specinfer", 32, {}),
+        ("sglang", 64, {}),
+        ("eagle2", 64, {}),
+        ("specdecpp", 32, {}),
+        ("dyspec-threshold", 64, {}),
+    ],
+)
+def test_every_tree_policy_reads_once_a_step_and_dispatches_a_few_ops_a_draft_forward(
+    default_pair, policy, budget, options, temperature
+):
+    """Every draft-model tree policy's step on the device, compiled: one host read a step, greedy or
+    sampled, and around its draft forwards (a forward's inputs program, its copies' program, the
+    round's program, the forward's output views, a race's uniforms drawn: at most 7 ops each) at
+    most 30 ops of the step's own (the root's forward, the target's inputs, verification, the
+    read, the commits)."""
+    options = options | {"step": "device"}
+    counts = step_counts(default_pair, PROMPTS[2], policy, budget, 16, options=options, temperature=temperature)
+    assert counts["steps"] > 2 and counts["reads"] == 1, counts
+    assert counts["draft_forwards"] > 1 and counts["ops"] <= 30 + 7 * counts["draft_forwards"], counts
+
+
 @pytest.mark.parametrize(
     "policy, temperature, options",
     [

@@ -29,7 +29,7 @@ from transformers import PreTrainedModel
 
 from dyspec.core.copying import copy_token, copy_tokens, mix, mix_rows
 from dyspec.core.draft_model import PLAIN, draft_model
-from dyspec.core.kv import KVSession, sync
+from dyspec.core.kv import KVSession, sync, tree_mask
 from dyspec.core.programs import program
 from dyspec.core.tree import Tree
 from dyspec.core.tree_tensors import TreeTensors, index_on
@@ -87,29 +87,31 @@ def tree_inputs(
     rows: torch.Tensor,
     earlier: torch.Tensor | None,
     columns: torch.Tensor,
-    width: int,
-    length: int,
+    mask_at: tuple,
     features: tuple | None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
-    """A draft forward's inputs for tree nodes `rows`: their tokens and positions after the `length`
-    committed tokens as one [2, n] tensor (`KVSession.forward`'s `ids`), which of the step's `width`
-    uncommitted slots each sees (the nodes forwarded this step, `earlier` (None: none) and then the
-    rows, returned, sit in slots `columns`) and, for a feature draft, the predicted features at
-    their parents [1, n, F], with the table of every forwarded node's feature they are read from.
-    `features`: None, or that table (None on the step's first call), the root's feature, and the
-    last call's rows and hidden states (None on the first call), placed now."""
+    """A draft forward's inputs for tree nodes `rows`: their tokens and positions after the
+    committed tokens as one [2, n] tensor (`KVSession.forward`'s `ids`), its mask (`tree_mask` at
+    `mask_at`, `KVSession.tree_mask_at`: each row sees the step's uncommitted slots of its
+    ancestors, the nodes forwarded this step, `earlier` (None: none) and then the rows, returned,
+    sitting in slots `columns`) and, for a feature draft, the predicted features at their parents
+    [1, n, F], with the table of every forwarded node's feature they are read from. `features`:
+    None, or that table (None on the step's first call), the root's feature, and the last call's
+    rows and hidden states (None on the first call), placed now."""
+    length, start = mask_at[:2]
     forwarded = rows if earlier is None else torch.cat([earlier, rows])
-    visible = torch.zeros(len(rows), width, dtype=torch.bool, device=tokens.device)
+    visible = torch.zeros(len(rows), start - length + len(rows), dtype=torch.bool, device=tokens.device)
     visible[:, columns] = ancestors[rows][:, forwarded]
     ids = torch.stack([tokens[rows], length - 1 + depths[rows]])
+    mask = tree_mask(visible, *mask_at)
     if features is None:
-        return ids, visible, forwarded, None, None
+        return ids, mask, forwarded, None, None
     table, root, last_rows, last_hidden = features
     if table is None:
         table = torch.cat([root[None], root.new_zeros(len(tokens) - 1, root.shape[-1])])
     if last_rows is not None:
         table = table.index_put((last_rows,), last_hidden)
-    return ids, visible, forwarded, table[parents[rows]][None], table
+    return ids, mask, forwarded, table[parents[rows]][None], table
 
 
 class DraftSession:
@@ -298,12 +300,11 @@ class DraftSession:
         features = None
         if self.needs_features:
             features = (self.tree_features, self.node_features[0], *(self.unplaced or (None, None)))
-        width = start - length + len(rows)
-        args = (t.ancestors, t.depths, t.tokens, t.parents, rows, earlier, columns, width, length)
-        ids, visible, self.forwarded_rows, features, self.tree_features = tree_inputs(
+        args = (t.ancestors, t.depths, t.tokens, t.parents, rows, earlier, columns, self.kv.tree_mask_at(len(rows)))
+        ids, mask, self.forwarded_rows, features, self.tree_features = tree_inputs(
             *args, features, compiled=self.compiled
         )
-        logits = self._timed_forward(t, rows, ids, None, visible, features=features, on_device=True)
+        logits = self._timed_forward(t, rows, ids, features=features, mask=mask, on_device=True)
         if self.needs_features:
             self.unplaced = rows, self.hidden
         return logits

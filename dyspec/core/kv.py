@@ -146,17 +146,32 @@ class KVSession:
         self.compiled = False  # its masks made by compiled programs (`dyspec.core.programs`) in a step on the device
         self.draft_vocab = draft_vocab and getattr(draft_model(model), "vocab", None) is not None
 
-    def _mask(self, n: int, size: int, visible: torch.Tensor | None, on_device: bool = False) -> torch.Tensor | None:
+    def _size(self, n: int, pad_to: int = 0) -> int:
+        """The size a forward of n tokens runs at: `pad_to` at least, on the static path its bucket."""
+        size = max(n, pad_to)
+        if self.static is not None:
+            size = bucket(size)
+            if self.cached + size > self.static.capacity:
+                raise DyspecError(
+                    f"the static cache holds {self.static.capacity} tokens; this forward needs {self.cached + size}"
+                )
+        return size
+
+    def tree_mask_at(self, n: int) -> tuple:
+        """`tree_mask`'s arguments after `visible` for the next forward, of n tree tokens: the program
+        that makes a step on the device's forward's inputs makes its mask too (`forward`'s `mask`)."""
+        size = self._size(n)
+        width = self.cached + size if self.static is None else self.static.capacity
+        return self.length, self.cached, size, width, self.bool_mask, self.model.dtype
+
+    def _mask(self, n: int, size: int, visible: torch.Tensor | None) -> torch.Tensor | None:
         """The mask [1, 1, size, cache width] of a forward of n tokens padded to `size`: every token
         sees the committed prefix, then `visible` over the uncommitted slots and new tokens (None:
         causal), the padding itself alone. Boolean with `bool_mask`, else additive. None where plain
-        causal attention does it. `on_device`: a step on the device's forward, its mask one program."""
+        causal attention does it."""
         start, width = self.cached, self.cached + size if self.static is None else self.static.capacity
         if visible is None and size == n and self.static is None:
             return None
-        if on_device and visible is not None:  # a step on the device's forward: one program
-            mask_at = (self.length, start, size, width, self.bool_mask, self.model.dtype)
-            return tree_mask(visible, *mask_at, compiled=self.compiled)
         if size == n and self.static is None:  # a tree's step: each op here costs a step microseconds
             see = torch.ones(n, width, dtype=torch.bool, device=self.device)
             see[:, self.length :] = visible.to(self.device, non_blocking=True)
@@ -186,6 +201,7 @@ class KVSession:
         last_only: bool = False,
         features: torch.Tensor | None = None,
         pad_to: int = 0,
+        mask: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """Append `tokens` to the cache and return their logits [n, V] (fp32; V the draft's
         vocabulary with `draft_vocab`).
@@ -200,20 +216,15 @@ class KVSession:
         `pad_to`: run the forward at that many tokens (where the profile says it is cheaper,
         `dyspec.auto.cost.padded_size`; the static path pads to its bucket); the padding attends to itself
         alone, no token attends to it, its logits and hidden states are not returned, and `commit`
-        drops its cache slots.
+        drops its cache slots. `mask`: the forward's mask, made where its tokens were
+        (`tree_mask_at`), instead of `visible`.
         """
         on_device = isinstance(tokens, torch.Tensor)
         n, start = tokens.shape[-1] if on_device else len(tokens), self.cached
-        size = max(n, pad_to)
-        if self.static is not None:
-            size = bucket(size)
-            if start + size > self.static.capacity:
-                raise DyspecError(
-                    f"the static cache holds {self.static.capacity} tokens; this forward needs {start + size}"
-                )
+        size = self._size(n, pad_to)
         if positions is None and not on_device:
             positions = list(range(start, start + n))
-        mask = self._mask(n, size, visible, on_device=on_device)
+        mask = self._mask(n, size, visible) if mask is None else mask
         pad = size - n
         if on_device:
             ids = tokens if tokens.dim() == 2 else torch.stack([tokens, positions])

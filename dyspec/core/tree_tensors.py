@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from dyspec.core.kv import tree_mask
 from dyspec.core.programs import program
 from dyspec.core.sampling import residual
 from dyspec.core.tree import Tree
@@ -121,10 +122,13 @@ def place_nodes(
 
 
 @program
-def token_positions(tokens: torch.Tensor, depths: torch.Tensor, length: int) -> torch.Tensor:
-    """The tree's tokens and their positions after `length` committed tokens, as one [2, N] tensor:
-    a target forward's `ids` (`KVSession.forward`)."""
-    return torch.stack([tokens, length + depths])
+def target_inputs(
+    tokens: torch.Tensor, depths: torch.Tensor, ancestors: torch.Tensor, mask_at: tuple
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The target forward's inputs (`KVSession.forward`): the tree's tokens and their positions after
+    the committed tokens as one [2, N] tensor, and its mask (`tree_mask` at `mask_at`,
+    `KVSession.tree_mask_at`), each node seeing its `ancestors`."""
+    return torch.stack([tokens, mask_at[0] + depths]), tree_mask(ancestors, *mask_at)
 
 
 def verify_greedy(t: TreeTensors, target_argmax: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -133,8 +133,9 @@ def device_step(run: Decoding, root: int, budget: Budget, plan: Plan, t0: float,
     t = run.policy.grow(draft, root, plan.cap, run.temperature, generator, options)
     draft_s = draft.seconds - draft_s0
     t1 = time.perf_counter()
-    ids = tree_tensors.token_positions(t.tokens, t.depths, run.target.length, compiled=draft.compiled)
-    logits = run.target.forward(ids, None, t.ancestors)
+    mask_at = run.target.tree_mask_at(len(t))
+    ids, mask = tree_tensors.target_inputs(t.tokens, t.depths, t.ancestors, mask_at, compiled=draft.compiled)
+    logits = run.target.forward(ids, mask=mask)
     t2 = time.perf_counter()  # on a GPU, the time to queue it: the step's one read below waits for it all
     log_z = p = None
     if run.temperature == 0:

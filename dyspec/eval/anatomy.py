@@ -123,25 +123,26 @@ def counting() -> Iterator[Count]:
 
 @forward_thread
 def step_counts(pair, prompt: str, policy: str, budget: int | str, max_new_tokens: int = 48, **kwargs) -> dict:
-    """A generation's ops and host reads per step, their medians over its steps but the first (which
-    also pays the prefill's), and the call sites of a median step's reads."""
+    """A generation's ops, host reads and draft forwards per step, their medians over its steps but
+    the first (which also pays the prefill's), and the call sites of a median step's reads."""
     from dyspec.decode.engine import generate
 
     with counting() as count:
         marks = []
-        hook = lambda e: marks.append((count.ops, count.reads, count.read_sites.copy()))  # noqa: E731
+        hook = lambda e: marks.append((count.ops, count.reads, count.read_sites.copy(), e.draft_forwards))  # noqa: E731
         generate(
             pair, prompt, policy=policy, budget=budget, max_new_tokens=max_new_tokens, hooks=[_on_steps(hook)], **kwargs
         )
-    steps = [(b[0] - a[0], b[1] - a[1], b[2] - a[2]) for a, b in zip(marks, marks[1:])]
+    steps = [(b[0] - a[0], b[1] - a[1], b[2] - a[2], b[3]) for a, b in zip(marks, marks[1:])]
     if not steps:
-        return {"ops": None, "reads": None, "read_sites": {}, "steps": 0}
+        return {"ops": None, "reads": None, "read_sites": {}, "steps": 0, "draft_forwards": None}
     median = sorted(steps, key=lambda s: (s[1], s[0]))[len(steps) // 2]
     return {
         "ops": statistics.median(s[0] for s in steps),
         "reads": statistics.median(s[1] for s in steps),
         "read_sites": dict(median[2].most_common()),
         "steps": len(steps),
+        "draft_forwards": statistics.median(s[3] for s in steps),
     }
 
 
