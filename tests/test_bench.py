@@ -57,6 +57,11 @@ def test_bench_smoke_and_resume(int8_draft_pair, tmp_path):
             assert 0 < r["tree_build_s"] <= r["overhead_s"]
             assert 0 < r["tree_nodes"] <= 4 * r["target_forwards"] and r["draft_forwards"] > 0
             assert sum(r["calibration"]["reached"]) > 0
+            assert r["step_ops"] > 0 and r["step_reads"] >= 1  # counted once per setting, in a run of its own
+        if r["policy"] == "ar":
+            assert r["step_reads"] == 1
+        if r["policy"].startswith("hf"):
+            assert "step_ops" not in r
 
     # An interrupted bench: a partial last line and a missing run; --resume runs only what is missing.
     lines = out.read_text().splitlines()

@@ -44,6 +44,7 @@ from dyspec.decode.engine import check_settings, encode_prompt, stream
 from dyspec.defaults import DEFAULT, defaults_for
 from dyspec.errors import DyspecError
 from dyspec.eval import summary
+from dyspec.eval.anatomy import step_counts
 from dyspec.eval.peers import LLAMACPP_POLICIES, LlamaCpp, PeerCrashed, check_llamacpp
 from dyspec.eval.prompts import load_prompts
 from dyspec.eval.speedup import warm_up
@@ -57,6 +58,7 @@ from dyspec.policies import parse_option
 HF_POLICIES = ("hf", "hf-assisted", "hf-lookup")
 PEERS = (*HF_POLICIES, *LLAMACPP_POLICIES)  # baselines outside the engine: records without step data
 ONE_BUDGET = ("ar", "hf", "llamacpp")  # policies that draft nothing run at budget 1 alone
+ANATOMY_TOKENS = 16  # the counted generation's length (`setting_anatomy`)
 SCHEMA = json.loads((Path(__file__).with_name("bench_schema.json")).read_text())
 
 
@@ -141,6 +143,20 @@ def _engine_run(
         "calibration": {"reached": reached, "accepted": accepted},
         "output_digest": hashlib.sha1(json.dumps(finished.token_ids).encode()).hexdigest()[:16],
     }
+
+
+def setting_anatomy(
+    pair: ModelPair, prompt: str, policy: str, budget: int | str, options: dict, temperature: float, cache: dict
+) -> dict:
+    """A setting's ops and host reads a step (`dyspec.eval.anatomy.step_counts`, medians), counted once
+    per setting in `cache` in a generation of its own on the first `prompt` it meets: counting slows
+    a run, so no measured run is counted. On a GPU each op is a launch and each read waits for the
+    queue: the two say there what a CPU's timings cannot."""
+    key = (policy, json.dumps(options, sort_keys=True), budget, temperature)
+    if key not in cache:
+        counts = step_counts(pair, prompt, policy, budget, ANATOMY_TOKENS, options=options, temperature=temperature)
+        cache[key] = {"step_ops": counts["ops"], "step_reads": counts["reads"]}
+    return cache[key]
 
 
 def independent_draft(pair: ModelPair) -> bool:
@@ -333,6 +349,7 @@ def run_bench(
     llama, left_out = LlamaCpp(), 0
     assistants: dict[str, torch.nn.Module] = {}  # hf-assisted's drafts, by its options
     warmed: dict = {}  # `warm_up`'s
+    counted: dict = {}  # `setting_anatomy`'s
     for pid, prompt, temperature, seed, policy, opts, budget in tqdm(jobs, desc="bench", disable=not progress):
         base = {
             "dataset": config.dataset,
@@ -365,6 +382,7 @@ def run_bench(
             learnt = auto_states.setdefault((policy, temperature, json.dumps(opts, sort_keys=True)), AutoState())
             warm_up(pair, policy, budget, warmed, opts, temperature)  # no run measures a first run's costs
             stats = _engine_run(pair, prompt, policy, budget, temperature, seed, config.max_new_tokens, opts, learnt)
+            stats |= setting_anatomy(pair, prompt, policy, budget, opts, temperature, counted)
         tokens_per_s = stats["new_tokens"] / stats["wall_s"]
         if policy == "ar":
             ar_runs[pid, temperature, seed] = {"tokens_per_s": tokens_per_s, **stats}
