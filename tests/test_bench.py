@@ -135,7 +135,8 @@ def test_default_stands_for_the_devices_default_setting(pair):
     """`default` in --policies runs the device's default policy with its options, once even when its
     spec is also given, and a bench spec of the defaults reads back as them."""
     from dyspec.defaults import defaults_for
-    from dyspec.eval.bench import parse_policy_spec, plan_bench
+    from dyspec.eval.bench import plan_bench
+    from dyspec.policies import parse_policy_spec
 
     default = defaults_for(pair.device)
     assert parse_policy_spec(default.spec) == (default.policy, dict(default.options))
@@ -146,8 +147,8 @@ def test_default_stands_for_the_devices_default_setting(pair):
 
 def test_policy_specs_carry_options():
     from dyspec.errors import DyspecError
-    from dyspec.eval.bench import parse_policy_spec
     from dyspec.eval.summary import summarize
+    from dyspec.policies import parse_policy_spec
 
     assert parse_policy_spec("specdecpp:h=0.3:min_k=1") == ("specdecpp", {"h": 0.3, "min_k": 1})
     assert parse_policy_spec("chain") == ("chain", {})

@@ -157,8 +157,8 @@ def anatomy(
     milliseconds (its time outside the two models' forwards, measured in a run of its own: counting
     slows it), on `prompt` at `temperature`, warm; {"error": why} for a policy the pair cannot run
     as it is (sequoia with no acceptance vector for it)."""
-    from dyspec.eval.bench import parse_policy_spec
     from dyspec.eval.speedup import mean_step, steps_of, warm_up
+    from dyspec.policies import parse_policy_spec
 
     out = {}
     for spec, budget in settings:

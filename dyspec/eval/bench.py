@@ -53,7 +53,7 @@ from dyspec.forward.quant import int8_available, quantize_int8
 from dyspec.forward.thread import forward_thread
 from dyspec.load import ModelPair
 from dyspec.load.pair import measured_lane
-from dyspec.policies import parse_option
+from dyspec.policies import parse_policy_spec
 
 HF_POLICIES = ("hf", "hf-assisted", "hf-lookup")
 PEERS = (*HF_POLICIES, *LLAMACPP_POLICIES)  # baselines outside the engine: records without step data
@@ -225,15 +225,6 @@ def _peer_stats(new_tokens: int, wall_s: float) -> dict:
         "accept_lengths": {},
         "calibration": {"reached": [], "accepted": []},
     }
-
-
-def parse_policy_spec(spec: str) -> tuple[str, dict]:
-    """`NAME[:OPTION=VALUE...]`, e.g. `specdecpp:h=0.3`, so one run can compare option values."""
-    name, *options = spec.split(":")
-    try:
-        return name, dict(parse_option(text) for text in options)
-    except DyspecError as e:
-        raise DyspecError(f"bad policy spec '{spec}' ({e}): use NAME:OPTION=VALUE, e.g. specdecpp:h=0.3") from None
 
 
 def rotated(items: list, k: int) -> list:

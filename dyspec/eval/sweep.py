@@ -13,8 +13,9 @@ from tqdm.auto import tqdm
 from dyspec.auto import whatif
 from dyspec.decode.engine import check_settings
 from dyspec.decode.replay import ReplayRun, record_trace, replay_run
-from dyspec.eval.bench import append_record, host_stamp, parse_policy_spec
+from dyspec.eval.bench import append_record, host_stamp
 from dyspec.load import ModelPair
+from dyspec.policies import parse_policy_spec
 
 KIND = "replay"
 REPLAY_NOTE = (

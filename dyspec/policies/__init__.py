@@ -89,3 +89,12 @@ def parse_option(text: str) -> tuple[str, object]:
         return name.replace("-", "_"), json.loads(value)
     except json.JSONDecodeError:
         return name.replace("-", "_"), value
+
+
+def parse_policy_spec(spec: str) -> tuple[str, dict]:
+    """`NAME[:OPTION=VALUE...]`, e.g. `specdecpp:h=0.3`, so one run can compare option values."""
+    name, *options = spec.split(":")
+    try:
+        return name, dict(parse_option(text) for text in options)
+    except DyspecError as e:
+        raise DyspecError(f"bad policy spec '{spec}' ({e}): use NAME:OPTION=VALUE, e.g. specdecpp:h=0.3") from None
