@@ -69,14 +69,17 @@ def _frozen(ids: list) -> tuple:
 def new_tree(
     root: int, n: int, device: torch.device, sampling: str, vocab: DraftVocab | None, compiled: bool = False
 ) -> TreeTensors:
-    """The root alone, with room for `n` nodes in all (`compiled`: made by one program)."""
-    tokens, parents, depths, probs, values, valid, ancestors = root_nodes(root, n, device, compiled=compiled)
+    """The root alone, with room for `n` nodes in all (`compiled`: its vectors made by one program;
+    the ancestor matrix by `torch.eye`, since Inductor's CPU code fills a boolean matrix a hundred
+    times slower)."""
+    tokens, parents, depths, probs, values, valid = root_nodes(root, n, device, compiled=compiled)
+    ancestors = torch.eye(n, dtype=torch.bool, device=device)
     return TreeTensors(tokens, parents, depths, probs, values, valid, ancestors, sampling, vocab)
 
 
 @program
 def root_nodes(root: int, n: int, device: torch.device) -> tuple[torch.Tensor, ...]:
-    """`node_tensors` of the root alone, with room for `n` nodes."""
+    """`node_tensors` of the root alone but the ancestor matrix, with room for `n` nodes."""
     return (
         torch.full((n,), root, dtype=torch.long, device=device),
         torch.zeros(n, dtype=torch.long, device=device),
@@ -84,7 +87,6 @@ def root_nodes(root: int, n: int, device: torch.device) -> tuple[torch.Tensor, .
         torch.ones(n, dtype=torch.float64, device=device),
         torch.ones(n, dtype=torch.float64, device=device),
         torch.arange(n, device=device) == 0,
-        torch.eye(n, dtype=torch.bool, device=device),
     )
 
 
