@@ -158,8 +158,8 @@ class KVSession:
         return size
 
     def tree_mask_at(self, n: int) -> tuple:
-        """`tree_mask`'s arguments after `visible` for the next forward, of n tree tokens: the program
-        that makes a step on the device's forward's inputs makes its mask too (`forward`'s `mask`)."""
+        """`tree_mask`'s arguments after `visible` for the next forward, of n tree tokens: in a step on
+        the device, the program that makes a forward's inputs makes its mask too (`forward`'s `mask`)."""
         size = self._size(n)
         width = self.cached + size if self.static is None else self.static.capacity
         return self.length, self.cached, size, width, self.bool_mask, self.model.dtype
