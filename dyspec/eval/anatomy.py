@@ -176,13 +176,19 @@ def anatomy(
 
 
 def anatomy_table(rows: dict[str, dict]) -> str:
-    """The counts as a Markdown table."""
-    lines = ["| policy@budget | ops outside forwards | host reads | host ms | tokens |", "|---|---|---|---|---|"]
+    """The counts as a Markdown table; a step's draft forwards beside its ops, which grow with them
+    ("-" in records made before they were counted)."""
+    lines = [
+        "| policy@budget | ops outside forwards | host reads | draft forwards | host ms | tokens |",
+        "|---|---|---|---|---|---|",
+    ]
     for name, r in rows.items():
         if "error" in r:
-            lines.append(f"| `{name}` | not run: {r['error'].split('; ')[0]} | | | |")
+            lines.append(f"| `{name}` | not run: {r['error'].split('; ')[0]} | | | | |")
         else:
-            lines.append(f"| `{name}` | {r['ops']:g} | {r['reads']:g} | {r['host_ms']:.2f} | {r['tokens']:.2f} |")
+            forwards = "-" if r.get("draft_forwards") is None else f"{r['draft_forwards']:g}"
+            line = f"| `{name}` | {r['ops']:g} | {r['reads']:g} | {forwards} | {r['host_ms']:.2f} | {r['tokens']:.2f} |"
+            lines.append(line)
     return "\n".join(lines)
 
 
