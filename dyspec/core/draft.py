@@ -148,7 +148,6 @@ class DraftSession:
         self.unplaced: tuple[torch.Tensor, torch.Tensor] | None = None  # its last call's rows and hidden states
         self.slot_of: dict[int, int] = {}  # tree node -> cache slot, for nodes forwarded this step
         self.tree_slots: list[tuple[int, torch.Tensor]] = []  # (first slot, nodes) of each `tree_logits` call
-        self.tree_ids: list[int] | None = []  # their nodes where the host chose them all, else None
         self.forwarded_rows: torch.Tensor | None = None  # every call's nodes in slot order, from the last program
         self.context_tensor: torch.Tensor | None = None  # `context` on the device, for a step's copies there
         self.copy_table: torch.Tensor | None = None  # 0 and `copy_weights` there
@@ -290,17 +289,15 @@ class DraftSession:
         `nodes` may be chosen on the device (an index tensor); `place` learns the slots once read."""
         start, length, device = self.kv.cached, self.kv.length, t.tokens.device
         rows = nodes if isinstance(nodes, torch.Tensor) else index_on(nodes, device)
-        # the nodes forwarded before: kept as ids where the host chose them all, else as a tensor
-        earlier = index_on(self.tree_ids, device) if self.tree_ids else self.forwarded_rows
         self.tree_slots.append((start, rows))
-        self.tree_ids = None if self.tree_ids is None or isinstance(nodes, torch.Tensor) else self.tree_ids + nodes
         # each row's ancestors among this step's slots, which a padded forward leaves gaps between
         columns = index_on([s - length + i for s, r in self.tree_slots for i in range(len(r))], device)
         # a feature draft's table of features, the last call's placed in the next call's program
         features = None
         if self.needs_features:
             features = (self.tree_features, self.node_features[0], *(self.unplaced or (None, None)))
-        args = (t.ancestors, t.depths, t.tokens, t.parents, rows, earlier, columns, self.kv.tree_mask_at(len(rows)))
+        mask_at = self.kv.tree_mask_at(len(rows))
+        args = (t.ancestors, t.depths, t.tokens, t.parents, rows, self.forwarded_rows, columns, mask_at)
         ids, mask, self.forwarded_rows, features, self.tree_features = tree_inputs(
             *args, features, compiled=self.compiled
         )
@@ -343,6 +340,5 @@ class DraftSession:
             self.kv.commit([self.slot_of[node] for node in accepted[:seen]])
         self.pending += [tree.tokens[node] for node in accepted[seen:]] + [next_token]
         self.context.extend([tree.tokens[node] for node in accepted] + [next_token])
-        self.slot_of, self.tree_slots, self.tree_ids, self.context_tensor = {}, [], [], None
-        self.forwarded_rows = None
+        self.slot_of, self.tree_slots, self.context_tensor, self.forwarded_rows = {}, [], None, None
         self.calls = []

@@ -167,25 +167,24 @@ class KVSession:
     def _mask(self, n: int, size: int, visible: torch.Tensor | None) -> torch.Tensor | None:
         """The mask [1, 1, size, cache width] of a forward of n tokens padded to `size`: every token
         sees the committed prefix, then `visible` over the uncommitted slots and new tokens (None:
-        causal), the padding itself alone. Boolean with `bool_mask`, else additive. None where plain
-        causal attention does it."""
+        causal; made on the host: a tree on the device brings its own, `forward`'s `mask`), the
+        padding itself alone. Boolean with `bool_mask`, else additive. None where plain causal
+        attention does it."""
         start, width = self.cached, self.cached + size if self.static is None else self.static.capacity
         if visible is None and size == n and self.static is None:
             return None
         if size == n and self.static is None:  # a tree's step: each op here costs a step microseconds
             see = torch.ones(n, width, dtype=torch.bool, device=self.device)
             see[:, self.length :] = visible.to(self.device, non_blocking=True)
-        else:  # made on the host and copied once (on a GPU every op on the device is a launch), or
-            # where `visible` was made on the device, made there: a copy to the host would wait for it
-            on = None if visible is None or visible.is_cpu else visible.device
+        else:  # made on the host and copied once (on a GPU every op on the device is a launch)
             own = start - self.length + size  # uncommitted slots and this forward's tokens
-            see = torch.zeros(size, width, dtype=torch.bool, device=on)
+            see = torch.zeros(size, width, dtype=torch.bool)
             see[:, : self.length] = True
             block = see[:, self.length : start + size]
             block[:n, : own - size + n] = (
                 torch.ones(n, own - size + n).tril(own - size).bool() if visible is None else visible
             )
-            block[n:, own - size + n :] = torch.eye(size - n, dtype=torch.bool, device=on)
+            block[n:, own - size + n :] = torch.eye(size - n, dtype=torch.bool)
             see = see.to(self.device, non_blocking=True)
         if self.bool_mask:
             return see[None, None]
