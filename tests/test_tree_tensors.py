@@ -11,13 +11,16 @@ from types import SimpleNamespace
 import pytest
 import torch
 
+from dyspec.auto.budget import AutoState
+from dyspec.auto.controller import AutoBudget
+from dyspec.auto.estimate import slot_keys
 from dyspec.core.copying import copy_token, copy_tokens, mix, mix_rows
 from dyspec.core.tree import Tree
-from dyspec.core.tree_tensors import add_nodes, new_tree, read_step, to_tree, verify_greedy
+from dyspec.core.tree_tensors import add_nodes, new_tree, proposals, read_step, to_tree, verify_greedy
 from dyspec.core.verify import verify_greedy as verify_greedy_host
 from dyspec.decode.engine import generate
 from dyspec.errors import DyspecError
-from dyspec.eval.anatomy import _on_steps, step_counts
+from dyspec.eval.anatomy import _on_steps, counting, step_counts
 from dyspec.load.head import AcceptanceHead, save_head
 from dyspec.policies import POLICIES, chain, dyspec, dyspec_threshold, eagle2, sequoia, sglang, specdecpp, specinfer
 from dyspec.policies.common import expand_and_rerank, grow_and_rerank
@@ -422,11 +425,81 @@ def test_merged_drafts_say_they_build_on_the_host(pair):
     assert one.token_ids == generate(pair, PROMPTS[0], policy="ar", budget=1, max_new_tokens=8).token_ids
 
 
-def test_budget_auto_keeps_its_steps_on_the_host(pair):
-    """`--budget auto` cuts each tree by what it learnt and learns from it, node by node: a policy
-    asked for its step on the device runs on the host there, exactly, with the host's reads."""
-    ar = generate(pair, PROMPTS[0], policy="ar", budget=1, max_new_tokens=24)
-    auto = step_counts(pair, PROMPTS[0], "chain", "auto", max_new_tokens=24, options={"step": "device"})
-    assert auto["steps"] > 3 and auto["reads"] > 1
-    out = generate(pair, PROMPTS[0], policy="chain", budget="auto", max_new_tokens=24, options={"step": "device"})
-    assert out.token_ids == ar.token_ids
+@pytest.mark.parametrize("policy", ["chain", "sequoia", "eagle2", "dyspec"])
+def test_budget_auto_prices_a_tree_on_the_device_as_the_hosts(pair, monkeypatch, policy):
+    """`--budget auto` with the step on the device: the first tree (both start at the same cap, T = 0)
+    reaches the budget as the host's does, with the draft forwards that priced it in the host's
+    numbering (a tree on the device counts its nodes with room for padding), and whole: the
+    target verified every node built, so a cut would save nothing."""
+    first = {}
+    cut = AutoBudget.cut
+
+    def spy(self, plan, tree, drafts, whole=False):
+        calls = [c for d in drafts for c in d.calls]
+        first.setdefault(whole, (tree.tokens, tree.parents, calls))
+        return cut(self, plan, tree, drafts, whole)
+
+    monkeypatch.setattr(AutoBudget, "cut", spy)
+    for step in ("host", "device"):
+        generate(pair, PROMPTS[2], policy=policy, budget="auto", max_new_tokens=24, options={"step": step})
+    assert first[True] == first[False] and len(first[True][0]) > 2
+
+
+@pytest.mark.parametrize("temperature", [0.0, 0.8])
+def test_budget_auto_steps_on_the_device_read_once_and_learn(pair, monkeypatch, temperature):
+    """Each tree is built up to the cap `auto` planned, verified whole, and learnt from, with the step's
+    one read: `ar`'s tokens at T = 0, and at T > 0 drawn children keyed by their proposals'
+    agreement read with the tree (`Tree.agreement`), no q read."""
+    plans, sizes = [], []
+    plan, cut = AutoBudget.plan, AutoBudget.cut
+
+    def planned(*args):
+        plans.append(plan(*args))
+        return plans[-1]
+
+    def cut_whole(self, p, tree, drafts, whole=False):
+        sizes.append(tree.size if whole else None)
+        return cut(self, p, tree, drafts, whole)
+
+    monkeypatch.setattr(AutoBudget, "plan", planned)
+    monkeypatch.setattr(AutoBudget, "cut", cut_whole)
+    state = AutoState()
+    options = {"step": "device"}
+    out = generate(
+        pair,
+        PROMPTS[0],
+        policy="dyspec",
+        budget="auto",
+        temperature=temperature,
+        max_new_tokens=24,
+        options=options,
+        auto_state=state,
+    )
+    assert sum(state.acceptance.reached) > 0 and len(set(sizes)) > 1
+    # every step that drafted ran on the device (cut whole), within its cap
+    assert all(size <= cap for size, cap in zip(sizes, (p.cap for p in plans), strict=True) if cap is not None)
+    if temperature == 0:
+        assert out.token_ids == generate(pair, PROMPTS[0], policy="ar", budget=1, max_new_tokens=24).token_ids
+    counts = step_counts(pair, PROMPTS[0], "chain", "auto", 24, temperature=temperature, options=options)
+    assert counts["steps"] > 3 and counts["reads"] == 1
+
+
+def test_a_sampled_tree_read_from_the_device_brings_its_slot_keys():
+    """`--budget auto` keys a drawn node by how often its proposal agrees with itself (the sum of q^2);
+    a tree read from the device brings those sums (`proposals`, read with the step), so keying it
+    reads no q, and its keys are those of the q rows themselves."""
+    for seed in range(6):
+        draft = TableDraft(12, seed)
+        g = torch.Generator().manual_seed(seed)
+        for t in (
+            dyspec.grow(draft, 3, 16, 0.8, g, dyspec.POLICY.options),
+            chain.grow(draft, 3, 6, 0.8, g, chain.POLICY.options),
+        ):
+            none = torch.zeros(len(t), dtype=torch.bool)
+            host = read_step(t, none, torch.tensor([0]), torch.zeros(len(t)), q_square=proposals(t, 12)[1])
+            tree = to_tree(t, host)[0]
+            ref = dataclasses.replace(tree, agreement={})
+            with counting() as count:
+                keys = slot_keys(tree)
+            assert count.reads == 0 and len(tree.agreement) == tree.size > 1
+            assert keys == pytest.approx(slot_keys(ref), rel=1e-6)

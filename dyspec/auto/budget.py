@@ -145,17 +145,20 @@ class Built:
 
 
 def auto_tree(
-    state: AutoState, tree: Tree, built: Built, target_ms: dict[int, float], sets_cap: bool = True
+    state: AutoState, tree: Tree, built: Built, target_ms: dict[int, float], sets_cap: bool = True, whole: bool = False
 ) -> tuple[Tree, list[int], list[int]]:
     """This step's tree cut to size, the old id of each kept node and the kept nodes' bins; with
     `sets_cap`, sets the next step's cap (not for a tree sized by the answer's end: it says nothing
     of the next answer's trees). Copies are valued at the rate learnt for copies after matches of
-    their length (`copy_bin`), not the draft's."""
+    their length (`copy_bin`), not the draft's. `whole`: every node kept, for a tree verified on
+    the device, whose target forward has the built size whatever a cut would keep."""
     acceptance = state.acceptance
     bins = [copy_bin(built.copied)] * tree.size if built.copied else node_bins(tree, built.sampled)
     values = estimates(bin_rates(acceptance, built.sampled), tree, bins)
     every = list(range(1, len(tree)))
-    if built.sampled:
+    if whole:
+        keep = every
+    elif built.sampled:
         rate = acceptance.tokens_per_ms if acceptance.tokens_per_ms is not None else 1 / interpolate_ms(target_ms, 1)
         keep = sampled_keep(tree, values, target_ms, rate)
     else:

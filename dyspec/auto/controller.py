@@ -6,7 +6,8 @@ estimator (dyspec.auto.estimate).
     plan(context, left)        the step's Plan: the most nodes the next tree may have (None: draft
                                nothing this step), the arguments the policy's build takes from it
     cut(plan, tree, drafts)    the nodes of the built tree worth verifying, their old ids, the plan
-                               with what the tree cost
+                               with what the tree cost (`whole`: all of them, for a tree verified
+                               on the device, whose target forward was the built tree's size)
     pad_to(plan, n)            the size the target's forward runs at for n tree tokens
     learn(plan, tree, accepted)
 
@@ -32,15 +33,15 @@ class FixedBudget:
     """Every tree is built up to `budget` nodes and verified whole, but for the answer's last token:
     the target's forward of the root alone gives it, and no drafted node could be kept."""
 
-    learns = False
-
     def __init__(self, budget: int):
         self.fixed = Plan(budget)  # the same every step: made once, not per step
 
     def plan(self, context: int, left: int) -> Plan:
         return self.fixed if left else NOTHING
 
-    def cut(self, plan: Plan, tree: Tree, drafts: list[DraftSession]) -> tuple[Tree, list[int] | None, Plan]:
+    def cut(
+        self, plan: Plan, tree: Tree, drafts: list[DraftSession], whole: bool = False
+    ) -> tuple[Tree, list[int] | None, Plan]:
         return tree, None, plan
 
     def pad_to(self, plan: Plan, n: int) -> int:
@@ -67,8 +68,6 @@ class AutoBudget:
     every millisecond priced by the pair's measured profile, never read off the clock, so the same
     seeded call with the same state repeats exactly."""
 
-    learns = True
-
     def __init__(self, pair, policy: Policy, options: dict, temperature: float, state: AutoState | None):
         profile = pair_profile(pair)
         draft_ms = {int(n): ms for n, ms in profile.get("draft", {"1": 0.0}).items()}
@@ -90,7 +89,9 @@ class AutoBudget:
             args["free_budget"] = max(1, min(AUTO_CAP, left))
         return AutoPlan(cap if cap or self.needs.free_nodes else None, args, self.cost.at(context), asked=cap)
 
-    def cut(self, plan: AutoPlan, tree: Tree, drafts: list[DraftSession]) -> tuple[Tree, list[int] | None, AutoPlan]:
+    def cut(
+        self, plan: AutoPlan, tree: Tree, drafts: list[DraftSession], whole: bool = False
+    ) -> tuple[Tree, list[int] | None, AutoPlan]:
         if plan.last:
             return tree, None, plan
         calls = [call for draft in drafts for call in draft.calls]  # (tree size when issued, tokens)
@@ -118,7 +119,7 @@ class AutoBudget:
         )
         # a tree sized by the answer's end says nothing of the next answer's: it leaves the cap alone
         sets_cap = plan.asked >= self.state.growth.cap and not undrafted
-        tree, old_ids, bins = auto_tree(self.state, tree, built, plan.cost.target_ms, sets_cap)
+        tree, old_ids, bins = auto_tree(self.state, tree, built, plan.cost.target_ms, sets_cap, whole)
         return tree, old_ids, replace(plan, bins=tuple(bins))
 
     def pad_to(self, plan: AutoPlan, n: int) -> int:

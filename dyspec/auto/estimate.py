@@ -47,14 +47,14 @@ def slot_keys(tree: Tree) -> list[float]:
     seen: dict[int, set[int]] = {}
     out = []
     for s in range(1, len(tree)):
-        u, q = tree.parents[s], tree.proposal(s)
+        u = tree.parents[s]
         source = s if s in tree.child_q else u
         if source not in sums:
-            sums[source] = float(q.square().sum())
+            sums[source] = tree.agreement[s] if s in tree.agreement else float(tree.proposal(s).square().sum())
         out.append(max(0.0, sums[source] - taken.get(u, 0.0)))
         if tree.tokens[s] not in seen.setdefault(u, set()):
             seen[u].add(tree.tokens[s])
-            taken[u] = taken.get(u, 0.0) + tree.prob(q, tree.tokens[s]) ** 2
+            taken[u] = taken.get(u, 0.0) + tree.draft_probs[s] ** 2  # q(token), as drawn
     return out
 
 

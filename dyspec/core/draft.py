@@ -20,6 +20,7 @@ for a call in which a copy is a token outside it: that call's logits span the ta
 
 from __future__ import annotations
 
+import bisect
 import time
 from array import array
 
@@ -210,7 +211,8 @@ class DraftSession:
         if not on_device:
             sync(self.kv.device)
         self.seconds += time.perf_counter() - t
-        self.calls.append((len(tree), len(nodes)))
+        # a tree on the device has room for every node: its size is the nodes of its rounds so far
+        self.calls.append((tree.growth[-1] if isinstance(tree, TreeTensors) else len(tree), len(nodes)))
         return logits
 
     def _mix_copies(self, tree: Tree, nodes: list[int], logits: torch.Tensor, on_device: bool) -> torch.Tensor:
@@ -319,8 +321,11 @@ class DraftSession:
         self.slot_of = dict(zip(map(int, forwarded), slots))
 
     def relabel(self, old_ids: list[int]) -> None:
-        """The tree was renumbered (pruned): new node i was old node old_ids[i]."""
+        """The tree was renumbered (pruned): new node i was old node old_ids[i] (ascending). A forward
+        issued at size s then was issued at the new tree's count of nodes below s: `--budget auto`
+        prices a tree's first n nodes by the forwards they needed."""
         self.slot_of = {new: self.slot_of[old] for new, old in enumerate(old_ids) if old in self.slot_of}
+        self.calls = [(bisect.bisect_left(old_ids, size), rows) for size, rows in self.calls]
 
     @torch.inference_mode()
     def commit(

@@ -28,6 +28,9 @@ class Tree:
     q: dict[int, torch.Tensor] = field(default_factory=dict)  # node -> distribution its children come from
     # node -> distribution it was drawn from, where that is not q[parent]: another draft's (specinfer)
     child_q: dict[int, torch.Tensor] = field(default_factory=dict)
+    # node -> sum of q^2 over the distribution it was drawn from (the chance that two draws of it agree),
+    # where the tree came with it (a step on the device reads it with the tree): then nothing reads q for it
+    agreement: dict[int, float] = field(default_factory=dict)
     sampling: str = "iid"
     growth: list[int] = field(default_factory=list)  # tree size after each expansion, for replay
     # the policy's own data for the views (events' `extra`); a list in it holds one entry per drafted node
@@ -109,6 +112,7 @@ class Tree:
             out.add(new_id[self.parents[old]], self.tokens[old], self.draft_probs[old])
         out.q = {new_id[u]: q for u, q in self.q.items() if u in new_id}
         out.child_q = {new_id[u]: q for u, q in self.child_q.items() if u in new_id}
+        out.agreement = {new_id[u]: a for u, a in self.agreement.items() if u in new_id}
         out.growth = sorted({sum(1 for n in old_ids if n < g) for g in self.growth})
         out.extra = {k: [v[old - 1] for old in keep] if isinstance(v, list) else v for k, v in self.extra.items()}
         out.copied_after = self.copied_after if keep else 0

@@ -173,10 +173,10 @@ def accept_greedily(
     return *greedy_accept(nodes, target_argmax), (logits[parents, tokens] - log_z[parents]).exp()
 
 
-def proposals(t: TreeTensors, width: int, compiled: bool = False) -> torch.Tensor:
+def proposals(t: TreeTensors, width: int, compiled: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     """[N, width] fp32: each forwarded node's draft distribution (the q its children were drawn from)
-    over the target's `width` tokens; zero rows for nodes never forwarded, which have no children
-    (`compiled`: placed by one program)."""
+    over the target's `width` tokens, zero rows for nodes never forwarded, which have no children;
+    and each row's sum of squares (`Tree.agreement` of its children) (`compiled`: by one program)."""
     device = t.tokens.device
     qs = [q for q, _ in t.q]
     at = [nodes if isinstance(nodes, torch.Tensor) else index_on(nodes, device) for _, nodes in t.q]
@@ -187,7 +187,7 @@ def proposals(t: TreeTensors, width: int, compiled: bool = False) -> torch.Tenso
 @program
 def proposal_rows(
     qs: list[torch.Tensor], at: list[torch.Tensor], origin: torch.Tensor | None, n: int, width: int, ids
-) -> torch.Tensor:
+) -> tuple[torch.Tensor, torch.Tensor]:
     """`proposals` from the forwards' q and node ids `at`, over a reduced vocabulary's `ids` (None:
     none). In a cut tree (`origin`) a forward's ids are those before the cut: each row goes to its
     node's place, a node cut away to a spare row, dropped."""
@@ -197,11 +197,16 @@ def proposal_rows(
             match = nodes[:, None] == origin[None, :]
             nodes = torch.where(match.any(1), match.int().argmax(1), n)
         rows[nodes] = widen(q, ids, width).float() if ids is not None else q.float()
-    return rows[:-1]
+    return rows[:-1], rows[:-1].square().sum(1)
 
 
 def verify_sampled(
-    t: TreeTensors, p: torch.Tensor, generator: torch.Generator | None = None, compiled: bool = False, visits: int = 8
+    t: TreeTensors,
+    p: torch.Tensor,
+    generator: torch.Generator | None = None,
+    compiled: bool = False,
+    visits: int = 8,
+    Q: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """`dyspec.core.verify.verify_sampled` on the device, with no host read: the accepted nodes [N]
     bool and the token after them. Nodes are visited in id order, which tries each node's children
@@ -210,10 +215,11 @@ def verify_sampled(
     D updated by masks (accept: move to the child; reject: the residual, and without replacement
     the token removed from D). The token after them is drawn from the last P (Exp(1) race). The
     visits run `visits` at a time, by one program each where `compiled`: one program for every
-    tree size, its loop unrolled."""
+    tree size, its loop unrolled. `Q`: the tree's `proposals`, where the caller made them."""
     n = len(t)
     uniforms = torch.rand(n + p.shape[-1], generator=generator, device=p.device)  # each node's coin, the race's
-    Q = None if t.sampling == "deterministic" else proposals(t, p.shape[-1], compiled=compiled)
+    if Q is None and t.sampling != "deterministic":
+        Q = proposals(t, p.shape[-1], compiled=compiled)[0]
     walk, nodes = None, (t.tokens, t.parents, t.valid)
     for first in range(1, max(n, 2), visits):  # one call at least: it starts the walk
         walk = visit_nodes(walk, first, visits, nodes, p, Q, uniforms, t.sampling, compiled=compiled)
@@ -320,12 +326,15 @@ def read_step(
     next_token: torch.Tensor,
     target_probs: torch.Tensor,
     compiled: bool = False,
+    q_square: torch.Tensor | None = None,
     **extra,
 ) -> dict:
-    """The tree, its verdict, the target's probability of each node's token, the tree's own `extra`
-    and any `extra` 1-d tensors of ids here (None: left out), in one host read (float64 holds token
-    ids exactly), packed by one program where `compiled`."""
-    per_node = [t.tokens, t.parents, t.probs, t.valid, accepted, target_probs, *t.extra.values()]
+    """The tree, its verdict, the target's probability of each node's token, the tree's own `extra`,
+    each node's `q_square` where given (`proposals`) and any `extra` 1-d tensors of ids here (None:
+    left out), in one host read (float64 holds token ids exactly), packed by one program where
+    `compiled`."""
+    rows = {} if q_square is None else {"q_square": q_square}
+    per_node = [t.tokens, t.parents, t.probs, t.valid, accepted, target_probs, *t.extra.values(), *rows.values()]
     extra = {k: [v] for k, v in extra.items() if v is not None}
     if t.origin is not None:
         extra["origin"] = [t.origin]
@@ -333,7 +342,7 @@ def read_step(
         extra["q_nodes"] = chosen
     ids = [next_token, *(v for parts in extra.values() for v in parts)]
     table = packed(per_node, ids, compiled=compiled).tolist()
-    n, names = len(t), ["tokens", "parents", "probs", "valid", "accepted", "target_probs", *t.extra]
+    n, names = len(t), ["tokens", "parents", "probs", "valid", "accepted", "target_probs", *t.extra, *rows]
     host = {name: table[i * n : (i + 1) * n] for i, name in enumerate(names)}
     at = len(names) * n
     host["next_token"] = int(table[at])
@@ -394,5 +403,7 @@ def to_tree(t: TreeTensors, host: dict) -> tuple[Tree, list[int], list[int], lis
     tree.q = Rows(where)  # type: ignore[assignment]
     for name in t.extra:
         tree.extra[name] = [None if math.isnan(x) else x for x in (host[name][old] for old in old_ids[1:])]
+    if "q_square" in host:  # a node's draws agree as often as its parent's q with itself
+        tree.agreement = {new_id[old]: host["q_square"][int(host["parents"][old])] for old in old_ids[1:]}
     accepted = [new_id[i] for i, a in enumerate(host["accepted"]) if a]
     return tree, old_ids, accepted, [host["target_probs"][old] for old in old_ids]

@@ -85,8 +85,7 @@ def speculative_step(run: Decoding, root: int, budget: Budget, left: int) -> Ste
     the device (`device_step`) where the policy grows its tree there for these settings."""
     t0 = time.perf_counter()
     plan = budget.plan(run.target.length, left)
-    # under `--budget auto` the tree is cut and learnt from, node by node: on the host
-    if plan.cap is not None and not budget.learns and run.policy.on_device is not None:
+    if plan.cap is not None and run.policy.on_device is not None:
         options = run.policy.options | run.options
         if run.policy.on_device(run.temperature, options):
             return device_step(run, root, budget, plan, t0, options)
@@ -126,7 +125,8 @@ def device_generator(run: Decoding, device: torch.device) -> torch.Generator:
 def device_step(run: Decoding, root: int, budget: Budget, plan: Plan, t0: float, options: dict) -> Step:
     """`speculative_step` with the tree grown, verified and scored on the device
     (dyspec.core.tree_tensors) and read by the host once, after the target's forward: on a GPU
-    nothing in the step waits for the device before that read."""
+    nothing in the step waits for the device before that read. The budget sees the tree after the
+    read, whole: a cut then would save nothing, the target having verified every node built."""
     draft = run.drafts[0]
     draft_s0, forwards0 = draft.seconds, draft.forwards
     generator = device_generator(run, draft.kv.device)
@@ -137,20 +137,23 @@ def device_step(run: Decoding, root: int, budget: Budget, plan: Plan, t0: float,
     ids, mask = tree_tensors.target_inputs(t.tokens, t.depths, t.ancestors, mask_at, compiled=draft.compiled)
     logits = run.target.forward(ids, mask=mask)
     t2 = time.perf_counter()  # on a GPU, the time to queue it: the step's one read below waits for it all
-    log_z = p = None
+    log_z = p = Q = q_square = None
     if run.temperature == 0:
         verdict = tree_tensors.greedy_verdict(logits, tree_tensors.node_tensors(t), compiled=draft.compiled)
         accepted, next_token, target_probs, log_z = verdict
     else:
         p = to_probs(logits, run.temperature, compiled=draft.compiled)
-        accepted, next_token = tree_tensors.verify_sampled(t, p, generator, compiled=draft.compiled)
+        if t.sampling != "deterministic":  # drawn children: read with their q's agreement (`Tree.agreement`)
+            Q, q_square = tree_tensors.proposals(t, p.shape[-1], compiled=draft.compiled)
+        accepted, next_token = tree_tensors.verify_sampled(t, p, generator, compiled=draft.compiled, Q=Q)
         target_probs = p[t.parents, t.tokens]
     host = tree_tensors.read_step(
-        t, accepted, next_token, target_probs, compiled=draft.compiled, forwarded=draft.forwarded_rows
+        t, accepted, next_token, target_probs, draft.compiled, q_square, forwarded=draft.forwarded_rows
     )
     tree, old_ids, accepted, target_probs = tree_tensors.to_tree(t, host)
     draft.place(host.get("forwarded", []))
     draft.relabel([host["origin"][i] for i in old_ids] if "origin" in host else old_ids)  # as the tree was cut
+    tree, _, plan = budget.cut(plan, tree, run.drafts, whole=True)
     hidden = run.target.hidden
     if len(old_ids) < len(t):  # padding dropped: the rows the views and the drafts read, renumbered
         rows = torch.tensor(old_ids, device=logits.device)
