@@ -72,11 +72,11 @@ GPU_RECORDS := $(addprefix docs/results/,gpu-shape-135m-off.json gpu-shape-135m-
 	gpu-device-step.jsonl gpu-profile-invariant.json gpu-graphs-invariant.jsonl)
 # gpu-step, first where GPU time is short (a few minutes): the step on the device, its ops, host
 # reads and host ms a step beside the host's build, and a bench of them on 5 questions
-GPU_STEPS := ar@1,dyspec@16,dyspec:step=device@16,dyspec:step=device@64,chain:step=device@4,sequoia:step=device@16
+GPU_STEPS := ar@1,dyspec@16,dyspec:step=device@16,dyspec:step=device@64,dyspec:step=device@auto,chain:step=device@4,sequoia:step=device@16
 gpu-step: setup
 	$(GPU_PROFILE) --steps --policies $(GPU_STEPS) > docs/results/gpu-step-anatomy.json
 	$(GPU_BENCH) --fast-path compiled --num-prompts 5 --policies ar,dyspec,dyspec:step=device,sequoia:step=device \
-		--budgets 16,64 --temperatures 0 --out docs/results/gpu-step-bench.jsonl
+		--budgets 16,64,auto --temperatures 0 --out docs/results/gpu-step-bench.jsonl
 
 gpu-profile: setup
 	$(GPU_PROFILE) --shape smollm2-135m --fast-path compiled > docs/results/gpu-shape-135m-graphs.json
@@ -103,7 +103,7 @@ gpu-bench: setup
 		--out docs/results/gpu-graphs-fp32.jsonl
 	$(GPU_BENCH) --fast-path compiled --policies ar,chain,dyspec --budgets 16,64,auto --temperatures 0.6 \
 		--out docs/results/gpu-graphs-t06.jsonl
-	$(GPU_BENCH) --fast-path compiled --policies $(GPU_DEVICE_POLICIES) --budgets 4,16,64 --temperatures 0 \
+	$(GPU_BENCH) --fast-path compiled --policies $(GPU_DEVICE_POLICIES) --budgets 4,16,64,auto --temperatures 0 \
 		--out docs/results/gpu-device-step.jsonl
 	DYSPEC_GPU_KERNELS=invariant $(GPU_BENCH) --fast-path compiled --policies ar,chain,dyspec,sequoia \
 		--budgets 4,16,64 --temperatures 0 --out docs/results/gpu-graphs-invariant.jsonl

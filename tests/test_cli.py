@@ -272,8 +272,8 @@ def test_replay_sweep_records_table_and_page(tmp_path):
 def test_profile_steps_takes_the_settings_to_count():
     from dyspec.cli import build_parser
 
-    args = build_parser().parse_args(["profile", "--steps", "--policies", "dyspec:step=device@16,ar@1"])
-    assert args.policies == (("dyspec:step=device", 16), ("ar", 1))
-    for bad in ("dyspec16", "dyspec@0", "@4", "chain@four"):
+    args = build_parser().parse_args(["profile", "--steps", "--policies", "dyspec:step=device@16,ar@1,chain@auto"])
+    assert args.policies == (("dyspec:step=device", 16), ("ar", 1), ("chain", "auto"))
+    for bad in ("dyspec16", "dyspec@0", "@4", "chain@four", "chain@Auto"):
         with pytest.raises(SystemExit):
             build_parser().parse_args(["profile", "--steps", "--policies", bad])

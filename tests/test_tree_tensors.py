@@ -14,6 +14,7 @@ import torch
 from dyspec.auto.budget import AutoState
 from dyspec.auto.controller import AutoBudget
 from dyspec.auto.estimate import slot_keys
+from dyspec.core.contract import BINS
 from dyspec.core.copying import copy_token, copy_tokens, mix, mix_rows
 from dyspec.core.tree import Tree
 from dyspec.core.tree_tensors import add_nodes, new_tree, proposals, read_step, to_tree, verify_greedy
@@ -126,6 +127,30 @@ def test_the_tree_grown_on_the_device_is_the_heaps(batch, max_depth):
             assert all(torch.equal(tree.q[n], ref.q[n]) for n in ref.q)
             # the device forwards a round's picks at max_depth too (one shape a round): their q is extra
             assert all(tree.depths[n] == max_depth for n in set(tree.q) - set(ref.q))
+
+
+@pytest.mark.parametrize("temperature, batch", [(0.8, None), (0.8, 1), (0.0, 3)])
+def test_the_heap_by_learnt_rates_on_the_device_is_the_hosts(temperature, batch):
+    """Under `--budget auto` with drawn children the heap values a slot by the rate auto learnt for its
+    bin (`LearntScore`), which need not fall with the slot's rank: random rates, so that a later
+    slot often outranks an earlier one, and the device's picks pop as the heap does. The threshold
+    build's layers by the same rates too, one node a layer, so that the draws match row for row."""
+    for seed in range(10):
+        draft = TableDraft(12, seed)
+        g = lambda seed=seed: torch.Generator().manual_seed(seed)  # noqa: E731
+        rates = torch.rand(2 * BINS, generator=g()).tolist()
+        builds = [
+            (dyspec, {"batch": batch, "select": "sample"}),
+            (dyspec_threshold, {"width": 1, "select": "sample", "threshold": 0.05}),
+        ]
+        for policy, options in builds:
+            for budget in (1, 4, 8, 16, 33):  # rounds without padding: the host's draws come row for row
+                learnt = options | {"auto_rates": rates}
+                ref = policy.build(draft, 3, budget, temperature, g(), **learnt)
+                t = policy.grow(draft, 3, budget, temperature, g(), policy.POLICY.options | learnt)
+                assert assert_same_tree(t, ref).growth == ref.growth, (policy, seed, budget)
+            unlearnt = policy.build(draft, 3, budget, temperature, g(), **options)
+            assert (unlearnt.tokens, unlearnt.parents) != (ref.tokens, ref.parents)  # the rates change the tree
 
 
 @pytest.mark.parametrize("width, max_depth", [(None, 16), (2, 16), (None, 2), (1, 16), (5, 3)])

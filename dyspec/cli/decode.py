@@ -144,17 +144,17 @@ def add_profile(sub) -> None:
         "--policies",
         type=csv(step_setting),
         help="with --steps: the steps to count, POLICY[:OPTION=VALUE...]@BUDGET, comma-separated, e.g. "
-        "dyspec:step=device@16,ar@1 (default: each policy at the budgets its docs table shows)",
+        "dyspec:step=device@16,dyspec:step=device@auto (default: each policy at the budgets its docs table shows)",
     )
     pr.set_defaults(func=cmd_profile)
 
 
-def step_setting(text: str) -> tuple[str, int]:
-    """`dyspec:step=device@16` -> ("dyspec:step=device", 16)."""
+def step_setting(text: str) -> tuple[str, int | str]:
+    """`dyspec:step=device@16` -> ("dyspec:step=device", 16); a budget may be `auto`."""
     spec, at, budget = text.rpartition("@")
-    if not (at and spec and budget.isdigit() and int(budget) > 0):
+    if not (at and spec and (budget == "auto" or budget.isdigit() and int(budget) > 0)):
         raise argparse.ArgumentTypeError(f"expected POLICY@BUDGET, e.g. dyspec:step=device@16; got {text!r}")
-    return spec, int(budget)
+    return spec, budget if budget == "auto" else int(budget)
 
 
 def cmd_export(args: argparse.Namespace) -> None:

@@ -115,6 +115,12 @@ def slot_bin(key: float, later: bool) -> int:
     return min(int(key * BINS), BINS - 1) + (BINS if later else 0)
 
 
+def slot_bins(keys: torch.Tensor, later: torch.Tensor) -> torch.Tensor:
+    """`slot_bin` of each key (a tensor of keys, `later` broadcast with them), a key below 0 (rounding)
+    in the first bin, as `slot_rate` puts it."""
+    return (keys.clamp(min=0) * BINS).long().clamp(max=BINS - 1) + BINS * later
+
+
 def slot_rate(rates: list[float], key: float, later: bool) -> float:
     """The learnt rate (`dyspec.auto.estimate.bin_rates`) of a sampled slot of key `key` (the sum of q^2
     over the tokens its earlier siblings left, which rounding can put a hair below 0), for a policy

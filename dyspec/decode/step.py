@@ -130,7 +130,7 @@ def device_step(run: Decoding, root: int, budget: Budget, plan: Plan, t0: float,
     draft = run.drafts[0]
     draft_s0, forwards0 = draft.seconds, draft.forwards
     generator = device_generator(run, draft.kv.device)
-    t = run.policy.grow(draft, root, plan.cap, run.temperature, generator, options)
+    t = run.policy.grow(draft, root, plan.cap, run.temperature, generator, options | plan.args)
     draft_s = draft.seconds - draft_s0
     t1 = time.perf_counter()
     mask_at = run.target.tree_mask_at(len(t))

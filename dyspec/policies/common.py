@@ -3,6 +3,7 @@ node has several, EAGLE-style expansion and rerank."""
 
 import torch
 
+from dyspec.core.contract import slot_bins
 from dyspec.core.draft import DraftSession
 from dyspec.core.programs import program
 from dyspec.core.sampling import ranked_children, to_probs, top_children
@@ -52,6 +53,15 @@ def drawn_slot(probs: list[float], k: int, sample: bool) -> float:
     replacement, the q mass its earlier siblings left (1 - q(y_1) - ... - q(y_k-1)); when taking
     the top k, the child's own q(y_k)."""
     return 1 - sum(probs[:k]) if sample else probs[k]
+
+
+def learnt_worth(q: torch.Tensor, p: torch.Tensor, rates: torch.Tensor) -> torch.Tensor:
+    """Under `--budget auto` with drawn children, the worth of each child slot [rows, k] of the nodes
+    whose draft distributions are `q`, their candidates' probabilities `p` in drawing order: the
+    rate auto learnt (`rates`, per bin) for the key the slot's earlier siblings left, q's sum of
+    squares less their q^2, subtracted one by one as the host's builds do (`slot_rate`)."""
+    keys = torch.cat([q.square().sum(-1, keepdim=True).double(), -p[:, :-1].square()], 1).cumsum(1)
+    return rates[slot_bins(keys, torch.arange(p.shape[1], device=p.device) > 0)]
 
 
 def expand_and_rerank(draft: DraftSession, root: int, budget: int, topk: int, steps: int) -> Tree:

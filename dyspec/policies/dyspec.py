@@ -12,8 +12,9 @@ Under `--budget auto` with sampled children the heap values a slot by what auto 
 the step on the device: where a slot's value falls with its rank, as with the draft's and the
 head's scores, the heap's `batch` pops of a round are the top `batch` of every unpopped
 candidate's slot value (new nodes' slots join only the round after), ties to the lower node id,
-then the lower rank, as the heap's (value, node) order breaks them. `build`, node by node, is its
-reference.
+then the lower rank, as the heap's (value, node) order breaks them. Where it need not fall (auto's
+learnt rates), a slot is keyed by the least value from its node's next slot to it, and the top
+`batch` keys are still the heap's pops. `build`, node by node, is its reference.
 """
 
 import heapq
@@ -30,7 +31,7 @@ from dyspec.core.tree_tensors import TreeTensors, new_tree, node_tensors, place_
 from dyspec.core.vocab import token_ids
 from dyspec.errors import DyspecError
 from dyspec.load.head import AcceptanceHead, head_for, head_on, load_head
-from dyspec.policies.common import asks_device, child_mode, drawn_slot, on_device_asked
+from dyspec.policies.common import asks_device, child_mode, drawn_slot, learnt_worth, on_device_asked
 
 SCORES = ("draft", "head")
 
@@ -233,8 +234,9 @@ def grow(
     `batch` from the candidate matrix of every node forwarded so far, a slot valued as `drawn_slot`
     does times the chance of reaching its node: its value, or with score="head" the product of the
     head's predictions on its path (`HeadScore`), made on the draft's device from each round's
-    hidden states. A round is one program (`heap_round`), either way. Where the
-    policy's `on_device` says so."""
+    hidden states, or under `--budget auto` with sampled children by the rates auto learnt
+    (`LearntScore`, `auto_rates` in `options`). A round is one program (`heap_round`), either way.
+    Where the policy's `on_device` says so."""
     batch, max_depth = _batch(budget, options["batch"]), options["max_depth"]
     sample, tau, sampling = child_mode(options["select"], temperature, options["draft_temperature"])
     rounds = forwards_for(budget, {"batch": batch})
@@ -243,6 +245,10 @@ def grow(
     nodes = node_tensors(t)
     head = _head(options["score"], options["head"])
     head = None if head is None else head_on(head, device)
+    learnt = None
+    if head is None and sample and options.get("auto_rates") is not None:  # `LearntScore`: its rates, reach
+        rates = torch.tensor(options["auto_rates"], dtype=torch.float64, device=device)
+        learnt = rates, torch.ones(len(t), dtype=torch.float64, device=device)
     if head is not None:  # the head's inputs, the draft's T = 1 probabilities: each node's, each candidate's
         reach, q1 = torch.ones(len(t), dtype=torch.float64, device=device), torch.zeros(len(t), device=device)
         t.extra["predicted_acceptance"] = torch.full((len(t),), math.nan, dtype=torch.float64, device=device)
@@ -263,7 +269,7 @@ def grow(
         scores = None
         if head is not None:  # the root's forward predicts nothing: it is the target's own token
             scores = (head, None if r == 0 else draft.hidden, reach, q1, q1_candidates, t.extra["predicted_acceptance"])
-        args = (logits, uniforms, tau, ids, size, nodes, slots, candidates, forwarded, new, shape, scores)
+        args = (logits, uniforms, tau, ids, size, nodes, slots, candidates, forwarded, new, shape, scores, learnt)
         q = heap_round(*args, compiled=draft.compiled)
         t.q.append((q, list(range(*forwarded))))
         t.growth.append(new + batch)
@@ -284,23 +290,29 @@ def _candidates(logits, uniforms, tau, ids, size, candidates, forwarded):
     return q, columns
 
 
-def _pick(nodes, slots, candidates, reach, forwarded, new, shape):
-    """A round's `batch` picks (returned) added to the tree as nodes new.., after the slots of the
-    nodes `forwarded` join the candidates' `slots`, each valued by its node's `reach`."""
+def _pick(nodes, slots, candidates, reach, forwarded, new, shape, worth=None):
+    """A round's `batch` picks added to the tree as nodes new.., after the slots of the nodes
+    `forwarded` join the candidates' `slots`, each valued by its node's `reach` times its `worth`
+    (None: `drawn_slot`'s); returns the picks and their values. A node's slots pop in rank order, so
+    each is keyed by the least value from its node's next slot to it: the top `batch` keys are the
+    heap's `batch` pops (ties to the lower node id, then rank) even where a slot's value does not
+    fall with its rank (auto's learnt rates)."""
     batch, budget, max_depth, sample = shape
     tokens, p = candidates
     _, _, depths, _, _, valid, _ = nodes
     rows = slice(*forwarded)
     live = (p[rows] > 0) & (valid[rows] & (depths[rows] < max_depth))[:, None]
-    # drawn: the mass the earlier siblings left, summed left to right as the host's `sum`
-    worth = 1 - torch.nn.functional.pad(p[rows].cumsum(1)[:, :-1], (1, 0)) if sample else p[rows]
+    if worth is None:  # drawn: the mass the earlier siblings left, summed left to right as the host's `sum`
+        worth = 1 - torch.nn.functional.pad(p[rows].cumsum(1)[:, :-1], (1, 0)) if sample else p[rows]
     slots[rows] = torch.where(live, reach[rows, None] * worth, -math.inf)
-    picks = slots.flatten().sort(descending=True, stable=True).indices[:batch]
+    keys = torch.where(slots < math.inf, slots.cummin(1).values, -math.inf).flatten()  # popped: +inf
+    picks = keys.sort(descending=True, stable=True).indices[:batch]
     room = budget + 1 - valid.sum()  # the budget's nodes not added yet (the root is valid), as a tensor: no read
-    taken = (slots.flatten()[picks] > -math.inf) & (torch.arange(batch, device=slots.device) < room)
+    taken = (keys[picks] > -math.inf) & (torch.arange(batch, device=slots.device) < room)
     place_nodes(nodes, new, picks // slots.shape[1], tokens.flatten()[picks], p.flatten()[picks], taken)
-    slots.view(-1)[picks] = -math.inf
-    return picks
+    values = slots.flatten()[picks]
+    slots.view(-1)[picks] = math.inf
+    return picks, values
 
 
 @program
@@ -324,14 +336,20 @@ def heap_round(
     new: int,
     shape: tuple[int, int, int, bool],
     scores: tuple | None,
+    learnt: tuple | None,
 ) -> torch.Tensor:
     """A round of the heap, one program: `_candidates`, then `_pick` by each node's value, or with
     the head's `scores` (`HeadScore`) by its reach: the head's predictions for the nodes
     `forwarded` from their final `hidden` states (None for the root's forward) go into their
     `reach` and `predicted` first. `q1`, `q1_candidates`: the draft's T = 1 probabilities of each
-    node's token and of each candidate, the head's inputs. Returns the draft's q after the nodes
-    `forwarded`."""
+    node's token and of each candidate, the head's inputs. With `learnt` (`LearntScore`: the rates
+    auto learnt, each node's reach) by those rates. Returns the draft's q after the nodes `forwarded`."""
     q, columns = _candidates(logits, uniforms, tau, ids, size, candidates, forwarded)
+    if learnt is not None:  # a pick's value is the chance of reaching it
+        rates, reach = learnt
+        worth = learnt_worth(q, candidates[1][slice(*forwarded)], rates)
+        reach[new : new + shape[0]] = _pick(nodes, slots, candidates, reach, forwarded, new, shape, worth)[1]
+        return q
     if scores is None:
         _pick(nodes, slots, candidates, nodes[4], forwarded, new, shape)
         return q
@@ -343,7 +361,7 @@ def heap_round(
         accept = head.calibrated(hidden, q1[rows]).double()
         reach[rows] = reach[nodes[1][rows]] * accept
         predicted[rows] = torch.where(nodes[2][rows] < max_depth, accept, math.nan)  # the host forwards no deeper
-    picks = _pick(nodes, slots, candidates, reach, forwarded, new, shape)
+    picks = _pick(nodes, slots, candidates, reach, forwarded, new, shape)[0]
     q1[new : new + batch] = q1_candidates.flatten()[picks]
     return q
 

@@ -19,7 +19,7 @@ from dyspec.core.tree import Tree
 from dyspec.core.tree_tensors import TreeTensors, index_on, new_tree, node_tensors, place_nodes, subtree
 from dyspec.core.vocab import token_ids
 from dyspec.errors import DyspecError
-from dyspec.policies.common import asks_device, child_mode, drawn_slot, on_device_asked
+from dyspec.policies.common import asks_device, child_mode, drawn_slot, learnt_worth, on_device_asked
 
 
 def build(
@@ -94,7 +94,8 @@ def _threshold(budget: int, threshold: float | None, width: int | None) -> float
 def grow(
     draft: DraftSession, root: int, budget: int, temperature: float, generator: torch.Generator, options: dict
 ) -> TreeTensors:
-    """`build`'s tree (the draft's values) as tensor ops with no host read: min(max_depth, budget)
+    """`build`'s tree (the draft's values, or under `--budget auto` with drawn children the rates auto
+    learnt, `auto_rates` in `options`) as tensor ops with no host read: min(max_depth, budget)
     layers, each one draft forward of a frontier of `width` rows (the budget where None), each adding
     room for the budget's nodes; where the host's tree has ended, the rows are padding. A layer's
     children are every frontier node's candidates whose slot is worth more than t, taken in
@@ -109,10 +110,14 @@ def grow(
     logits = draft.logits(Tree.root(root, sampling, draft.vocab), [0], on_device=True)
     frontier, live = index_on([0], device), None  # the root, live
     shape, vocab = (budget, width, max_depth, t_min), draft.vocab_columns(device)
+    learnt = None
+    if sample and options.get("auto_rates") is not None:  # slots valued by auto's rates: its rates, the reach
+        rates = torch.tensor(options["auto_rates"], dtype=torch.float64, device=device)
+        learnt = rates, torch.ones(len(t), dtype=torch.float64, device=device)
     for layer in range(layers):
         uniforms = race_uniforms(logits.shape, generator, device) if sample else None
         start = 1 + layer * budget
-        args = (logits, uniforms, tau, frontier, live, node_tensors(t), start, layer == 0, shape, *vocab)
+        args = (logits, uniforms, tau, frontier, live, node_tensors(t), start, layer == 0, shape, learnt, *vocab)
         q, next_frontier, live = threshold_layer(*args, compiled=draft.compiled)
         t.q.append((q, frontier))
         t.growth.append(start + budget)
@@ -133,19 +138,26 @@ def threshold_layer(
     start: int,
     first: bool,
     shape: tuple[int, int, int, float],
+    learnt: tuple[torch.Tensor, torch.Tensor] | None,
     ids: torch.Tensor | None,
     size: int,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """A layer of `grow`, one program: the draft's q after the `frontier` (returned), its children
     worth more than t placed as nodes start.. start + budget - 1 (padding where fewer), and the next
-    frontier with which of its rows are live (returned; `live` None: all)."""
+    frontier with which of its rows are live (returned; `live` None: all). A slot is worth the
+    chance of reaching its node (its value) times `drawn_slot`'s, or with `learnt` (auto's rates
+    and each node's reach, which a child takes from its slot) `learnt_worth`."""
     budget, width, max_depth, t_min = shape
     _, _, depths, _, values, valid, _ = nodes
     q = to_probs(logits, tau)
     columns, probs = top_children(q, budget, uniforms)
     p = probs.double()
-    worth = 1 - torch.nn.functional.pad(p.cumsum(1)[:, :-1], (1, 0)) if uniforms is not None else p
-    ok = (values[frontier, None] * worth > t_min) & (p > 0)
+    if learnt is not None:
+        worth, reach = learnt_worth(q, p, learnt[0]), learnt[1]
+    else:
+        worth, reach = 1 - torch.nn.functional.pad(p.cumsum(1)[:, :-1], (1, 0)) if uniforms is not None else p, values
+    left = reach[frontier, None] * worth
+    ok = (left > t_min) & (p > 0)
     if live is not None:
         ok = ok & live[:, None]
     if first:  # the root's first child comes whatever its value (`build` says why)
@@ -157,14 +169,16 @@ def threshold_layer(
     at = torch.where(ok & (rank <= room), rank - 1, budget)
     picked = [
         torch.zeros(budget + 1, dtype=x.dtype, device=q.device).scatter_(0, at, x)[:budget]
-        for x in (frontier.repeat_interleave(columns.shape[1]), columns.flatten(), p.flatten())
+        for x in (frontier.repeat_interleave(columns.shape[1]), columns.flatten(), p.flatten(), left.flatten())
     ]
     tokens = token_ids(picked[1], q.shape[-1], ids, size)
     budget_ids = torch.arange(budget, device=q.device)
     place_nodes(nodes, start, picked[0], tokens, picked[2], budget_ids < (at < budget).sum())
     new = start + budget_ids
-    good = valid[new] & (depths[new] < max_depth) & (values[new] > t_min)
-    order = torch.where(good, values[new], -1.0).sort(descending=True, stable=True).indices[:width]
+    if learnt is not None:
+        reach[new] = picked[3]
+    good = valid[new] & (depths[new] < max_depth) & (reach[new] > t_min)
+    order = torch.where(good, reach[new], -1.0).sort(descending=True, stable=True).indices[:width]
     return q, new[order], good[order]
 
 
