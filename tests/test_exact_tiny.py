@@ -303,11 +303,13 @@ def costly_profile(pair, tmp_path, monkeypatch):
 
 
 @pytest.mark.parametrize("policy", ["dyspec", "dyspec-threshold"])
-def test_auto_budget_samples_target_distribution(pair, exact, steep_profile, policy):
+@pytest.mark.parametrize("step", ["host", "device"])
+def test_auto_budget_samples_target_distribution(pair, exact, steep_profile, policy, step):
     """End to end through the engine's cut (children drawn without replacement, nodes dropped with
-    their later siblings) and the builds that read auto's learnt rates;
+    their later siblings) and the builds that read auto's learnt rates; on the device, the trees
+    grown to auto's cap by those rates and verified whole;
     `test_auto_budget_at_t_above_0_ignores_the_drawn_token` is the sharp test."""
-    check_distribution(pair, exact, policy, {}, budget="auto")
+    check_distribution(pair, exact, policy, {"step": step}, budget="auto")
 
 
 @pytest.fixture

@@ -175,7 +175,7 @@ def auto_tree(
         else:
             order, ranked = every, position_values(acceptance, tree, bins)
         plan_next_cap(state, order, ranked, target_ms, built, nodes=len(tree) - 1)
-    pruned, old_ids = tree.subtree(keep)
+    pruned, old_ids = (tree, [0, *keep]) if whole else tree.subtree(keep)
     return pruned, old_ids, [bins[i - 1] for i in keep]
 
 

@@ -147,9 +147,8 @@ def device_step(run: Decoding, root: int, budget: Budget, plan: Plan, t0: float,
             Q, q_square = tree_tensors.proposals(t, p.shape[-1], compiled=draft.compiled)
         accepted, next_token = tree_tensors.verify_sampled(t, p, generator, compiled=draft.compiled, Q=Q)
         target_probs = p[t.parents, t.tokens]
-    host = tree_tensors.read_step(
-        t, accepted, next_token, target_probs, draft.compiled, q_square, forwarded=draft.forwarded_rows
-    )
+    read = {"compiled": draft.compiled, "q_square": q_square, "forwarded": draft.forwarded_rows}
+    host = tree_tensors.read_step(t, accepted, next_token, target_probs, **read)
     tree, old_ids, accepted, target_probs = tree_tensors.to_tree(t, host)
     draft.place(host.get("forwarded", []))
     draft.relabel([host["origin"][i] for i in old_ids] if "origin" in host else old_ids)  # as the tree was cut

@@ -42,7 +42,10 @@ MIN_TOKENS = 16
 BUSY = 1.25  # ar's median forward over the run's beyond which ar was slowed by something else
 METHOD = "decode rates, prefill excluded, both warm; ar measured right before the run"
 RESAMPLES = 200
-WARM_PROMPT = "Say hello."
+WARM_PROMPT = "Tell me about the history of bread."  # a long answer: `AUTO_WARM_TOKENS` of it
+WARM_TOKENS = 8
+# under auto the cap moves over an answer, and a step on the device compiles its programs for each new cap's shapes
+AUTO_WARM_TOKENS = 64
 
 
 def step_seconds(step: StepVerified) -> float:
@@ -169,18 +172,25 @@ def warm_up(
     pair: ModelPair, policy: str, budget: int | str, cache: dict, options: dict | None = None, temperature: float = 0.0
 ) -> None:
     """One short generation of `policy` per pair and `cache` (a dict the caller keeps), so that no
-    measured run pays a first run's one-off costs; a policy with `options` or at a `temperature`
-    of its own once more for those, at that budget (the step on the device's programs compile
-    for its shapes: dyspec.core.programs)."""
+    measured run pays a first run's one-off costs; a policy with `options`, at a `temperature` of
+    its own or at budget `auto` once more for those, at that budget (the step on the device's
+    programs compile for its shapes: dyspec.core.programs), longer under `auto` (`AUTO_WARM_TOKENS`)."""
     warmed = cache.setdefault("warm", set())
     for name in dict.fromkeys(("ar", policy)):
         if name not in warmed:
-            generate(pair, WARM_PROMPT, policy=name, budget=budget, max_new_tokens=8)
+            generate(pair, WARM_PROMPT, policy=name, budget=budget, max_new_tokens=WARM_TOKENS)
             warmed.add(name)
     setting = (policy, json.dumps(options or {}, sort_keys=True), budget, temperature)
-    if (options or temperature) and setting not in warmed:
+    if (options or temperature or budget == "auto") and setting not in warmed:
+        tokens = AUTO_WARM_TOKENS if budget == "auto" else WARM_TOKENS
         generate(
-            pair, WARM_PROMPT, policy=policy, budget=budget, max_new_tokens=8, options=options, temperature=temperature
+            pair,
+            WARM_PROMPT,
+            policy=policy,
+            budget=budget,
+            max_new_tokens=tokens,
+            options=options,
+            temperature=temperature,
         )
         warmed.add(setting)
 
