@@ -452,10 +452,10 @@ def test_merged_drafts_say_they_build_on_the_host(pair):
 
 @pytest.mark.parametrize("policy", ["chain", "sequoia", "eagle2", "dyspec"])
 def test_budget_auto_prices_a_tree_on_the_device_as_the_hosts(pair, monkeypatch, policy):
-    """`--budget auto` with the step on the device: the first tree (both start at the same cap, T = 0)
-    reaches the budget as the host's does, with the draft forwards that priced it in the host's
-    numbering (a tree on the device counts its nodes with room for padding), and whole: the
-    target verified every node built, so a cut would save nothing."""
+    """`--budget auto` with the step on the device: its first tree (both start at the same cap, T = 0)
+    comes to the budget as the host's does, the same nodes priced by the same draft forwards in
+    the host's numbering (a tree on the device counts its nodes with room for padding), and
+    whole: the target verified every node built, so a cut would save nothing."""
     first = {}
     cut = AutoBudget.cut
 
