@@ -55,6 +55,15 @@ def drawn_slot(probs: list[float], k: int, sample: bool) -> float:
     return 1 - sum(probs[:k]) if sample else probs[k]
 
 
+def learnt_scores(rates: list[float] | None, n: int, device: torch.device) -> tuple[torch.Tensor, ...] | None:
+    """What a tree grown on the device values drawn slots by under `--budget auto` (`auto_rates`, None
+    without): the learnt rates per bin on `device`, and each of the `n` nodes' chance of being
+    reached, which a node takes from its slot (`learnt_worth`)."""
+    if rates is None:
+        return None
+    return torch.tensor(rates, dtype=torch.float64, device=device), torch.ones(n, dtype=torch.float64, device=device)
+
+
 def learnt_worth(q: torch.Tensor, p: torch.Tensor, rates: torch.Tensor) -> torch.Tensor:
     """Under `--budget auto` with drawn children, the worth of each child slot [rows, k] of the nodes
     whose draft distributions are `q`, their candidates' probabilities `p` in drawing order: the

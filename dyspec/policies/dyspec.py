@@ -31,7 +31,7 @@ from dyspec.core.tree_tensors import TreeTensors, new_tree, node_tensors, place_
 from dyspec.core.vocab import token_ids
 from dyspec.errors import DyspecError
 from dyspec.load.head import AcceptanceHead, head_for, head_on, load_head
-from dyspec.policies.common import asks_device, child_mode, drawn_slot, learnt_worth, on_device_asked
+from dyspec.policies.common import asks_device, child_mode, drawn_slot, learnt_scores, learnt_worth, on_device_asked
 
 SCORES = ("draft", "head")
 
@@ -245,10 +245,8 @@ def grow(
     nodes = node_tensors(t)
     head = _head(options["score"], options["head"])
     head = None if head is None else head_on(head, device)
-    learnt = None
-    if head is None and sample and options.get("auto_rates") is not None:  # `LearntScore`: its rates, reach
-        rates = torch.tensor(options["auto_rates"], dtype=torch.float64, device=device)
-        learnt = rates, torch.ones(len(t), dtype=torch.float64, device=device)
+    # `LearntScore`'s where the host's build would use it
+    learnt = learnt_scores(options.get("auto_rates"), len(t), device) if head is None and sample else None
     if head is not None:  # the head's inputs, the draft's T = 1 probabilities: each node's, each candidate's
         reach, q1 = torch.ones(len(t), dtype=torch.float64, device=device), torch.zeros(len(t), device=device)
         t.extra["predicted_acceptance"] = torch.full((len(t),), math.nan, dtype=torch.float64, device=device)

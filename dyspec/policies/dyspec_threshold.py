@@ -19,7 +19,7 @@ from dyspec.core.tree import Tree
 from dyspec.core.tree_tensors import TreeTensors, index_on, new_tree, node_tensors, place_nodes, subtree
 from dyspec.core.vocab import token_ids
 from dyspec.errors import DyspecError
-from dyspec.policies.common import asks_device, child_mode, drawn_slot, learnt_worth, on_device_asked
+from dyspec.policies.common import asks_device, child_mode, drawn_slot, learnt_scores, learnt_worth, on_device_asked
 
 
 def build(
@@ -110,10 +110,7 @@ def grow(
     logits = draft.logits(Tree.root(root, sampling, draft.vocab), [0], on_device=True)
     frontier, live = index_on([0], device), None  # the root, live
     shape, vocab = (budget, width, max_depth, t_min), draft.vocab_columns(device)
-    learnt = None
-    if sample and options.get("auto_rates") is not None:  # slots valued by auto's rates: its rates, the reach
-        rates = torch.tensor(options["auto_rates"], dtype=torch.float64, device=device)
-        learnt = rates, torch.ones(len(t), dtype=torch.float64, device=device)
+    learnt = learnt_scores(options.get("auto_rates"), len(t), device) if sample else None
     for layer in range(layers):
         uniforms = race_uniforms(logits.shape, generator, device) if sample else None
         start = 1 + layer * budget
