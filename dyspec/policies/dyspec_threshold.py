@@ -164,10 +164,9 @@ def threshold_layer(
     room = budget + 1 - valid.sum()  # the root is valid
     # each pick's place among the layer's new nodes; the rest to a spare place, dropped
     at = torch.where(ok & (rank <= room), rank - 1, budget)
-    picked = [
-        torch.zeros(budget + 1, dtype=x.dtype, device=q.device).scatter_(0, at, x)[:budget]
-        for x in (frontier.repeat_interleave(columns.shape[1]), columns.flatten(), p.flatten(), left.flatten())
-    ]
+    sources = [frontier.repeat_interleave(columns.shape[1]), columns.flatten(), p.flatten()]
+    sources += [] if learnt is None else [left.flatten()]  # a learnt pick's reach is its slot's value
+    picked = [torch.zeros(budget + 1, dtype=x.dtype, device=q.device).scatter_(0, at, x)[:budget] for x in sources]
     tokens = token_ids(picked[1], q.shape[-1], ids, size)
     budget_ids = torch.arange(budget, device=q.device)
     place_nodes(nodes, start, picked[0], tokens, picked[2], budget_ids < (at < budget).sum())
