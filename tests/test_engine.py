@@ -104,14 +104,23 @@ def test_bf16_parts_from_ar_only_at_near_ties():
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the int8 draft runs on a CPU only")
 def test_merged_drafts_greedy_is_token_identical_to_ar(ar_outputs):
-    """specinfer over the int8 draft and the shipped distilled (feature) draft in one tree."""
+    """specinfer over the int8 draft and the shipped distilled (feature) draft in one tree, built on the
+    host and on the device (`step=device`): the same trees, step for step."""
     merged = load_pair(draft="int8,distilled")
     assert merged.drafts_label == "int8,distilled" and len(merged.extra_drafts) == 1
     for prompt, expected in zip(PROMPTS[:2], ar_outputs):  # specinfer alone has the 5-prompt case
-        steps = []
-        r = generate(merged, prompt, policy="specinfer", budget=12, max_new_tokens=48, hooks=[steps.append])
-        assert r.token_ids == expected
-        assert all(len(s.tokens) <= 13 for s in steps if isinstance(s, StepVerified))
+        trees = []
+        for step in ("host", "device")[: 2 if prompt == PROMPTS[0] else 1]:
+            steps = []
+            options = {"step": step}
+            r = generate(
+                merged, prompt, policy="specinfer", budget=12, max_new_tokens=48, options=options, hooks=[steps.append]
+            )
+            assert r.token_ids == expected
+            verified = [s for s in steps if isinstance(s, StepVerified)]
+            assert all(len(s.tokens) <= 13 for s in verified)
+            trees.append([(s.tokens, s.parents, s.accepted) for s in verified])
+        assert all(tree == trees[0] for tree in trees)
 
 
 def test_every_policy_has_a_greedy_case():

@@ -166,11 +166,13 @@ def test_medusa_heads_sample_target_distribution(exact, tmp_path):
     check_distribution(tiny_medusa_pair(tmp_path), exact, "dyspec", {})
 
 
-def test_merged_drafts_sample_target_distribution(feature_pair, exact):
+@pytest.mark.parametrize("step", ["host", "device"])
+def test_merged_drafts_sample_target_distribution(feature_pair, exact, step):
     """specinfer over a feature draft (which cannot propose token 3) and an independent draft: at
-    the root, two i.i.d. draws from each, every one verified against its own draft's q."""
+    the root, two i.i.d. draws from each, every one verified against its own draft's q; built and
+    verified on the host, and on the device."""
     pair = dataclasses.replace(feature_pair, extra_drafts=[tiny_model(2)], extra_draft_names=["tiny-draft"])
-    check_distribution(pair, exact, "specinfer", {})
+    check_distribution(pair, exact, "specinfer", {"step": step})
 
 
 @pytest.mark.parametrize("policy,options", FEATURE_CASES, ids=lambda x: str(x))

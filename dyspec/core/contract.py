@@ -56,7 +56,7 @@ class Policy:
     # grow(draft, root, budget, temperature, generator, options) -> TreeTensors: build's tree as a tensor
     # program on the draft's device (the step on the device: dyspec.decode.step), its draws from `generator`
     # (one on that device), where on_device(temperature, options) says the step runs it; both get every
-    # option, the defaults filled in
+    # option, the defaults filled in; a multi-draft policy's gets the list of drafts, as its build does
     grow: Callable[[DraftSession, int, int, float, torch.Generator, dict], TreeTensors] | None = None
     on_device: Callable[[float, dict], bool] | None = None
 

@@ -37,8 +37,12 @@ class TreeTensors:
     ancestors: torch.Tensor  # [N, N] bool: (i, j) where j is i or an ancestor of i
     sampling: str
     vocab: DraftVocab | None
-    # per draft forward: q and its node ids, a device tensor where the device chose them (read with the step)
+    # per draft forward: q and its node ids, a device tensor where the device chose them (read with the step);
+    # where several drafts forward a node, the first one's row is the node's
     q: list[tuple[torch.Tensor, list[int] | torch.Tensor]] = field(default_factory=list)
+    # node -> the row of `q` its token was drawn from, where not its parent's: another merged draft's q at the
+    # root, a row of its own numbered past the tree's nodes
+    drawn_from: dict[int, int] = field(default_factory=dict)
     growth: list[int] = field(default_factory=list)  # node count after each round, padding included
     # where the tree was cut on the device from a bigger one (`subtree`): each node's id in that one,
     # which `growth`, `q` and the draft's forwarded nodes speak of
@@ -174,30 +178,47 @@ def accept_greedily(
 
 
 def proposals(t: TreeTensors, width: int, compiled: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
-    """[N, width] fp32: each forwarded node's draft distribution (the q its children were drawn from)
-    over the target's `width` tokens, zero rows for nodes never forwarded, which have no children;
-    and each row's sum of squares (`Tree.agreement` of its children) (`compiled`: by one program)."""
+    """[R, width] fp32: each forwarded node's draft distribution (the q its children were drawn from)
+    over the target's `width` tokens, zero rows for nodes never forwarded, which have no children,
+    then the rows of `drawn_from` past the nodes; and the sum of squares of each node's proposal
+    (`Tree.agreement`) (`compiled`: by one program)."""
     device = t.tokens.device
     qs = [q for q, _ in t.q]
     at = [nodes if isinstance(nodes, torch.Tensor) else index_on(nodes, device) for _, nodes in t.q]
     ids = None if t.vocab is None else t.vocab.ids_on(device)
-    return proposal_rows(qs, at, t.origin, len(t), width, ids, compiled=compiled)
+    rows = max([len(t), *(r + 1 for r in t.drawn_from.values())])
+    return proposal_rows(qs, at, t.origin, rows, width, ids, drawn_rows(t), compiled=compiled)
+
+
+def drawn_rows(t: TreeTensors) -> torch.Tensor:
+    """[N] each node's row of `proposals`: its parent's, or the one `drawn_from` names."""
+    if not t.drawn_from:
+        return t.parents
+    device = t.parents.device
+    return t.parents.index_put((index_on(list(t.drawn_from), device),), index_on(list(t.drawn_from.values()), device))
 
 
 @program
 def proposal_rows(
-    qs: list[torch.Tensor], at: list[torch.Tensor], origin: torch.Tensor | None, n: int, width: int, ids
+    qs: list[torch.Tensor],
+    at: list[torch.Tensor],
+    origin: torch.Tensor | None,
+    n: int,
+    width: int,
+    ids,
+    drawn: torch.Tensor,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """`proposals` from the forwards' q and node ids `at`, over a reduced vocabulary's `ids` (None:
-    none). In a cut tree (`origin`) a forward's ids are those before the cut: each row goes to its
-    node's place, a node cut away to a spare row, dropped."""
+    """`proposals` from the forwards' q and node ids `at`, `n` rows, over a reduced vocabulary's
+    `ids` (None: none), and each node's `drawn` row. In a cut tree (`origin`) a forward's ids are
+    those before the cut: each row goes to its node's place, a node cut away to a spare row,
+    dropped. Later forwards first: a node's row is the first forward's."""
     rows = torch.zeros(n + 1, width, device=qs[0].device)
-    for q, nodes in zip(qs, at, strict=True):
+    for q, nodes in reversed(list(zip(qs, at, strict=True))):
         if origin is not None:
             match = nodes[:, None] == origin[None, :]
             nodes = torch.where(match.any(1), match.int().argmax(1), n)
         rows[nodes] = widen(q, ids, width).float() if ids is not None else q.float()
-    return rows[:-1], rows[:-1].square().sum(1)
+    return rows[:-1], rows[:-1].square().sum(1)[drawn]
 
 
 def verify_sampled(
@@ -220,7 +241,7 @@ def verify_sampled(
     uniforms = torch.rand(n + p.shape[-1], generator=generator, device=p.device)  # each node's coin, the race's
     if Q is None and t.sampling != "deterministic":
         Q = proposals(t, p.shape[-1], compiled=compiled)[0]
-    walk, nodes = None, (t.tokens, t.parents, t.valid)
+    walk, nodes = None, (t.tokens, t.parents, t.valid, drawn_rows(t))
     for first in range(1, max(n, 2), visits):  # one call at least: it starts the walk
         walk = visit_nodes(walk, first, visits, nodes, p, Q, uniforms, t.sampling, compiled=compiled)
     return end_walk(walk, uniforms, compiled=compiled)
@@ -239,35 +260,37 @@ def visit_nodes(
 ) -> tuple:
     """`verify_sampled`'s visits of nodes first .. first + visits - 1 (those past the tree try
     nothing): the walk after them, from its start where `walk` is None. The walk: the node it
-    stands on, P, D, whether D is used up (no more children tried), and each visit's verdict, with
-    room for a last call's visits past the tree."""
-    tokens, parents, valid = nodes
+    stands on, P, D (without replacement: the proposal left after the tried children), whether D
+    is used up (no more children tried), and each visit's verdict, with room for a last call's
+    visits past the tree. A drawn child's proposal is its `drawn` row of Q, D without replacement;
+    a chosen one's, one-hot on its token."""
+    tokens, parents, valid, drawn = nodes
     n = len(tokens)
+    unique = sampling == "without_replacement"
     if walk is None:
         zero = torch.zeros((), dtype=torch.long, device=p.device)
         verdicts = torch.zeros(n + visits, dtype=torch.bool, device=p.device)
-        walk = zero, p[0], None if Q is None else Q[0], zero.bool(), verdicts
+        walk = zero, p[0], Q[0] if unique else None, zero.bool(), verdicts
     cur, P, D, stop, accepted = walk
     ids = torch.arange(first, first + visits, device=p.device)
     at = ids.clamp(max=n - 1)  # a visit past the tree reads the last node's row and tries nothing
     inside = valid[at] & (ids < n)
-    x, u, coin, p_at, q_at = tokens[at], parents[at], uniforms[at], p[at], None if Q is None else Q[at]
+    x, u, coin, p_at = tokens[at], parents[at], uniforms[at], p[at]
+    q_at = None if Q is None else Q[at] if unique else Q[drawn[at]]  # as parent (D's next) or as drawn
     taken = []
     for i in range(visits):
         xi = x[i : i + 1]  # 1-d: indexing with a 0-d tensor would read it on the host
         tried = inside[i] & (u[i] == cur) & ~stop
-        proposal = D if D is not None else torch.zeros_like(P).scatter(0, xi, 1.0)  # chosen: one-hot on x
+        proposal = D if unique else torch.zeros_like(P).scatter(0, xi, 1.0) if Q is None else q_at[i]
         take = (coin[i] * proposal[xi] <= P[xi])[0]
         rejected = residual(P, proposal)
         take, reject = tried & take, tried & ~take
-        if D is not None:
-            if sampling == "without_replacement":
-                fewer = D.scatter(0, xi, 0.0)
-                mass = fewer.sum()
-                stop = torch.where(take, False, torch.where(reject, mass <= 0, stop))
-                fewer = torch.where(mass > 0, fewer / mass, fewer)
-                D = torch.where(reject, fewer, D)
-            D = torch.where(take, q_at[i], D)
+        if unique:
+            fewer = D.scatter(0, xi, 0.0)
+            mass = fewer.sum()
+            stop = torch.where(take, False, torch.where(reject, mass <= 0, stop))
+            fewer = torch.where(mass > 0, fewer / mass, fewer)
+            D = torch.where(take, q_at[i], torch.where(reject, fewer, D))
         P = torch.where(take, p_at[i], torch.where(reject, rejected, P))
         cur = torch.where(take, ids[i], cur)
         taken.append(take)
@@ -399,11 +422,13 @@ def to_tree(t: TreeTensors, host: dict) -> tuple[Tree, list[int], list[int], lis
     forwards = [
         (q, [next(chosen) for _ in range(len(nodes))] if isinstance(nodes, torch.Tensor) else nodes) for q, nodes in t.q
     ]
-    where = {first_id[old]: (q, i) for q, nodes in forwards for i, old in enumerate(nodes) if old in first_id}
-    tree.q = Rows(where)  # type: ignore[assignment]
+    # a row's place in the forwards, the first forward's where several drafts forwarded a node
+    rows = {old: (q, i) for q, nodes in reversed(forwards) for i, old in enumerate(nodes)}
+    tree.q = Rows({first_id[old]: row for old, row in rows.items() if old in first_id})  # type: ignore[assignment]
+    tree.child_q = Rows({new_id[old]: rows[r] for old, r in t.drawn_from.items() if old in new_id})  # type: ignore[assignment]
     for name in t.extra:
         tree.extra[name] = [None if math.isnan(x) else x for x in (host[name][old] for old in old_ids[1:])]
-    if "q_square" in host:  # a node's draws agree as often as its parent's q with itself
-        tree.agreement = {new_id[old]: host["q_square"][int(host["parents"][old])] for old in old_ids[1:]}
+    if "q_square" in host:  # a node's draws agree as often as its proposal with itself
+        tree.agreement = {new_id[old]: host["q_square"][old] for old in old_ids[1:]}
     accepted = [new_id[i] for i, a in enumerate(host["accepted"]) if a]
     return tree, old_ids, accepted, [host["target_probs"][old] for old in old_ids]

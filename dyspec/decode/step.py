@@ -127,11 +127,12 @@ def device_step(run: Decoding, root: int, budget: Budget, plan: Plan, t0: float,
     (dyspec.core.tree_tensors) and read by the host once, after the target's forward: on a GPU
     nothing in the step waits for the device before that read. The budget sees the tree after the
     read, whole: a cut then would save nothing, the target having verified every node built."""
-    draft = run.drafts[0]
-    draft_s0, forwards0 = draft.seconds, draft.forwards
+    drafts, draft = run.drafts, run.drafts[0]
+    draft_s0, forwards0 = sum(d.seconds for d in drafts), sum(d.forwards for d in drafts)
     generator = device_generator(run, draft.kv.device)
-    t = run.policy.grow(draft, root, plan.cap, run.temperature, generator, options | plan.args)
-    draft_s = draft.seconds - draft_s0
+    source = drafts if run.policy.multi_draft else draft
+    t = run.policy.grow(source, root, plan.cap, run.temperature, generator, options | plan.args)
+    draft_s = sum(d.seconds for d in drafts) - draft_s0
     t1 = time.perf_counter()
     mask_at = run.target.tree_mask_at(len(t))
     ids, mask = tree_tensors.target_inputs(t.tokens, t.depths, t.ancestors, mask_at, compiled=draft.compiled)
@@ -147,19 +148,22 @@ def device_step(run: Decoding, root: int, budget: Budget, plan: Plan, t0: float,
             Q, q_square = tree_tensors.proposals(t, p.shape[-1], compiled=draft.compiled)
         accepted, next_token = tree_tensors.verify_sampled(t, p, generator, compiled=draft.compiled, Q=Q)
         target_probs = p[t.parents, t.tokens]
-    read = {"compiled": draft.compiled, "q_square": q_square, "forwarded": draft.forwarded_rows}
+    forwarded = {f"forwarded{i}": d.forwarded_rows for i, d in enumerate(drafts)}
+    read = {"compiled": draft.compiled, "q_square": q_square, **forwarded}
     host = tree_tensors.read_step(t, accepted, next_token, target_probs, **read)
     tree, old_ids, accepted, target_probs = tree_tensors.to_tree(t, host)
-    draft.place(host.get("forwarded", []))
-    draft.relabel([host["origin"][i] for i in old_ids] if "origin" in host else old_ids)  # as the tree was cut
-    tree, _, plan = budget.cut(plan, tree, run.drafts, whole=True)
+    first_ids = [host["origin"][i] for i in old_ids] if "origin" in host else old_ids  # ids before any cut
+    for i, d in enumerate(drafts):
+        d.place(host.get(f"forwarded{i}", []))
+        d.relabel(first_ids)
+    tree, _, plan = budget.cut(plan, tree, drafts, whole=True)
     hidden = run.target.hidden
     if len(old_ids) < len(t):  # padding dropped: the rows the views and the drafts read, renumbered
         rows = torch.tensor(old_ids, device=logits.device)
         logits, log_z, p, hidden = tree_tensors.rows_of((logits, log_z, p, hidden), rows, compiled=draft.compiled)
     run.target.commit([run.target.length + old_ids[i] for i in [0, *accepted]])
     commit_drafts(run, budget, plan, tree, accepted, host["next_token"], hidden)
-    forwards = draft.forwards - forwards0
+    forwards = sum(d.forwards for d in drafts) - forwards0
     return Step(
         tree,
         accepted,

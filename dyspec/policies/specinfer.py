@@ -12,8 +12,8 @@ from dyspec.core.draft import DraftSession
 from dyspec.core.programs import program
 from dyspec.core.sampling import inverse_cdf, ranked_children, sample_rows, to_probs, top_children
 from dyspec.core.tree import Tree
-from dyspec.core.tree_tensors import TreeTensors, new_tree, node_tensors, place_nodes
-from dyspec.core.vocab import token_ids
+from dyspec.core.tree_tensors import TreeTensors, index_on, new_tree, node_tensors, place_nodes
+from dyspec.core.vocab import token_ids, widen
 from dyspec.errors import DyspecError
 from dyspec.policies.common import asks_device, on_device_asked
 
@@ -30,17 +30,20 @@ def expansion_widths(expansion: str | list[int]) -> list[int]:
 
 
 def prepare(pair, temperature: float, options: dict) -> dict:
-    """The expansion checked before any model runs (a first generation may compile for a minute), and
-    that a step on the device has one draft to grow."""
+    """The expansion checked before any model runs (a first generation may compile for a minute)."""
     if options.get("expansion") is not None:
         expansion_widths(options["expansion"])
-    merged = options.get("n_drafts") or 1 + len(pair.extra_drafts)
-    if on_device_asked(options.get("step", "host")) and merged > 1:
-        raise DyspecError(
-            f"step=device grows one draft's tree; {merged} merged drafts build on the host "
-            "(step=host, or n_drafts=1 for the first draft alone)"
-        )
     return options
+
+
+def merged_drafts(drafts: list[DraftSession], n_drafts: int | None, budget: int) -> int:
+    """How many of the loaded `drafts` grow a tree (`n_drafts`; default: all), checked."""
+    k = len(drafts) if n_drafts is None else n_drafts
+    if not 1 <= k <= len(drafts):
+        raise DyspecError(f"n_drafts must be between 1 and the {len(drafts)} drafts loaded, got {n_drafts}")
+    if budget < k:
+        raise DyspecError(f"a budget of {budget} cannot hold a tree from each of {k} drafts")
+    return k
 
 
 def parse_expansion(expansion: str | list[int] | None, budget: int) -> list[int]:
@@ -73,13 +76,9 @@ def build(
 ) -> Tree:
     """`drafts`: every draft loaded (the engine passes them all, since the policy is multi_draft); the first
     `n_drafts` (default: all) each grow the expansion's tree, in one shared token tree. `step`:
-    "device" grows one draft's tree with `grow`."""
+    "device" grows it with `grow`."""
     on_device_asked(step)
-    k = len(drafts) if n_drafts is None else n_drafts
-    if not 1 <= k <= len(drafts):
-        raise DyspecError(f"n_drafts must be between 1 and the {len(drafts)} drafts loaded, got {n_drafts}")
-    if budget < k:
-        raise DyspecError(f"a budget of {budget} cannot hold a tree from each of {k} drafts")
+    k = merged_drafts(drafts, n_drafts, budget)
     widths = parse_expansion(expansion, budget // k)
     # merged drafts' q's span the target's whole vocabulary, so that a tree has one set of columns
     vocab = drafts[0].vocab if k == 1 else None
@@ -121,29 +120,62 @@ def _expand(
 
 
 def grow(
-    draft: DraftSession, root: int, budget: int, temperature: float, generator: torch.Generator, options: dict
+    drafts: list[DraftSession],
+    root: int,
+    budget: int,
+    temperature: float,
+    generator: torch.Generator,
+    options: dict,
 ) -> TreeTensors:
-    """`build`'s tree from one draft as tensor ops with no host read: the shape is static, so each
-    layer is every node of the one before forwarded together, and each node's children are the next
-    ids, drawn (or at T = 0 chosen) from its row as `_expand` draws them."""
-    widths = parse_expansion(options["expansion"], budget)
-    sampling, device = "iid" if temperature > 0 else "deterministic", draft.kv.device
-    size = 1 + sum(math.prod(widths[: i + 1]) for i in range(len(widths)))
-    t = new_tree(root, size, device, sampling, draft.vocab, compiled=draft.compiled)
-    vocab = draft.vocab_columns(device)
-    logits = draft.logits(Tree.root(root, sampling, draft.vocab), [0], on_device=True)
-    frontier = range(1)
+    """`build`'s tree as tensor ops with no host read: the shape is static, so each layer is every
+    frontier node of each draft forwarded together, and each node's children are the next ids,
+    drawn (or at T = 0 chosen) from its row as `_expand` draws them, draft after draft. At T = 0 a
+    child whose token an earlier draft already put under its parent is padding, and the earlier
+    node grows on in its place: the drafts' trees merge as `_expand`'s do. The root's children from
+    another draft than the first are drawn from its own q at the root, a row of `q` past the tree
+    (`drawn_from`)."""
+    k = merged_drafts(drafts, options["n_drafts"], budget)
+    drafts = drafts[:k]
+    widths = parse_expansion(options["expansion"], budget // k)
+    sampling, device, compiled = "iid" if temperature > 0 else "deterministic", drafts[0].kv.device, drafts[0].compiled
+    size = 1 + k * sum(math.prod(widths[: i + 1]) for i in range(len(widths)))
+    # merged drafts' q's span the target's whole vocabulary, as `build`'s do
+    t = new_tree(root, size, device, sampling, drafts[0].vocab if k == 1 else None, compiled=compiled)
+    logits = [draft.logits(Tree.root(root, sampling, draft.vocab), [0], on_device=True) for draft in drafts]
+    frontiers: list[list[int] | torch.Tensor] = [[0]] * k  # a device tensor where drafts shared nodes
+    start = 1
     for layer, width in enumerate(widths):
-        # the draws' uniforms (`sample_rows`' stream) drawn outside the program, which takes no generator
-        shape = (len(frontier), width)
-        u = torch.rand(shape, dtype=torch.float64, generator=generator, device=device) if temperature > 0 else None
-        layer_at = (frontier.start, frontier.stop, width)
-        q = kary_layer(logits, temperature, u, node_tensors(t), layer_at, *vocab, compiled=draft.compiled)
-        t.q.append((q, list(frontier)))
-        t.growth.append(frontier.stop + len(frontier) * width)
-        frontier = range(frontier.stop, frontier.stop + len(frontier) * width)
+        layer_start = start
+        for d, draft in enumerate(drafts):
+            frontier = frontiers[d]
+            rows = frontier if isinstance(frontier, torch.Tensor) else index_on(frontier, device)
+            # the draws' uniforms (`sample_rows`' stream) drawn outside the program, which takes no generator
+            shape = (len(frontier), width)
+            u = torch.rand(shape, dtype=torch.float64, generator=generator, device=device) if temperature > 0 else None
+            shared_from = layer_start if temperature == 0 else start
+            at = (start, shared_from, width)
+            q, children = kary_layer(
+                logits[d],
+                temperature,
+                u,
+                node_tensors(t),
+                rows,
+                at,
+                *draft.vocab_columns(device),
+                k > 1,
+                compiled=compiled,
+            )
+            stop = start + len(frontier) * width
+            if layer == 0 and d > 0:  # its own q at the root, in a row of its own
+                t.q.append((q, [size + d - 1]))
+                t.drawn_from.update(dict.fromkeys(range(start, stop), size + d - 1))
+            else:
+                t.q.append((q, frontier))
+            frontiers[d] = children if shared_from < start else list(range(start, stop))
+            start = stop
+        t.growth.append(start)
         if layer + 1 < len(widths):
-            logits = draft.tree_logits(t, list(frontier))
+            logits = [draft.tree_logits(t, frontier) for draft, frontier in zip(drafts, frontiers, strict=True)]
     return t
 
 
@@ -153,22 +185,34 @@ def kary_layer(
     temperature: float,
     u: torch.Tensor | None,
     nodes: tuple[torch.Tensor, ...],
-    layer: tuple[int, int, int],
+    frontier: torch.Tensor,
+    at: tuple[int, int, int],
     vocab_ids: torch.Tensor | None,
     vocab_size: int,
-) -> torch.Tensor:
-    """A layer of the static k-ary tree, one program: each node first.. stop - 1 (`layer`: first,
-    stop, width), forwarded as `logits`, gets `width` children drawn from the draft's q at
-    `temperature` at the uniforms `u` [n, width] (`sample_rows`' inverse CDF) or, where None, its
-    top ones at T = 1, placed as the next ids in order. Returns q."""
-    first, stop, width = layer
+    wide: bool,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """A layer of one draft's static k-ary tree, one program: each node of `frontier`, forwarded as
+    `logits`, gets `width` children drawn from the draft's q at `temperature` at the uniforms `u`
+    [n, width] (`sample_rows`' inverse CDF) or, where None, its top ones at T = 1, placed as nodes
+    start.. in order (`at`: start, shared_from, width); q spans the target's vocabulary where `wide`
+    (merged drafts). A child whose parent has its token among nodes shared_from .. start - 1
+    already is padding, and that node stands for it. Returns q and the children's ids so."""
+    start, shared_from, width = at
     q = to_probs(logits, temperature if temperature > 0 else 1.0)
+    if wide and vocab_ids is not None:
+        q, vocab_ids = widen(q, vocab_ids, vocab_size), None
     columns = top_children(q, width, None)[0] if u is None else inverse_cdf(q, u)
-    tokens = token_ids(columns, q.shape[-1], vocab_ids, vocab_size)
-    parents = torch.arange(first, stop, device=q.device).repeat_interleave(columns.shape[1])
-    every = torch.ones(columns.numel(), dtype=torch.bool, device=q.device)
-    place_nodes(nodes, stop, parents, tokens.flatten(), q.gather(-1, columns).flatten().double(), every)
-    return q
+    tokens = token_ids(columns, q.shape[-1], vocab_ids, vocab_size).flatten()
+    parents = frontier.repeat_interleave(width)
+    ids = torch.arange(start, start + len(parents), device=q.device)
+    unshared = torch.ones(len(parents), dtype=torch.bool, device=q.device)
+    if shared_from < start:
+        earlier = slice(shared_from, start)
+        same = (nodes[1][earlier] == parents[:, None]) & (nodes[0][earlier] == tokens[:, None]) & nodes[5][earlier]
+        unshared = ~same.any(1)
+        ids = torch.where(unshared, ids, shared_from + same.int().argmax(1))
+    place_nodes(nodes, start, parents, tokens, q.gather(-1, columns).flatten().double(), unshared)
+    return q, ids
 
 
 POLICY = Policy(
