@@ -152,19 +152,9 @@ def grow(
             # the draws' uniforms (`sample_rows`' stream) drawn outside the program, which takes no generator
             shape = (len(frontier), width)
             u = torch.rand(shape, dtype=torch.float64, generator=generator, device=device) if temperature > 0 else None
-            shared_from = layer_start if temperature == 0 else start
-            at = (start, shared_from, width)
-            q, children = kary_layer(
-                logits[d],
-                temperature,
-                u,
-                node_tensors(t),
-                rows,
-                at,
-                *draft.vocab_columns(device),
-                k > 1,
-                compiled=compiled,
-            )
+            shared_from = layer_start if temperature == 0 else start  # drawn children are never shared
+            at, vocab = (start, shared_from, width), (*draft.vocab_columns(device), k > 1)
+            q, children = kary_layer(logits[d], temperature, u, node_tensors(t), rows, at, *vocab, compiled=compiled)
             stop = start + len(frontier) * width
             if layer == 0 and d > 0:  # its own q at the root, in a row of its own
                 t.q.append((q, [size + d - 1]))
