@@ -457,7 +457,7 @@ def test_merged_drafts_step_on_the_device_reading_the_host_once(pair, temperatur
 
 
 def test_the_first_of_two_drafts_alone_steps_on_the_device(pair):
-    """`n_drafts=1` with two loaded: the second never forwards, and its step reads nothing of it."""
+    """`n_drafts=1` with two loaded: the first draft's tree alone, `ar`'s tokens."""
     two = dataclasses.replace(pair, extra_drafts=[pair.draft])
     options = {"step": "device", "n_drafts": 1}
     one = generate(two, PROMPTS[0], policy="specinfer", budget=8, max_new_tokens=8, options=options)
