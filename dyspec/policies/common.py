@@ -55,6 +55,12 @@ def drawn_slot(probs: list[float], k: int, sample: bool) -> float:
     return 1 - sum(probs[:k]) if sample else probs[k]
 
 
+def drawn_slots(p: torch.Tensor, sample: bool) -> torch.Tensor:
+    """`drawn_slot` of every child slot [rows, k] of rows of candidates' probabilities `p` in drawing
+    order, the earlier siblings' mass summed left to right as the host's `sum` does."""
+    return 1 - torch.nn.functional.pad(p.cumsum(1)[:, :-1], (1, 0)) if sample else p
+
+
 def learnt_scores(rates: list[float] | None, n: int, device: torch.device) -> tuple[torch.Tensor, ...] | None:
     """What a tree grown on the device values drawn slots by under `--budget auto` (`auto_rates`, None
     without): the learnt rates per bin on `device`, and each of the `n` nodes' chance of being

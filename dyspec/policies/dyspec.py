@@ -31,7 +31,15 @@ from dyspec.core.tree_tensors import TreeTensors, new_tree, node_tensors, place_
 from dyspec.core.vocab import token_ids
 from dyspec.errors import DyspecError
 from dyspec.load.head import AcceptanceHead, head_for, head_on, load_head
-from dyspec.policies.common import asks_device, child_mode, drawn_slot, learnt_scores, learnt_worth, on_device_asked
+from dyspec.policies.common import (
+    asks_device,
+    child_mode,
+    drawn_slot,
+    drawn_slots,
+    learnt_scores,
+    learnt_worth,
+    on_device_asked,
+)
 
 SCORES = ("draft", "head")
 
@@ -300,8 +308,7 @@ def _pick(nodes, slots, candidates, reach, forwarded, new, shape, worth=None):
     _, _, depths, _, _, valid, _ = nodes
     rows = slice(*forwarded)
     live = (p[rows] > 0) & (valid[rows] & (depths[rows] < max_depth))[:, None]
-    if worth is None:  # drawn: the mass the earlier siblings left, summed left to right as the host's `sum`
-        worth = 1 - torch.nn.functional.pad(p[rows].cumsum(1)[:, :-1], (1, 0)) if sample else p[rows]
+    worth = drawn_slots(p[rows], sample) if worth is None else worth
     slots[rows] = torch.where(live, reach[rows, None] * worth, -math.inf)
     keys = torch.where(slots < math.inf, slots.cummin(1).values, -math.inf).flatten()  # popped: +inf
     picks = keys.sort(descending=True, stable=True).indices[:batch]

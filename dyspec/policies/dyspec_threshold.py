@@ -19,7 +19,15 @@ from dyspec.core.tree import Tree
 from dyspec.core.tree_tensors import TreeTensors, index_on, new_tree, node_tensors, place_nodes, subtree
 from dyspec.core.vocab import token_ids
 from dyspec.errors import DyspecError
-from dyspec.policies.common import asks_device, child_mode, drawn_slot, learnt_scores, learnt_worth, on_device_asked
+from dyspec.policies.common import (
+    asks_device,
+    child_mode,
+    drawn_slot,
+    drawn_slots,
+    learnt_scores,
+    learnt_worth,
+    on_device_asked,
+)
 
 
 def build(
@@ -152,7 +160,7 @@ def threshold_layer(
     if learnt is not None:
         worth, reach = learnt_worth(q, p, learnt[0]), learnt[1]
     else:
-        worth, reach = 1 - torch.nn.functional.pad(p.cumsum(1)[:, :-1], (1, 0)) if uniforms is not None else p, values
+        worth, reach = drawn_slots(p, uniforms is not None), values
     left = reach[frontier, None] * worth
     ok = (left > t_min) & (p > 0)
     if live is not None:
